@@ -1,0 +1,118 @@
+"""Every exception Potato's training code raises on purpose.
+
+Importable without I/O. The tree::
+
+    PotatoError                 anything Potato reports to a user as a message
+    ├── ConfigError             the config file is missing, unreadable or invalid
+    ├── ProjectDataError        items or labels cannot be read (file and line named)
+    ├── StoreError              the run store refuses an operation (unknown run, bad transition)
+    ├── RunError                a run ends failed with a message meant for the user
+    │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
+    │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
+    │   └── RunCancelled        a cancel was requested and carried out
+    ├── BackendError            a backend cannot do what a run needs
+    │   ├── SshError            the OpenSSH client failed (exit 255)
+    │   ├── RemoteCommandError  a remote command ran and failed
+    │   ├── SlurmError          sbatch/squeue/scancel/scontrol failed or the job ended early
+    │   └── AgentError          an agent broke the protocol or was not there
+    ├── TrainerError            a trainer cannot be imported or its options are wrong
+    └── ParseError              a tool's output made no sense (the raw text is quoted)
+
+Messages of SPEC §9 are built in exactly one place: the ``__init__`` of the
+class named for them.
+"""
+
+from __future__ import annotations
+
+
+class PotatoError(Exception):
+    """Raised when something goes wrong that a user should read about."""
+
+
+class ConfigError(PotatoError):
+    """Raised when the config file is missing, unreadable or invalid."""
+
+
+class ProjectDataError(PotatoError):
+    """Raised when items or labels cannot be read; the message names file and line."""
+
+
+class StoreError(PotatoError):
+    """Raised when the run store refuses an operation."""
+
+
+class RunError(PotatoError):
+    """Raised when a run ends failed with a message meant for its user."""
+
+
+class HeartbeatTimeout(RunError):
+    """Raised when the worker or agent sent nothing for ``heartbeat_timeout_s``."""
+
+    def __init__(self, backend: str, seconds: float, *, agent: bool = True):
+        self.backend = backend
+        self.seconds = seconds
+        who = "the agent" if agent else "the worker"
+        super().__init__(f"No word from {who} on {backend} for {seconds:g} seconds")
+
+
+class WallTimeExceeded(RunError):
+    """Raised when a run passes ``model_training.max_wall_seconds``."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(
+            f"The run was stopped after {seconds:g} seconds: it reached "
+            f"model_training.max_wall_seconds ({seconds:g})"
+        )
+
+
+class RunCancelled(RunError):
+    """Raised when a cancel was requested and the run was stopped."""
+
+    def __init__(self, message: str = "Cancelled"):
+        super().__init__(message)
+
+
+class BackendError(PotatoError):
+    """Raised when a backend cannot do what a run needs."""
+
+
+class SshError(BackendError):
+    """Raised when the OpenSSH client itself fails (exit status 255)."""
+
+
+class RemoteCommandError(BackendError):
+    """Raised when a remote command ran and exited non-zero."""
+
+
+class SlurmError(BackendError):
+    """Raised when a SLURM command fails or the scheduler ends a job early."""
+
+
+class AgentError(BackendError):
+    """Raised when an agent breaks the protocol or is not there."""
+
+
+class TrainerError(PotatoError):
+    """Raised when a trainer cannot be imported or is given wrong options."""
+
+
+class TrainerImportError(TrainerError):
+    """Raised when a trainer's packages are missing from the interpreter."""
+
+    def __init__(self, trainer: str, missing: str | None = None):
+        self.trainer = trainer
+        self.missing = missing
+        text = f"Trainer {trainer!r} could not be imported"
+        if missing:
+            text += f" (missing module: {missing})"
+        super().__init__(text)
+
+
+class ParseError(PotatoError):
+    """Raised when a tool's output makes no sense; the message quotes it."""
+
+    def __init__(self, tool: str, raw: str):
+        self.tool = tool
+        self.raw = raw
+        super().__init__(f"Could not make sense of {tool} output {raw!r}")

@@ -1,0 +1,12 @@
+"""Trainers: the code that turns a run bundle into a model and predictions.
+
+Part of the remote half (copied to GPU hosts): stdlib only at import time;
+each trainer imports its ML packages lazily, inside its functions.
+"""
+
+# name -> module under potato.trainers; every module exposes
+#   DEFAULT_OPTIONS (dict), check_options(options) -> list[str] (error texts, empty when fine),
+#   REQUIRED_MODULES (tuple of import names) and train(job, events) -> None.
+TRAINERS = {
+    "hf-text-classification": "potato.trainers.hf_text_classification",
+}

@@ -1,0 +1,6 @@
+"""Session-wide fixtures live in tests/support/*_fixtures.py, one module per service."""
+
+pytest_plugins = [
+    "tests.support.service_fixtures",   # real sshd, real SLURM, fake nvidia-smi
+    "tests.support.prefect_fixtures",   # one real Prefect API for the session
+]

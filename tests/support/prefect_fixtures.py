@@ -1,0 +1,1 @@
+"""A real Prefect API shared by the whole test session."""
