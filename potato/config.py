@@ -20,13 +20,49 @@ CONTRACT (other modules rely on these names; keep them):
 - ``BackendConfig``: ``name``, ``type``, ``options`` (every key of the type's
   table, defaults applied), ``get(key)``, ``host``, ``describe()`` (the Runs on
   menu text, e.g. ``gpu-server (ssh to gpu.example.org)``).
+
+Added here (also public):
+
+- ``ProjectConfig.warnings``: the config's warnings (``Issue`` tuple), for the
+  server to print at start-up.
+- ``Issue(path, message)``: one error or warning; ``message`` is a whole
+  sentence that starts with the key path where there is one.
+- ``read_config_file(path) -> (raw | None, errors)`` and
+  ``build_config(raw, path) -> BuildResult`` — the two halves of
+  ``load_config``, used by ``potato validate`` to report instead of raise.
+- ``Key`` and the tables ``BACKEND_KEYS`` (type -> keys), ``MODEL_TRAINING_KEYS``,
+  ``WRITEBACK_KEYS``, ``AUTO_RETRAIN_KEYS``; ``backend_defaults(type)``.
+- ``parse_slurm_time(value) -> int | None`` (seconds; None = unlimited).
+- ``render_backends_doc()``: docs/backends.md, from the tables
+  (``python -m potato.config --docs > docs/backends.md``).
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import posixpath
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from potato.errors import ConfigError
+
+# ---------------------------------------------------------------------------
+# Typed config
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One error or warning: the dotted key path ("" for the file) and a sentence."""
+
+    path: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -94,6 +130,7 @@ class ModelTrainingConfig:
     writeback: WritebackConfig = field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = field(default_factory=AutoRetrainConfig)
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    prefect_deployment: str | None = None
     backends: Mapping[str, BackendConfig] = field(
         default_factory=lambda: {"local": LOCAL_BACKEND}
     )
@@ -113,6 +150,7 @@ class ProjectConfig:
     debug: bool = False
     annotation_task_name: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[Issue, ...] = ()
 
     @property
     def training_dir(self) -> Path:
@@ -122,6 +160,853 @@ class ProjectConfig:
         return next((s for s in self.schemes if s.name == name), None)
 
 
+# ---------------------------------------------------------------------------
+# Value kinds: each checker returns the normalised value or raises
+# ValueError(what to use instead), which becomes "<path> is <value!r>; use …".
+# ---------------------------------------------------------------------------
+
+_SLURM_TIME_FORMS = (
+    "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, "
+    "DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS or UNLIMITED"
+)
+
+# sbatch --time's forms (man sbatch, "-t, --time"), each with the factors that
+# turn its numbers into seconds.
+_SLURM_TIME_PATTERNS = (
+    (re.compile(r"(\d+)"), (60,)),
+    (re.compile(r"(\d+):(\d+)"), (60, 1)),
+    (re.compile(r"(\d+):(\d+):(\d+)"), (3600, 60, 1)),
+    (re.compile(r"(\d+)-(\d+)"), (86400, 3600)),
+    (re.compile(r"(\d+)-(\d+):(\d+)"), (86400, 3600, 60)),
+    (re.compile(r"(\d+)-(\d+):(\d+):(\d+)"), (86400, 3600, 60, 1)),
+)
+
+
+def parse_slurm_time(value: Any) -> int | None:
+    """Seconds in a SLURM ``--time`` value; None for UNLIMITED/INFINITE.
+
+    Accepts every form sbatch accepts (an int is minutes). Raises ValueError
+    naming the accepted forms otherwise (``"4h"`` is not one).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value * 60
+    if isinstance(value, str):
+        text = value.strip()
+        if text.upper() in ("UNLIMITED", "INFINITE"):
+            return None
+        for pattern, factors in _SLURM_TIME_PATTERNS:
+            match = pattern.fullmatch(text)
+            if match:
+                return sum(int(n) * f for n, f in zip(match.groups(), factors))
+    raise ValueError(f'a SLURM time: {_SLURM_TIME_FORMS} (e.g. "04:00:00")')
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError("a string (quote it in YAML)")
+
+
+def _check_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError("a whole number")
+
+
+def _check_float(value: Any) -> float:
+    if _is_number(value):
+        return value
+    raise ValueError("a number")
+
+
+def _check_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError("true or false")
+
+
+def _check_str_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ValueError('a list of strings, e.g. ["a", "b"]')
+
+
+def _check_str_mapping(value: Any) -> dict[str, str]:
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return dict(value)
+    raise ValueError("a mapping of names to strings (quote numbers), e.g. PATH: /opt/bin:/usr/bin")
+
+
+def _check_mapping(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    raise ValueError("a mapping of keys to values")
+
+
+def _check_gpus(value: Any) -> str:
+    # YAML reads `gpus: 1` as an int; it plainly means GPU 1.
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("auto", "none") or re.fullmatch(r"\d+(,\d+)*", text.replace(" ", "")):
+            return text.replace(" ", "")
+    raise ValueError('auto, none, a GPU index such as "1" or a list of indexes such as "0,1"')
+
+
+def _check_slurm_time(value: Any) -> str:
+    parse_slurm_time(value)
+    return str(value)
+
+
+def _check_device(value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+        return value
+    raise ValueError("auto, cpu, cuda, cuda:N (e.g. cuda:1) or mps")
+
+
+# kind name (as the docs show it) -> checker
+KINDS: Mapping[str, Callable[[Any], Any]] = {
+    "str": _check_str,
+    "int": _check_int,
+    "float": _check_float,
+    "bool": _check_bool,
+    "list of str": _check_str_list,
+    "mapping str->str": _check_str_mapping,
+    "mapping": _check_mapping,
+    "`gpus` spec": _check_gpus,
+    "SLURM time": _check_slurm_time,
+    "device": _check_device,
+}
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its kind (a name in ``KINDS``), default and meaning."""
+
+    name: str
+    kind: str
+    meaning: str
+    default: Any = None
+    required: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    default_text: str | None = None  # the docs' default when not the literal value
+
+    def doc_default(self) -> str:
+        if self.required:
+            return "**required**"
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None or self.default == () or self.default == {}:
+            return "—"
+        if isinstance(self.default, bool):
+            return f"`{str(self.default).lower()}`"
+        return f"`{self.default}`"
+
+    def doc_kind(self) -> str:
+        if self.minimum is not None and self.maximum is not None:
+            return f"{self.kind}, {self.minimum:g}..{self.maximum:g}"
+        if self.minimum is not None:
+            return f"{self.kind} ≥ {self.minimum:g}"
+        return self.kind
+
+
+# ---------------------------------------------------------------------------
+# The tables (SPEC §1 "Keys per backend type"). Validation, defaults, the
+# unknown-key error and docs/backends.md all read them.
+# ---------------------------------------------------------------------------
+
+_TYPE = Key("type", "str", "the backend's type: ssh, slurm or agent", required=True)
+_DESCRIPTION = Key("description", "str", "free text")
+_USER = Key("user", "str", "passed to ssh as `-l`")
+_PORT = Key("port", "int", "passed to ssh as `-p`", minimum=1, maximum=65535)
+_IDENTITY_FILE = Key("identity_file", "str", "passed to ssh as `-i`")
+_ENV = Key("env", "mapping str->str", "environment for remote commands (e.g. `PATH`)", default={})
+_NUM_THREADS = Key(
+    "num_threads", "int",
+    "sets `OMP_NUM_THREADS`, `MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, overriding a login shell's value",
+    minimum=1,
+)
+_MAX_ARTIFACT_MB = Key(
+    "max_artifact_mb", "int", "files larger than this stay on the host and are named in the run log",
+    default=2048, minimum=0,
+)
+_FETCH_ARTIFACTS = Key("fetch_artifacts", "bool", "copy the model files back to the server", default=True)
+_KEEP_REMOTE = Key("keep_remote", "bool", "keep the remote job directory for inspection", default=False)
+_HEARTBEAT = Key(
+    "heartbeat_timeout_s", "float", "a run whose agent sends nothing for this long fails",
+    minimum=1, default_text="`120` (`model_training.heartbeat_timeout_s`)",
+)
+
+SSH_KEYS: tuple[Key, ...] = (
+    _TYPE,
+    _DESCRIPTION,
+    Key("host", "str", "any name `ssh` accepts, `~/.ssh/config` aliases too", required=True),
+    _USER, _PORT, _IDENTITY_FILE,
+    Key("python", "str", "the remote interpreter", default="python3"),
+    Key("remote_dir", "str", "where Potato keeps its code, envs and job directories on the host",
+        default="~/.cache/potato-training"),
+    _ENV,
+    _NUM_THREADS,
+    Key("gpus", "`gpus` spec", "`auto` (most free memory), `\"1\"`, `\"0,1\"` (pin), `none` (CPU)",
+        default="auto"),
+    Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free",
+        default=2000, minimum=0),
+    Key("packages", "list of str",
+        "pip requirement strings, installed once into a venv under `remote_dir` (`--system-site-packages`)",
+        default=()),
+    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _HEARTBEAT,
+)
+
+SLURM_KEYS: tuple[Key, ...] = (
+    _TYPE,
+    _DESCRIPTION,
+    Key("host", "str", "the login node: any name `ssh` accepts, `~/.ssh/config` aliases too",
+        required=True),
+    _USER, _PORT, _IDENTITY_FILE,
+    Key("python", "str", "interpreter on the login node, for the agent", default="python3"),
+    Key("remote_dir", "str",
+        "on storage the compute nodes share; not under `/tmp` or `/var/tmp`", required=True),
+    _ENV,
+    _NUM_THREADS,
+    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _HEARTBEAT,
+    Key("job_python", "str", "interpreter on the compute nodes, with the trainer's packages",
+        required=True),
+    Key("prelude", "list of str", "shell lines run in `job.sh` before the worker (`module load …`)",
+        default=()),
+    Key("partition", "str", "`sbatch --partition`"),
+    Key("account", "str", "`sbatch --account`"),
+    Key("qos", "str", "`sbatch --qos`"),
+    Key("gres", "str", "`sbatch --gres` (e.g. `gpu:1`); a job without it gets no GPU"),
+    Key("time", "SLURM time", "`sbatch --time` (e.g. `\"04:00:00\"`); over 6 hours warns"),
+    Key("mem", "str", "`sbatch --mem` (e.g. `\"16G\"`)"),
+    Key("cpus_per_task", "int", "`sbatch --cpus-per-task`", minimum=1),
+    Key("constraint", "str", "`sbatch --constraint`"),
+    Key("poll_interval_s", "float", "how often the agent runs `squeue`", default=10, minimum=1),
+)
+
+AGENT_KEYS: tuple[Key, ...] = (
+    _TYPE,
+    _DESCRIPTION,
+    _HEARTBEAT,
+    Key("queue_timeout_s", "float", "a run no agent picks up within this long fails",
+        minimum=0, default_text="— (wait until cancelled)"),
+)
+
+# The built-in `local` backend: its settings come from model_training (SPEC §4);
+# an explicit `backends.local` entry may override them.
+LOCAL_KEYS: tuple[Key, ...] = (
+    Key("type", "str", "`local` (the only type the name `local` may have)", default="local"),
+    _DESCRIPTION,
+    Key("device", "device", "`auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda`, `cuda:N`, `mps`",
+        default_text="`model_training.device` (`auto`)"),
+    Key("num_threads", "int", "torch threads and `OMP_NUM_THREADS`", minimum=1,
+        default_text="`model_training.num_threads`"),
+    Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
+        default_text="`model_training.max_ram_mb`"),
+)
+
+BACKEND_KEYS: Mapping[str, tuple[Key, ...]] = {
+    "ssh": SSH_KEYS,
+    "slurm": SLURM_KEYS,
+    "agent": AGENT_KEYS,
+    "local": LOCAL_KEYS,
+}
+
+# Keys of one type that users carry over to another: (what, key) -> why not, and the fix.
+UNSUPPORTED: Mapping[tuple[str, str], str] = {
+    ("a slurm backend", "packages"): (
+        "a venv built on the login node may not run on the compute nodes (SPEC §6); name the "
+        "compute nodes' interpreter in job_python and load modules in prelude"),
+    ("a slurm backend", "gpus"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
+    ("a slurm backend", "min_free_gpu_mb"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
+}
+
+# Types a config may give a backend it names (local is built in).
+CONFIGURABLE_TYPES = ("ssh", "slurm", "agent")
+
+MODEL_TRAINING_KEYS: tuple[Key, ...] = (
+    Key("enabled", "bool", "turn model training on", default=False),
+    Key("backend", "str", "the backend runs use by default (the Runs on menu's first choice)",
+        default="local"),
+    Key("max_wall_seconds", "float", "stop any run not finished within this many seconds",
+        minimum=1, default_text="— (no limit)"),
+    Key("grace_seconds", "float", "after SIGTERM, wait this long before SIGKILL", default=20, minimum=0),
+    Key("heartbeat_timeout_s", "float", "default for each backend's `heartbeat_timeout_s`",
+        default=120, minimum=1),
+    Key("device", "device", "local runs: `auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda:N`, `mps`",
+        default="auto"),
+    Key("num_threads", "int", "local runs: torch threads and `OMP_NUM_THREADS`", minimum=1),
+    Key("max_ram_mb", "int", "local runs: the worker stops when its memory passes this", minimum=1),
+    Key("max_predictions_mb", "int", "the server answers 413 to a larger predictions upload",
+        default=512, minimum=1),
+    Key("holdout_fraction", "float", "share of labelled items held out for scoring",
+        default=0.2, minimum=0, maximum=1),
+    Key("writeback", "mapping", "which predictions are written back (table below)", default={}),
+    Key("auto_retrain", "mapping", "retrain automatically (table below)", default={}),
+    Key("backends", "mapping", "backend name -> backend (tables below); `local` always exists",
+        default={}),
+    Key("trainers", "mapping", "trainer name -> that trainer's options", default={}),
+    Key("prefect_deployment", "str", "start runs through this Prefect deployment (e.g. `training-run/potato`) "
+        "instead of a child process of the server", default_text="— (child process)"),
+)
+
+WRITEBACK_KEYS: tuple[Key, ...] = (
+    Key("schemas", "list of str", "schemas whose predictions are written back (names in `annotation_schemes`)",
+        default=()),
+    Key("include_unlabeled", "bool", "also predict items nobody has labelled yet", default=False),
+    Key("min_confidence", "float", "keep only predictions at or above this confidence",
+        default=0.0, minimum=0, maximum=1),
+)
+
+AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
+    Key("enabled", "bool", "retrain automatically as labels arrive", default=False),
+    Key("backend", "str", "where automatic runs go", default_text="`model_training.backend`"),
+)
+
+_BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Node-local directories: a job on another node would not see the bundle (SPEC §2).
+_NODE_LOCAL_DIRS = ("/tmp", "/var/tmp")
+_LONG_SLURM_JOB_S = 6 * 3600
+_ARTICLE = {"ssh": "an", "slurm": "a", "agent": "an", "local": "the"}
+
+
+def backend_defaults(type_: str) -> dict[str, Any]:
+    """Every key of *type_*'s table (``type`` excepted) with its default."""
+    return {k.name: k.default for k in BACKEND_KEYS[type_] if k.name != "type"}
+
+
+# ---------------------------------------------------------------------------
+# Reading the file
+# ---------------------------------------------------------------------------
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers.
+
+    PyYAML reads an unquoted ``time: 12:00:00`` as the int 43200 (sexagesimal),
+    which SLURM would then take as 43200 *minutes*; here it stays a string.
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (
+        "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"""^(?:[-+]?0b[0-1_]+
+                    |[-+]?0[0-7_]+
+                    |[-+]?(?:0|[1-9][0-9_]*)
+                    |[-+]?0x[0-9a-fA-F_]+)$""", re.X),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+                    |[-+]?\.(?:inf|Inf|INF)
+                    |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def read_config_file(path: str | Path) -> tuple[Mapping[str, Any] | None, tuple[Issue, ...]]:
+    """Parse the YAML at *path*: ``(mapping, ())`` or ``(None, (error,))``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, (Issue("", f"Config file {str(path)!r} does not exist; check the path"),)
+    except IsADirectoryError:
+        return None, (Issue("", f"Config file {str(path)!r} is a directory; name the YAML file"),)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, (Issue("", f"Config file {str(path)!r} cannot be read: {exc}"),)
+    try:
+        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 — a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        return None, (Issue("", f"Config file {str(path)!r} is not valid YAML{where}: {problem}"),)
+    except yaml.YAMLError as exc:
+        return None, (Issue("", f"Config file {str(path)!r} is not valid YAML: {exc}"),)
+    if raw is None:
+        return None, (Issue("", f"Config file {str(path)!r} is empty; it needs at least "
+                                "task_dir, data_files and item_properties"),)
+    if not isinstance(raw, dict):
+        return None, (Issue("", f"Config file {str(path)!r} must be a mapping of keys to values "
+                                f"at its top level, not a {_type_name(raw)}"),)
+    return raw, ()
+
+
+# ---------------------------------------------------------------------------
+# Building: every check adds an Issue, so one pass reports every error.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What ``build_config`` found: the config (None when there are errors) and the issues."""
+
+    config: ProjectConfig | None
+    errors: tuple[Issue, ...]
+    warnings: tuple[Issue, ...]
+
+
+class _Issues:
+    def __init__(self) -> None:
+        self.errors: list[Issue] = []
+        self.warnings: list[Issue] = []
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(Issue(path, message))
+
+    def warn(self, path: str, message: str) -> None:
+        self.warnings.append(Issue(path, message))
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean",
+            int: "number", float: "number"}.get(type(value), type(value).__name__)
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def did_you_mean(word: Any, choices: Any, end: str = "") -> str:
+    """``"; did you mean `python`?"`` for the closest of *choices*, else *end*."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else end
+
+
+def _check_value(key: Key, value: Any, path: str, issues: _Issues) -> tuple[bool, Any]:
+    """(ok, normalised value) for *value* of *key*; a wrong one adds an error."""
+    try:
+        value = KINDS[key.kind](value)
+    except ValueError as exc:
+        issues.error(path, f"{path} is {value!r}; use {exc}")
+        return False, None
+    if key.minimum is not None and _is_number(value):
+        if key.maximum is not None and not key.minimum <= value <= key.maximum:
+            issues.error(path, f"{path} is {value!r}; use a number from {key.minimum:g} to {key.maximum:g}")
+            return False, None
+        if value < key.minimum:
+            whole = "whole number" if key.kind == "int" else "number"
+            issues.error(path, f"{path} is {value!r}; use a {whole} of at least {key.minimum:g}")
+            return False, None
+    return True, value
+
+
+def _check_table(
+    table: tuple[Key, ...],
+    values: Mapping[str, Any],
+    path: str,
+    what: str,
+    issues: _Issues,
+    *,
+    unknown: str = "error",
+    skip: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Check *values* against *table*; return every key with defaults applied.
+
+    Unknown keys are errors (``unknown="error"``), warnings (``"warn"``) or
+    passed through (``"keep"``). Keys in *skip* are checked by the caller.
+    """
+    by_name = {k.name: k for k in table}
+    result: dict[str, Any] = {}
+    for name, value in values.items():
+        key_path = _join(path, name)
+        key = by_name.get(name)
+        if key is None:
+            if unknown == "keep":
+                result[name] = value
+                continue
+            if (what, name) in UNSUPPORTED:
+                issues.error(key_path, f"{key_path} is not supported by {what}: {UNSUPPORTED[what, name]}")
+                continue
+            message = (f"{key_path} is not a key of {what}{did_you_mean(name, by_name, '.')} "
+                       f"Accepted keys: {', '.join(by_name)}")
+            (issues.error if unknown == "error" else issues.warn)(key_path, message)
+            continue
+        if name in skip or value is None:  # null means "not set": the default applies
+            continue
+        ok, normalised = _check_value(key, value, key_path, issues)
+        if ok:
+            result[name] = normalised
+    for key in table:
+        if key.name in skip:
+            continue
+        if key.name not in result and key.required and values.get(key.name) is None:
+            issues.error(_join(path, key.name), f"{_join(path, key.name)} is missing; "
+                         f"{what} needs it ({key.meaning})")
+        result.setdefault(key.name, key.default)
+    return result
+
+
+def _mapping_at(value: Any, path: str, issues: _Issues, example: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return value
+    issues.error(path, f"{path} is {value!r}; use a mapping of keys to values, e.g. {example}")
+    return {}
+
+
+def _build_backend(name: str, entry: Any, mt: Mapping[str, Any], issues: _Issues) -> BackendConfig | None:
+    path = f"model_training.backends.{name}"
+    if not isinstance(entry, dict):
+        _mapping_at(entry, path, issues, "type: ssh and host: gpu.example.org")
+        return None
+    type_ = entry.get("type")
+    if name == "local":
+        if type_ not in (None, "local"):
+            issues.error(f"{path}.type", f"{path}.type is {type_!r}; the name local is reserved for "
+                         "the built-in backend on this machine; give this backend another name")
+            return None
+        type_ = "local"
+    elif type_ is None:
+        issues.error(f"{path}.type", f"{path}.type is missing; use one of: {', '.join(CONFIGURABLE_TYPES)}")
+        return None
+    elif type_ not in CONFIGURABLE_TYPES:
+        issues.error(f"{path}.type", f"{path}.type is {type_!r}; use one of: "
+                     f"{', '.join(CONFIGURABLE_TYPES)}{did_you_mean(type_, CONFIGURABLE_TYPES)}")
+        return None
+    if not _BACKEND_NAME.fullmatch(name):
+        issues.error(path, f"model_training.backends has a backend named {name!r}; a name may hold "
+                     "letters, digits, '.', '_' and '-', and starts with a letter or digit")
+    what = f"{_ARTICLE[type_]} {type_} backend"
+    options = _check_table(BACKEND_KEYS[type_], entry, path, what, issues)
+    options.pop("type", None)
+    # Per-backend settings that default to model_training's (SPEC §1, §4).
+    inherited = ("device", "num_threads", "max_ram_mb") if type_ == "local" else ("heartbeat_timeout_s",)
+    for key in inherited:
+        if key in options and options[key] is None:
+            options[key] = mt.get(key)
+    _check_backend_rules(type_, options, path, issues)
+    return BackendConfig(name=name, type=type_, options=options)
+
+
+def _check_backend_rules(type_: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
+    """Rules beyond one key's type (SPEC §2)."""
+    host = options.get("host")
+    if host == "":
+        issues.error(f"{path}.host", f"{path}.host is ''; use the host's name (any name `ssh` accepts)")
+    if isinstance(host, str) and host.startswith("-"):
+        issues.error(f"{path}.host", f"{path}.host is {host!r}; a host may not start with '-' "
+                     "(ssh would read it as an option); use the host's name")
+    remote_dir = options.get("remote_dir")
+    if type_ == "slurm" and isinstance(remote_dir, str):
+        normal = posixpath.normpath(remote_dir)
+        for local_dir in _NODE_LOCAL_DIRS:
+            if normal == local_dir or normal.startswith(local_dir + "/"):
+                issues.error(f"{path}.remote_dir", f"{path}.remote_dir is {remote_dir!r}, which is under "
+                             f"{local_dir}, a directory local to each node; use a directory on "
+                             "storage the compute nodes share")
+    time = options.get("time")
+    if type_ == "slurm" and time is not None:
+        seconds = parse_slurm_time(time)
+        if seconds is None or seconds > _LONG_SLURM_JOB_S:
+            # Exact text: SPEC §2.
+            issues.warn(f"{path}.time", f"{path}.time is {time}. A job that holds a GPU for more "
+                        "than 6 hours is long on a shared cluster; check its policy")
+
+
+def _check_backend_ref(value: Any, path: str, names: list[str], issues: _Issues) -> None:
+    # A non-string already has its type error; one message per mistake.
+    if isinstance(value, str) and value not in names:
+        issues.error(path, f"{path} is {value!r}, which names no backend; the backends are: "
+                     f"{', '.join(names)}{did_you_mean(value, names)}")
+
+
+def _check_trainers(trainers: Mapping[str, Any], issues: _Issues) -> dict[str, dict[str, Any]]:
+    from potato.trainers import TRAINERS
+
+    result: dict[str, dict[str, Any]] = {}
+    for name, options in trainers.items():
+        path = f"model_training.trainers.{name}"
+        if name not in TRAINERS:
+            issues.error(path, f"{path}: there is no trainer {name!r}{did_you_mean(name, TRAINERS, '.')} "
+                         f"Trainers: {', '.join(TRAINERS)}")
+            continue
+        options = _mapping_at(options, path, issues, "epochs: 2")
+        # The trainer module's own option checks, when it has them; it imports
+        # its ML packages lazily, so importing it here is cheap.
+        try:
+            module = importlib.import_module(TRAINERS[name])
+        except ImportError:
+            module = None
+        check = getattr(module, "check_options", None)
+        for problem in (check(options) if check else []):
+            issues.error(path, f"{path}: {problem}")
+        result[name] = dict(options)
+    return result
+
+
+def _build_schemes(raw: Any, issues: _Issues) -> tuple[Scheme, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        issues.error("annotation_schemes", f"annotation_schemes is {raw!r}; use a list of schemes")
+        return ()
+    schemes = []
+    for i, entry in enumerate(raw):
+        path = f"annotation_schemes[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            issues.error(f"{path}.name", f"{path} has no name; give each scheme a name (a string)")
+            continue
+        labels = []
+        # Real Potato allows a label as a string or as a mapping with a name.
+        for label in entry.get("labels") or []:
+            labels.append(str(label.get("name")) if isinstance(label, dict) else str(label))
+        schemes.append(Scheme(
+            name=entry["name"],
+            annotation_type=str(entry.get("annotation_type") or ""),
+            labels=tuple(labels),
+            description=str(entry.get("description") or ""),
+        ))
+    return tuple(schemes)
+
+
+def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
+                          issues: _Issues) -> ModelTrainingConfig:
+    path = "model_training"
+    mt_raw = _mapping_at(raw, path, issues, "enabled: true")
+    # Unknown keys directly under model_training only warn: a key a newer
+    # Potato reads should not stop an older one.
+    mt = _check_table(MODEL_TRAINING_KEYS, mt_raw, path, "model_training", issues,
+                      unknown="warn", skip=("writeback", "auto_retrain", "backends", "trainers"))
+
+    wb_raw = _mapping_at(mt_raw.get("writeback"), f"{path}.writeback", issues, 'schemas: ["sentiment"]')
+    wb = _check_table(WRITEBACK_KEYS, wb_raw, f"{path}.writeback", "model_training.writeback",
+                      issues, unknown="warn")
+    scheme_names = [s.name for s in schemes]
+    for i, name in enumerate(wb["schemas"] or ()):
+        if name not in scheme_names:
+            p = f"{path}.writeback.schemas[{i}]"
+            have = ", ".join(scheme_names) or "none"
+            issues.error(p, f"{p} is {name!r}, which is not a schema in annotation_schemes "
+                         f"(it has: {have}){did_you_mean(name, scheme_names)}")
+
+    ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
+    ar = _check_table(AUTO_RETRAIN_KEYS, ar_raw, f"{path}.auto_retrain", "model_training.auto_retrain",
+                      issues, unknown="keep")
+
+    backends: dict[str, BackendConfig] = {}
+    backends_raw = _mapping_at(mt_raw.get("backends"), f"{path}.backends", issues,
+                               "gpu-server: {type: ssh, host: gpu.example.org}")
+    names = ["local"] + [str(n) for n in backends_raw if n != "local"]
+    if "local" not in backends_raw:
+        backends["local"] = _build_backend("local", {}, mt, issues)
+    for name, entry in backends_raw.items():
+        backend = _build_backend(str(name), entry, mt, issues)
+        if backend is not None:
+            backends[str(name)] = backend
+    backends = {"local": backends.pop("local", LOCAL_BACKEND), **backends}
+
+    _check_backend_ref(mt_raw.get("backend"), f"{path}.backend", names, issues)
+    _check_backend_ref(ar_raw.get("backend"), f"{path}.auto_retrain.backend", names, issues)
+
+    if debug:
+        for b in backends.values():
+            if b.type in ("ssh", "slurm"):
+                # SPEC §5: socket requests arrive as loopback, which debug makes admin.
+                issues.warn("debug", f"debug is true and backend {b.name!r} trains over ssh: requests "
+                            "through its socket reach the server as loopback requests, which debug "
+                            "mode grants admin rights; set debug: false")
+
+    trainers_raw = _mapping_at(mt_raw.get("trainers"), f"{path}.trainers", issues,
+                               "hf-text-classification: {epochs: 2}")
+    trainers = _check_trainers(trainers_raw, issues)
+
+    return ModelTrainingConfig(
+        enabled=mt["enabled"],
+        backend=mt["backend"] if mt["backend"] in names else "local",
+        max_wall_seconds=mt["max_wall_seconds"],
+        grace_seconds=mt["grace_seconds"],
+        heartbeat_timeout_s=mt["heartbeat_timeout_s"],
+        device=mt["device"],
+        num_threads=mt["num_threads"],
+        max_ram_mb=mt["max_ram_mb"],
+        max_predictions_mb=mt["max_predictions_mb"],
+        holdout_fraction=mt["holdout_fraction"],
+        writeback=WritebackConfig(
+            schemas=tuple(wb["schemas"] or ()),
+            include_unlabeled=wb["include_unlabeled"],
+            min_confidence=wb["min_confidence"],
+        ),
+        auto_retrain=AutoRetrainConfig(
+            enabled=ar.pop("enabled"),
+            backend=ar.pop("backend"),
+            options=ar,
+        ),
+        trainers=trainers,
+        prefect_deployment=mt["prefect_deployment"],
+        backends=backends,
+    )
+
+
+# Top-level keys this feature reads: name -> (kind, default). Others are ignored.
+_TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
+    "annotation_task_name": ("str", ""),
+    "task_dir": ("str", "."),
+    "data_files": ("list of str", ()),
+    "output_annotation_dir": ("str", "annotation_output"),
+    "debug": ("bool", False),
+}
+
+
+def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
+    """Check and type the parsed config *raw* read from *path*; collect every issue."""
+    issues = _Issues()
+    path = Path(path).absolute()
+    top = {}
+    for name, (kind, default) in _TOP_LEVEL.items():
+        top[name] = default
+        if raw.get(name) is not None:
+            ok, value = _check_value(Key(name, kind, ""), raw[name], name, issues)
+            if ok:
+                top[name] = value
+
+    admin_api_key = raw.get("admin_api_key")
+    if admin_api_key is not None and not isinstance(admin_api_key, (str, int)):
+        issues.error("admin_api_key", f"admin_api_key is {admin_api_key!r}; use a string")
+        admin_api_key = None
+
+    task_dir = (path.parent / Path(top["task_dir"]).expanduser()).resolve()
+    data_files = tuple(task_dir / Path(f).expanduser() for f in top["data_files"])
+    for i, (name, file) in enumerate(zip(top["data_files"], data_files)):
+        if not file.is_file():
+            issues.error(f"data_files[{i}]", f"data_files[{i}] is {name!r}, which does not exist "
+                         f"(looked for {str(file)!r}); data_files are relative to task_dir")
+    output_dir = task_dir / Path(top["output_annotation_dir"]).expanduser()
+
+    props = _mapping_at(raw.get("item_properties"), "item_properties", issues, 'id_key: "id"')
+    keys = {}
+    for name, default in (("id_key", "id"), ("text_key", "text")):
+        keys[name] = default
+        if props.get(name) is not None:
+            ok, value = _check_value(Key(name, "str", ""), props[name], f"item_properties.{name}", issues)
+            if ok:
+                keys[name] = value
+
+    schemes = _build_schemes(raw.get("annotation_schemes"), issues)
+    model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
+
+    warnings = tuple(issues.warnings)
+    config = None
+    if not issues.errors:
+        config = ProjectConfig(
+            path=path,
+            task_dir=task_dir,
+            data_files=data_files,
+            id_key=keys["id_key"],
+            text_key=keys["text_key"],
+            output_annotation_dir=output_dir,
+            admin_api_key=None if admin_api_key is None else str(admin_api_key),
+            schemes=schemes,
+            model_training=model_training,
+            debug=top["debug"],
+            annotation_task_name=top["annotation_task_name"],
+            raw=raw,
+            warnings=warnings,
+        )
+    return BuildResult(config=config, errors=tuple(issues.errors), warnings=warnings)
+
+
+def format_errors(path: str | Path, errors: tuple[Issue, ...]) -> str:
+    """The ``ConfigError`` text: the file, then one line per error."""
+    noun = "error" if len(errors) == 1 else "errors"
+    lines = [f"{Path(path).absolute()} has {len(errors)} {noun}:"]
+    lines += [f"  - {e.message}" for e in errors]
+    return "\n".join(lines)
+
+
 def load_config(path: str | Path) -> ProjectConfig:
-    """Read, validate and type the config at *path*; raise ``ConfigError`` if invalid."""
-    raise NotImplementedError
+    """Read, validate and type the config at *path*; raise ``ConfigError`` if invalid.
+
+    The error's message lists every error; ``exc.issues`` holds them as ``Issue``s.
+    Warnings are in the returned config's ``warnings``.
+    """
+    raw, errors = read_config_file(path)
+    result = build_config(raw, path) if raw is not None else BuildResult(None, errors, ())
+    if result.config is None:
+        exc = ConfigError(format_errors(path, result.errors))
+        exc.issues = result.errors
+        raise exc
+    return result.config
+
+
+# ---------------------------------------------------------------------------
+# docs/backends.md
+# ---------------------------------------------------------------------------
+
+DOCS_COMMAND = "python -m potato.config --docs > docs/backends.md"
+
+
+def _render_table(table: tuple[Key, ...], prefix: str = "") -> list[str]:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in table:
+        lines.append(f"| `{prefix}{key.name}` | {key.doc_kind()} | {key.doc_default()} | {key.meaning} |")
+    return lines
+
+
+def render_backends_doc() -> str:
+    """docs/backends.md, generated from the key tables."""
+    out = [
+        "# Backends and their keys",
+        "",
+        f"<!-- Generated from potato/config.py by `{DOCS_COMMAND}`; do not edit by hand. -->",
+        "",
+        "A backend is where a training run executes. `local` (this machine) always exists;",
+        "others are named under `model_training.backends`, each with a `type`.",
+        "`potato validate config.yaml` checks every key below; a key a type does not",
+        "accept is an error. A key set to `null` takes its default.",
+        "",
+        "Value types: *`gpus` spec* is `auto`, `none`, `\"1\"` or `\"0,1\"`; *SLURM time* is",
+        f"any form `sbatch --time` accepts: {_SLURM_TIME_FORMS} (an int is minutes).",
+        "",
+        "## `model_training`",
+        "",
+        "Unknown keys here are warnings, not errors.",
+        "",
+        *_render_table(MODEL_TRAINING_KEYS),
+        "",
+        "### `model_training.writeback`",
+        "",
+        *_render_table(WRITEBACK_KEYS),
+        "",
+        "### `model_training.auto_retrain`",
+        "",
+        "Other keys are accepted and passed to auto-retraining.",
+        "",
+        *_render_table(AUTO_RETRAIN_KEYS),
+        "",
+    ]
+    sections = (
+        ("local", "The built-in backend: a subprocess of the annotation server. A "
+                  "`backends.local` entry may set these; otherwise they come from `model_training`."),
+        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server)."),
+        ("slurm", "Compute nodes behind a SLURM login node. `remote_dir` must be on storage the "
+                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`."),
+        ("agent", "A machine the server cannot reach; `potato training agent` there polls the server."),
+    )
+    for type_, intro in sections:
+        out += [f"## `type: {type_}`", "", intro, "", *_render_table(BACKEND_KEYS[type_]), ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1:] == ["--docs"]:
+        sys.stdout.write(render_backends_doc())
+    else:
+        sys.exit(f"usage: {DOCS_COMMAND}")
