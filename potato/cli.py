@@ -33,5 +33,157 @@ def training() -> None:
     """Run, follow, cancel and check training runs."""
 
 
+def _load(config: str):
+    from potato.config import load_config
+    from potato.errors import ConfigError
+
+    try:
+        return load_config(config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict:
+    import json
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+@training.command("run")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--backend", help="A backend of model_training.backends (default: model_training.backend, else local).")
+@click.option("--trainer", default="hf-text-classification", show_default=True)
+@click.option("--schema", "schemas", multiple=True, help="A schema to train (repeatable; default: writeback.schemas).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A trainer option (JSON value), e.g. epochs=3.")
+@click.option("--detach", is_flag=True, help="Queue the run and return; a running `potato start` dispatches it.")
+def training_run(config, backend, trainer, schemas, options, detach) -> None:
+    """Queue a training run and follow it to its end (exit 0 when it succeeds)."""
+    from potato import runs
+    from potato.follow import follow
+    from potato.prefect_api import embedded_prefect
+
+    cfg = _load(config)
+    store = runs.open_store(cfg)
+    try:
+        run = runs.create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
+                              options=_parse_options(options))
+    except runs.RunRequestError as exc:
+        raise click.ClickException(str(exc)) from None
+    where = cfg.model_training.backends[run.backend].describe()
+    click.echo(f"Run {run.id} queued: {run.trainer} on {', '.join(run.schemas)}, runs on {where}")
+    if detach:
+        return
+    with embedded_prefect(cfg.training_dir):
+        dispatcher = runs.Dispatcher(cfg, store)
+        runs.reconcile(cfg, store)
+        tty = sys.stdout.isatty()
+        while True:
+            try:
+                final = follow(store, run.id, sys.stdout, tty=tty, tick=dispatcher.dispatch_once)
+                break
+            except KeyboardInterrupt:
+                click.echo("")
+                if not sys.stdin.isatty() or click.confirm(f"Cancel run {run.id}?", default=True):
+                    runs.cancel_run(cfg, store, run.id)
+                    click.echo(f"Cancelling run {run.id}…")
+                    continue
+                click.echo(f"Run {run.id} goes on; see it with: potato training runs {config}")
+                sys.exit(130)
+    if final.state == "succeeded":
+        from potato.writeback import writeback_path
+
+        if writeback_path(cfg).exists() and cfg.model_training.writeback.schemas:
+            click.echo(f"Predictions written back to {writeback_path(cfg)}")
+    sys.exit(0 if final.state == "succeeded" else 1)
+
+
+@training.command("runs")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def training_runs(config, limit, as_json) -> None:
+    """List the project's runs, newest first."""
+    import json
+
+    from potato import runs
+    from potato.follow import format_duration, format_scores, run_duration
+
+    cfg = _load(config)
+    store = runs.open_store(cfg)
+    listed = store.list_runs(limit=limit)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in listed], indent=2))
+        return
+    if not listed:
+        click.echo("No runs yet. Start one with: potato training run " + config)
+        return
+    header = ("ID", "STATE", "RAN ON", "STARTED", "DURATION", "SCORES")
+    rows = []
+    for r in listed:
+        started = _format_time(r.started_at)
+        rows.append((str(r.id), r.state, r.backend, started, format_duration(run_duration(r)), format_scores(r.scores)))
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header) - 1)]
+    for row in [header] + rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+def _format_time(stamp):
+    import time as _time
+
+    return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(stamp)) if stamp else "-"
+
+
+@training.command("cancel")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+def training_cancel(config, run_id) -> None:
+    """Cancel run RUN_ID (a queued run ends at once; an active one is stopped)."""
+    from potato import runs
+    from potato.errors import StoreError
+
+    cfg = _load(config)
+    store = runs.open_store(cfg)
+    try:
+        before = store.get_run(run_id)
+        run = runs.cancel_run(cfg, store, run_id)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+    if before.state in ("succeeded", "failed", "cancelled"):
+        click.echo(f"Run {run_id} already ended: {before.state}")
+    elif run.state == "cancelled":
+        click.echo(f"Run {run_id} was queued and is now cancelled")
+    else:
+        grace = cfg.model_training.grace_seconds
+        click.echo(f"Run {run_id}: cancel requested; the worker gets SIGTERM, then SIGKILL after {grace:g} s")
+
+
+@training.command("check")
+@click.argument("backend")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def training_check(backend, config, as_json) -> None:
+    """Check BACKEND: could a run start there, and where would it run? Exit 0 if so."""
+    import json
+
+    from potato.checks import check_backend
+
+    cfg = _load(config)
+    if backend not in cfg.model_training.backends:
+        known = ", ".join(sorted(cfg.model_training.backends))
+        raise click.ClickException(f"No backend named {backend!r} in model_training.backends; known backends: {known}")
+    report = check_backend(cfg, backend)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.text())
+    sys.exit(0 if report.ok else 1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

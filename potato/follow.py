@@ -1,0 +1,126 @@
+"""Following a run in a terminal: a live step line, a progress bar, its warnings, its scores."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TextIO
+
+from potato.store import END_STATES, Run, Store
+
+BAR_WIDTH = 24
+
+
+def progress_bar(fraction: float | None) -> str:
+    if fraction is None:
+        return ""
+    fraction = min(max(fraction, 0.0), 1.0)
+    filled = int(round(fraction * BAR_WIDTH))
+    return f"[{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {fraction * 100:3.0f}%"
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def run_duration(run: Run, now: float | None = None) -> float | None:
+    if not run.started_at:
+        return None
+    return (run.finished_at or now or time.time()) - run.started_at
+
+
+def format_scores(scores: dict | None) -> str:
+    if not scores:
+        return "-"
+    return "; ".join(
+        f"{schema} acc {s.get('accuracy', 0):.3f} F1 {s.get('macro_f1', 0):.3f}" for schema, s in sorted(scores.items())
+    )
+
+
+class Follower:
+    """Prints a run's progress as it changes; on a terminal the step line updates in place."""
+
+    def __init__(self, store: Store, run_id: int, out: TextIO, *, tty: bool):
+        self.store = store
+        self.run_id = run_id
+        self.out = out
+        self.tty = tty
+        self.cursor = 0
+        self.last_line = ""
+        self.last_printed = 0.0
+        self.line_open = False
+
+    def _emit(self, text: str) -> None:
+        if self.line_open:
+            self.out.write("\r\033[K")
+            self.line_open = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _status(self, text: str) -> None:
+        if self.tty:
+            self.out.write("\r\033[K" + text[:200])
+            self.out.flush()
+            self.line_open = True
+        else:
+            self._emit(text)
+
+    def update(self) -> Run:
+        run = self.store.get_run(self.run_id)
+        for event in self.store.events(self.run_id, after=self.cursor):
+            self.cursor = event.seq
+            if event.kind == "log" and event.data.get("level") in ("warning", "error"):
+                self._emit(f"{event.data['level']}: {event.data.get('message', '')}")
+        line = run.step or run.state
+        if run.state == "queued":
+            position = self.store.queue_position(run.id)
+            line = f"queued (position {position} in the queue)" if position else "queued"
+        bar = progress_bar(run.progress) if run.state == "running" else ""
+        text = f"[run {run.id}] {line} {bar}".rstrip()
+        now = time.monotonic()
+        # Off a terminal, print a new step at once but a moving bar at most every 5 s.
+        changed_step = text.split("[", 2)[1:2] != self.last_line.split("[", 2)[1:2]
+        if text != self.last_line and (self.tty or changed_step or now - self.last_printed > 5):
+            self._status(text)
+            self.last_line, self.last_printed = text, now
+        return run
+
+    def finish(self, run: Run) -> None:
+        if self.line_open:
+            self.out.write("\n")
+            self.line_open = False
+        took = format_duration(run_duration(run))
+        if run.state == "succeeded":
+            self._emit(f"Run {run.id} succeeded in {took} on {run.backend}")
+        elif run.state == "cancelled":
+            self._emit(f"Run {run.id} was cancelled")
+        else:
+            self._emit(f"Run {run.id} failed: {run.error}")
+        if run.scores:
+            self._emit("Holdout scores:")
+            for schema, s in sorted(run.scores.items()):
+                self._emit(
+                    f"  {schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
+                )
+
+
+def follow(store: Store, run_id: int, out: TextIO, *, tty: bool, tick: Callable[[], None] | None = None,
+           interval: float = 0.25) -> Run:
+    """Follow *run_id* until it ends; *tick* runs every interval (the CLI dispatches there)."""
+    follower = Follower(store, run_id, out, tty=tty)
+    while True:
+        if tick is not None:
+            tick()
+        run = follower.update()
+        if run.state in END_STATES:
+            follower.finish(run)
+            return run
+        time.sleep(interval)

@@ -1,0 +1,60 @@
+"""A run's log: one call writes the store (the page reads it), run.log and Prefect.
+
+Code shared by the CLI and the flow logs through here; inside a flow the
+Prefect run logger gets every line too, so the Prefect UI mirrors the run log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from potato.store import Store
+
+_module_logger = logging.getLogger("potato.run")
+
+
+def _prefect_logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        from prefect import get_run_logger
+        from prefect.exceptions import MissingContextError
+    except ImportError:  # pragma: no cover - prefect is a server-side dependency
+        return _module_logger
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return _module_logger
+
+
+class RunLog:
+    """Writes log lines of one run to the store, ``run.log`` and the Prefect run logger."""
+
+    LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+    def __init__(self, store: Store, run_id: int, path: Path):
+        self.store = store
+        self.run_id = run_id
+        self.path = path
+
+    def write(self, level: str, message: str, *, source: str = "potato") -> None:
+        level = level if level in self.LEVELS else "info"
+        if level != "debug":
+            self.store.add_event(self.run_id, "log", {"level": level, "message": message, "source": source})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {level.upper():7} {message}\n")
+        _prefect_logger().log(self.LEVELS[level], message)
+
+    def debug(self, message: str) -> None:
+        self.write("debug", message)
+
+    def info(self, message: str) -> None:
+        self.write("info", message)
+
+    def warning(self, message: str) -> None:
+        self.write("warning", message)
+
+    def error(self, message: str) -> None:
+        self.write("error", message)

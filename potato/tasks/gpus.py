@@ -1,0 +1,162 @@
+"""GPU choice for the ssh backend (SPEC §5): parse ``nvidia-smi``, pick by free memory.
+
+``gpus: auto`` takes the GPU with the most *free memory* (on a shared server a
+card with low utilisation can still be full), refuses when none has
+``min_free_gpu_mb`` free, skips GPUs the host's torch has no kernels for, and
+trains on the CPU on a host with no GPU at all. ``"1"`` / ``"0,1"`` pin;
+``none`` trains on the CPU.
+
+nvidia-smi numbers GPUs by PCI bus id; CUDA, by default, fastest first. The
+worker is started with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that the indices
+chosen here mean the same GPUs to CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from potato.errors import BackendError, ParseError
+
+FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu", "pci.bus_id", "compute_cap")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_total_mb: int
+    memory_used_mb: int
+    memory_free_mb: int
+    utilization_pct: int | None
+    pci_bus_id: str
+    compute_cap: tuple[int, int] | None
+    has_kernels: bool = True
+
+    def describe(self) -> str:
+        util = f"{self.utilization_pct}% busy" if self.utilization_pct is not None else "utilisation unknown"
+        text = f"GPU {self.index}: {self.name}, {self.memory_free_mb} of {self.memory_total_mb} MB free, {util}"
+        if not self.has_kernels:
+            text += " (torch there has no kernels for it)"
+        return text
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    indices: tuple[int, ...]  # empty: train on the CPU
+    reason: str
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(i) for i in self.indices)
+
+    def describe(self, gpus: Sequence[Gpu]) -> str:
+        if not self.indices:
+            return f"the CPU ({self.reason})"
+        by_index = {g.index: g for g in gpus}
+        names = [f"GPU {i} ({by_index[i].name})" if i in by_index else f"GPU {i}" for i in self.indices]
+        return ", ".join(names) + f" ({self.reason})"
+
+
+class NoFreeGpu(BackendError):
+    """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free."""
+
+    def __init__(self, min_free_mb: int):
+        super().__init__(f"No GPU has {min_free_mb} MB free")
+
+
+class NoKernels(BackendError):
+    """Raised when the host's torch has kernels for none of its GPUs."""
+
+    def __init__(self):
+        super().__init__("This host's torch has no kernels for any of its GPUs")
+
+
+def _number(text: str) -> int | None:
+    text = text.strip()
+    if text in ("[N/A]", "N/A", "[Not Supported]", ""):
+        return None
+    return int(float(text))
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """GPUs from ``nvidia-smi --query-gpu=<FIELDS> --format=csv,noheader,nounits``."""
+    gpus = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(FIELDS):
+            raise ParseError("nvidia-smi", line)
+        row = dict(zip(FIELDS, cells))
+        try:
+            cap = row["compute_cap"]
+            major, _, minor = cap.partition(".")
+            gpus.append(Gpu(
+                index=int(row["index"]),
+                name=row["name"],
+                memory_total_mb=_number(row["memory.total"]) or 0,
+                memory_used_mb=_number(row["memory.used"]) or 0,
+                memory_free_mb=_number(row["memory.free"]) or 0,
+                utilization_pct=_number(row["utilization.gpu"]),
+                pci_bus_id=row["pci.bus_id"],
+                compute_cap=(int(major), int(minor or 0)) if major.isdigit() else None,
+            ))
+        except ValueError as exc:
+            raise ParseError("nvidia-smi", line) from exc
+    return gpus
+
+
+def has_kernels(capability: tuple[int, int] | None, arch_list: Sequence[str]) -> bool:
+    """True when torch built for *arch_list* can run on a GPU of *capability*.
+
+    An ``sm_XY`` entry runs on exactly that capability; a ``compute_XY`` entry
+    (PTX) can be JIT-compiled for any capability at or above it.
+    """
+    if capability is None or not arch_list:
+        return True  # nothing to judge by: let the worker find out
+    wanted = capability[0] * 10 + capability[1]
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        if not number.isdigit():
+            continue
+        value = int(number)
+        if kind == "sm" and value == wanted:
+            return True
+        if kind == "compute" and value <= wanted:
+            return True
+    return False
+
+
+def mark_kernels(gpus: Sequence[Gpu], arch_list: Sequence[str] | None) -> list[Gpu]:
+    from dataclasses import replace
+
+    if not arch_list:
+        return list(gpus)
+    return [replace(g, has_kernels=has_kernels(g.compute_cap, arch_list)) for g in gpus]
+
+
+def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int) -> GpuChoice:
+    """Apply the backend's ``gpus`` setting to the host's GPUs; raise when a run must not start."""
+    setting = str(setting).strip().lower() if setting is not None else "auto"
+    if setting == "none":
+        return GpuChoice((), "gpus: none")
+    if setting != "auto":
+        wanted = tuple(int(part) for part in setting.split(","))
+        known = {g.index for g in gpus}
+        missing = [i for i in wanted if i not in known]
+        if missing:
+            raise BackendError(
+                f"gpus: {setting!r} names GPU {', '.join(map(str, missing))}, but the host has "
+                + (f"GPUs {', '.join(str(g.index) for g in gpus)}" if gpus else "no GPU")
+            )
+        return GpuChoice(wanted, f"pinned by gpus: {setting!r}")
+    if not gpus:
+        return GpuChoice((), "the host has no GPU")
+    usable = [g for g in gpus if g.has_kernels]
+    if not usable:
+        raise NoKernels()
+    best = max(usable, key=lambda g: (g.memory_free_mb, -g.index))
+    if best.memory_free_mb < min_free_mb:
+        raise NoFreeGpu(min_free_mb)
+    return GpuChoice((best.index,), f"most free memory: {best.memory_free_mb} MB")

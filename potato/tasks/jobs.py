@@ -1,0 +1,38 @@
+"""The job a worker runs: job.json, built the same way for every backend."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from potato.tasks.base import RunContext
+
+
+def make_job(ctx: RunContext, *, bundle: str) -> dict[str, Any]:
+    """Return job.json's content for this run (docs/architecture.md, "The job directory")."""
+    mt = ctx.config.model_training
+    options = dict(mt.trainers.get(ctx.run.trainer, {}))
+    options.update(ctx.run.options or {})
+    return {
+        "run_id": ctx.run.id,
+        "trainer": ctx.run.trainer,
+        "schemas": list(ctx.run.schemas),
+        "bundle": bundle,
+        "options": options,
+        "device": mt.device,
+        "num_threads": mt.num_threads,
+        "max_ram_mb": mt.max_ram_mb,
+        "include_unlabeled": mt.writeback.include_unlabeled,
+        "grace_seconds": mt.grace_seconds,
+    }
+
+
+def write_job(job_dir: Path, job: dict[str, Any]) -> Path:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    path = job_dir / "job.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(job, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

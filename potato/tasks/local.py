@@ -1,0 +1,173 @@
+"""The local backend: the worker runs as a child process of this machine.
+
+The run directory is the worker's job directory, so predictions, scores and
+artifacts land where the run keeps them and nothing has to be copied.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from potato.tasks.base import RunContext
+from potato.tasks.jobs import make_job, write_job
+from potato.tasks.relay import EventTail, record_event
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass
+class LocalSession:
+    job_dir: Path
+
+
+@dataclass
+class LocalWorker:
+    process: subprocess.Popen
+    tail: EventTail
+    log_file: object = None
+    exit_code: int | None = None
+    pgid: int | None = None
+    events: list = field(default_factory=list)
+
+
+def make_worker_argv(job_dir: Path, python: str | None = None) -> list[str]:
+    return [python or sys.executable, "-m", "potato.training.worker", str(job_dir)]
+
+
+def make_worker_env(ctx: RunContext, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    threads = ctx.config.model_training.num_threads
+    if threads:
+        for name in THREAD_VARIABLES:
+            env[name] = str(threads)
+    # The worker must import the same potato as this process, wherever it was started.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def connect(ctx: RunContext) -> LocalSession:
+    ctx.log.info("Local backend: the worker runs on this machine; nothing to connect to")
+    return LocalSession(job_dir=ctx.run_dir)
+
+
+def pick_gpu(ctx: RunContext, session: LocalSession) -> str:
+    # Importing torch here would cost the flow seconds; the worker picks the device
+    # and reports it in its first event, which the relay step records.
+    setting = ctx.config.model_training.device
+    ctx.log.info(f"Device setting {setting!r}: the worker picks it and reports what it uses")
+    return setting
+
+
+def sync_code(ctx: RunContext, session: LocalSession) -> str:
+    ctx.log.info("Local backend: the worker runs this installation's code; nothing to copy")
+    return "nothing to copy"
+
+
+def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
+    job = make_job(ctx, bundle=str(ctx.bundle_dir))
+    write_job(session.job_dir, job)
+    events_path = session.job_dir / "events.jsonl"
+    for stale in (events_path, session.job_dir / "exit_code"):
+        stale.unlink(missing_ok=True)
+    log_file = open(session.job_dir / "worker.log", "ab")
+    argv = make_worker_argv(session.job_dir)
+    ctx.log.debug("Starting the worker: " + " ".join(argv))
+    # A new session makes the worker a process-group leader, so stop() can signal
+    # every process it started, not just the worker itself.
+    process = subprocess.Popen(
+        argv,
+        cwd=session.job_dir,
+        env=make_worker_env(ctx),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    ctx.store.update_run(ctx.run_id, worker_pid=process.pid)
+    ctx.set_step("training on this machine")
+    return LocalWorker(process=process, tail=EventTail(events_path), log_file=log_file, pgid=process.pid)
+
+
+def poll(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> int | None:
+    """Relay the worker's new events; return its exit code once it has exited."""
+    code = worker.process.poll()
+    for event in worker.tail.read_new():
+        record_event(ctx, event)
+    if code is None:
+        return None
+    for event in worker.tail.read_new():  # lines written just before it exited
+        record_event(ctx, event)
+    worker.exit_code = code
+    return code
+
+
+def stop(ctx: RunContext, session: LocalSession, worker: LocalWorker, grace: float) -> None:
+    """SIGTERM the worker's process group, SIGKILL it after *grace* seconds."""
+    if worker is None or worker.process.poll() is not None:
+        _reap_group(worker)
+        return
+    _signal_group(worker.pgid, signal.SIGTERM)
+    _signal_group(worker.pgid, signal.SIGCONT)  # a stopped worker cannot act on TERM
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if poll(ctx, session, worker) is not None:
+            break
+        time.sleep(0.1)
+    else:
+        ctx.log.warning(f"The worker did not stop within {grace:g} s of SIGTERM; sending SIGKILL")
+    _reap_group(worker)
+    poll(ctx, session, worker)
+
+
+def fetch_artifacts(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> None:
+    where = ctx.artifacts_dir
+    if where.is_dir():
+        ctx.store.update_run(ctx.run_id, artifact_uri=str(where))
+        ctx.log.info(f"Artifacts are in {where}")
+    else:
+        ctx.log.info("The trainer saved no artifacts")
+
+
+def clean_up(ctx: RunContext, session: LocalSession | None, worker: LocalWorker | None) -> None:
+    if worker is not None:
+        if worker.process.poll() is None:
+            stop(ctx, session, worker, grace=min(5.0, ctx.config.model_training.grace_seconds))
+        _reap_group(worker)
+        if worker.log_file is not None:
+            worker.log_file.close()
+    if session is not None:
+        _remove_tree(ctx.bundle_dir)
+
+
+def _signal_group(pgid: int | None, sig: int) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap_group(worker: LocalWorker | None) -> None:
+    """Kill whatever is left in the worker's process group and reap the worker."""
+    if worker is None:
+        return
+    _signal_group(worker.pgid, signal.SIGKILL)
+    try:
+        worker.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
+        pass
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

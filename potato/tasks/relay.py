@@ -1,0 +1,113 @@
+"""Relay events: move the worker's events into the store and watch the run's limits.
+
+The same loop serves every backend. Once a poll interval it asks the backend
+for new events (the local backend tails events.jsonl; remote agents post theirs
+to the server, which stores them as they come) and checks the store for a
+cancel request, ``max_wall_seconds`` and heartbeat silence.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from potato.errors import HeartbeatTimeout, RunCancelled, WallTimeExceeded
+from potato.tasks.base import RunContext
+from potato.training.events import read_events
+
+POLL_SECONDS = 0.25
+
+
+class EventTail:
+    """Reads the complete lines appended to an events.jsonl since the last read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+
+    def read_new(self) -> list[dict[str, Any]]:
+        events, self.offset = read_events(str(self.path), self.offset)
+        return events
+
+
+def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
+    """The step row's text and fraction for a progress event."""
+    step, total = event.get("step"), event.get("total")
+    fraction = step / total if step is not None and total else None
+    if event.get("phase") == "predict":
+        return f"predicting: {step} of {total} items", fraction
+    text = f"training: step {step} of {total}"
+    if event.get("epoch") is not None:
+        text += f" (epoch {event['epoch']})"
+    if event.get("loss") is not None:
+        text += f", loss {event['loss']:.4f}"
+    return text, fraction
+
+
+def record_event(ctx: RunContext, event: dict[str, Any]) -> None:
+    """Store one worker event and update the run it belongs to."""
+    kind = event.get("type", "log")
+    store, run_id = ctx.store, ctx.run_id
+    store.heartbeat(run_id)
+    if kind == "log":
+        ctx.log.write(event.get("level", "info"), str(event.get("message", "")), source="worker")
+        return
+    data = {k: v for k, v in event.items() if k not in ("type",)}
+    store.add_event(run_id, kind, data)
+    if kind == "started":
+        device = event.get("device_name") or event.get("device")
+        store.update_run(run_id, gpu=device, host_python=event.get("python"))
+        ctx.log.info(f"The worker started: Python {event.get('python')}, device {device}")
+    elif kind == "progress":
+        text, fraction = describe_progress(event)
+        store.update_run(run_id, step=text, progress=fraction)
+        hook = ctx.extra.get("on_progress")
+        if hook is not None and fraction is not None:
+            hook(fraction, text)
+    elif kind == "metrics":
+        store.update_run(run_id, scores=event.get("scores") or {})
+    elif kind == "done":
+        ctx.extra["done"] = event
+
+
+def watch(
+    ctx: RunContext,
+    session: Any,
+    handle: Any,
+    backend: ModuleType,
+    *,
+    heartbeat_timeout: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Relay events until the worker exits; return its exit code.
+
+    Raises ``RunCancelled``, ``WallTimeExceeded`` or ``HeartbeatTimeout`` after
+    stopping the worker (TERM, ``grace_seconds``, KILL).
+    """
+    mt = ctx.config.model_training
+    started = ctx.run.started_at or clock()
+    while True:
+        code = backend.poll(ctx, session, handle)
+        if code is not None:
+            return code
+        run = ctx.refresh()
+        now = clock()
+        if run.cancel_requested_at:
+            ctx.log.info(f"Cancel requested: stopping the worker (SIGTERM, then SIGKILL after {mt.grace_seconds:g} s)")
+            backend.stop(ctx, session, handle, mt.grace_seconds)
+            raise RunCancelled("Cancelled by request")
+        if mt.max_wall_seconds and now - started > mt.max_wall_seconds:
+            error = WallTimeExceeded(mt.max_wall_seconds)
+            ctx.log.error(str(error))
+            backend.stop(ctx, session, handle, mt.grace_seconds)
+            raise error
+        last_word = run.heartbeat_at or started
+        if now - last_word > heartbeat_timeout:
+            error = HeartbeatTimeout(ctx.backend.name, heartbeat_timeout, agent=ctx.backend.type != "local")
+            ctx.log.error(str(error))
+            backend.stop(ctx, session, handle, 0)
+            raise error
+        sleep(POLL_SECONDS)
