@@ -98,6 +98,7 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
                     continue
                 click.echo(f"Run {run.id} goes on; see it with: potato training runs {config}")
                 sys.exit(130)
+        dispatcher.wait_for_flows()
     if final.state == "succeeded":
         from potato.writeback import writeback_path
 

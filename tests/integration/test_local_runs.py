@@ -1,0 +1,190 @@
+"""Local runs end to end: the real CLI, the real flow, a real Prefect API, the real worker.
+
+Each run trains a tiny random BERT on a small Potato project (a few seconds of
+training after ~5 s of worker start-up).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from potato.config import load_config
+from potato import runs
+from tests.support.runs import (
+    potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
+    wait_for, wait_for_state, wait_for_training,
+)
+
+pytestmark = [pytest.mark.prefect, pytest.mark.training]
+
+
+def _flow_run(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    return flow_run, sorted(tasks, key=lambda t: t.start_time or t.expected_start_time)
+
+
+def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_path):
+    config = tiny_project(tmp_path)
+    done = potato("training", "run", str(config))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Run 1 queued: hf-text-classification on sentiment, runs on local (this machine)" in done.stdout
+    assert "Run 1 succeeded in" in done.stdout
+    assert "Holdout scores:\n  sentiment: accuracy 1.000, macro-F1 1.000 (n=" in done.stdout
+
+    store = store_of(config)
+    run = store.get_run(1)
+    assert (run.state, run.backend, run.error) == ("succeeded", "local", None)
+    assert run.scores["sentiment"]["accuracy"] == 1.0
+    assert run.gpu == "CPU (2 threads)"
+
+    directory = run_dir_of(config, 1)
+    predictions = [json.loads(line) for line in (directory / "predictions.jsonl").read_text().splitlines()]
+    assert {p["id"] for p in predictions} == {f"r{i}" for i in range(60)}  # include_unlabeled: all items
+    assert all(p["label"] in ("positive", "negative") and 0.5 <= p["confidence"] <= 1 for p in predictions)
+    assert (directory / "artifacts" / "sentiment" / "config.json").exists()
+    assert run.artifact_uri == str(directory / "artifacts")
+    assert not (directory / "bundle").exists()  # clean-up removed it
+
+    written = [json.loads(line) for line in (config.parent / "annotation_output/training/predictions.jsonl").read_text().splitlines()]
+    assert written and all(w["run_id"] == 1 and w["confidence"] >= 0.5 for w in written)
+    log = (directory / "run.log").read_text()
+    assert "The worker started: Python" in log and "Wrote back to" in log
+
+    flow_run, tasks = _flow_run(run.prefect_flow_run_id)
+    assert flow_run.name == "run-1" and flow_run.state.is_completed()
+    names = [t.name for t in tasks]
+    assert names == [
+        "build the bundle of run 1", "connect to this machine", "pick GPU on this machine",
+        "sync code to this machine", "spawn the worker on this machine", "relay events from this machine",
+        "record results of run 1", "fetch artifacts from this machine", "clean up on this machine",
+    ]
+    assert processes_matching(str(tmp_path)) == []
+
+
+def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, trainer={"epochs": 3})
+    cfg = load_config(config)
+    store = runs.open_store(cfg)
+    first = runs.create_run(cfg, store)
+    second = runs.create_run(cfg, store)
+
+    # The CLI's own run is the third; its dispatcher must start the older two first, one at a time.
+    done = potato("training", "run", str(config))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    a, b, c = (store.get_run(i) for i in (first.id, second.id, 3))
+    assert [r.state for r in (a, b, c)] == ["succeeded"] * 3
+    assert a.finished_at <= b.started_at and b.finished_at <= c.started_at
+
+
+def test_max_wall_seconds_stops_a_run(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, max_wall_seconds=8, trainer={"epochs": 100000})
+    done = potato("training", "run", str(config))
+
+    assert done.returncode == 1
+    message = "The run was stopped after 8 seconds: it reached model_training.max_wall_seconds (8)"
+    assert f"Run 1 failed: {message}" in done.stdout
+    run = store_of(config).get_run(1)
+    assert (run.state, run.error) == ("failed", message)
+    assert run.finished_at - run.started_at < 8 + 5
+    assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
+
+
+def test_heartbeat_silence_fails_a_run(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, heartbeat_timeout_s=10, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
+    store = store_of(config)
+    try:
+        run = wait_for_training(store, 1)
+        os.kill(run.worker_pid, signal.SIGSTOP)  # the worker lives but says nothing more
+        run = wait_for_state(store, 1, ("failed",), timeout=30)
+    finally:
+        cli.wait(timeout=60)
+    assert run.error == "No word from the worker on local for 10 seconds"
+    assert cli.returncode == 1
+    assert "Run 1 failed: No word from the worker on local for 10 seconds" in (tmp_path / "cli.log").read_text()
+    assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
+
+
+def test_cancel_stops_the_worker_and_leaves_no_process(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, grace_seconds=5, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
+    store = store_of(config)
+    try:
+        run = wait_for_training(store, 1)
+        cancel = potato("training", "cancel", str(config), "1")
+        assert cancel.returncode == 0
+        assert cancel.stdout == "Run 1: cancel requested; the worker gets SIGTERM, then SIGKILL after 5 s\n"
+        run = wait_for_state(store, 1, ("cancelled",), timeout=30)
+    finally:
+        cli.wait(timeout=60)
+    assert cli.returncode == 1
+    assert "Run 1 was cancelled" in (tmp_path / "cli.log").read_text()
+    assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
+    done = [e for e in store.events(1) if e.kind == "done"]
+    assert done and done[-1].data["status"] == "cancelled"  # the worker stopped on SIGTERM, cleanly
+
+
+def test_a_queued_run_is_cancelled_at_once(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, n_items=20)
+    cfg = load_config(config)
+    store = runs.open_store(cfg)
+    run = runs.create_run(cfg, store)
+    cancel = potato("training", "cancel", str(config), str(run.id))
+    assert cancel.stdout == f"Run {run.id} was queued and is now cancelled\n"
+    assert store.get_run(run.id).state == "cancelled"
+    again = potato("training", "cancel", str(config), str(run.id))
+    assert again.stdout == f"Run {run.id} already ended: cancelled\n"
+    missing = potato("training", "cancel", str(config), "99")
+    assert missing.returncode == 1 and "99" in missing.stderr
+
+
+def test_a_crash_mid_run_is_reconciled_and_the_queue_moves_on(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
+    store = store_of(config)
+    run = wait_for_training(store, 1)
+    # The machine "crashes": the CLI, the flow and the worker all die at once.
+    for pid in (cli.pid, run.flow_pid):
+        os.killpg(pid, signal.SIGKILL)
+    os.killpg(run.worker_pid, signal.SIGKILL)
+    cli.wait(timeout=10)
+    wait_for(lambda: not process_alive(run.flow_pid), 10, "the flow process to die")
+    assert store.get_run(1).state == "running"  # nobody was left to say otherwise
+
+    done = potato("training", "run", str(config), "--option", "epochs=3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    crashed = store.get_run(1)
+    assert crashed.state == "failed"
+    assert crashed.error.startswith("The run's flow process is gone")
+    assert store.get_run(2).state == "succeeded"
+    assert processes_matching(str(tmp_path)) == []
+
+
+def test_cli_refuses_unknown_backend_and_schema(tmp_path):
+    config = tiny_project(tmp_path, n_items=10)
+    done = potato("training", "run", str(config), "--backend", "nope")
+    assert done.returncode == 1
+    assert done.stderr == "Error: No backend named 'nope' in model_training.backends; known backends: local\n"
+    done = potato("training", "run", str(config), "--schema", "topic")
+    assert done.returncode == 1
+    assert done.stderr == "Error: Unknown schema 'topic'; the config's annotation_schemes are: sentiment\n"
+    assert not store_of(config).list_runs()
+
+
+def test_check_local_prints_the_device(tmp_path):
+    config = tiny_project(tmp_path, n_items=10)
+    done = potato("training", "check", "local", str(config))
+    assert (done.returncode, done.stdout) == (0, "local: this machine, CPU (2 threads)\n")
+    as_json = json.loads(potato("training", "check", "local", str(config), "--json").stdout)
+    assert as_json["ok"] is True and as_json["report"] == ["local: this machine, CPU (2 threads)"]

@@ -1,0 +1,106 @@
+"""Helpers for tests that run real training runs: a tiny project, the CLI, waiting on the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from potato.store import Run, Store
+from tests.support.potato_project import item_text, make_project, true_label
+from tests.support.tiny_model import build_tiny_model
+
+POTATO = str(Path(sys.executable).with_name("potato"))
+
+
+def tiny_project(root: Path, n_items: int = 60, *, trainer: Mapping[str, Any] | None = None,
+                 **model_training: Any) -> Path:
+    """A Potato project whose trainer is a tiny random BERT built on its own texts."""
+    texts = [item_text(i, true_label(i)) for i in range(n_items)]
+    model = build_tiny_model(root / "tiny-model", texts)
+    options = {"model": str(model), "epochs": 10, "learning_rate": 3e-3, "batch_size": 8, "max_length": 32}
+    options.update(trainer or {})
+    mt = {
+        "enabled": True,
+        "max_wall_seconds": 600,
+        "writeback": {"schemas": ["sentiment"], "include_unlabeled": True, "min_confidence": 0.5},
+        "trainers": {"hf-text-classification": options},
+    }
+    mt.update(model_training)
+    return make_project(root, n_items=n_items, labeled_fraction=0.9, model_training=mt)
+
+
+def store_of(config_yaml: Path) -> Store:
+    return Store(config_yaml.parent / "annotation_output" / "training" / "runs.db")
+
+
+def run_dir_of(config_yaml: Path, run_id: int) -> Path:
+    return config_yaml.parent / "annotation_output" / "training" / "runs" / str(run_id)
+
+
+def potato(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real ``potato`` console script; HF offline, Prefect from the session fixture."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([POTATO, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL, **kwargs)
+
+
+def potato_background(*args: str, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    out = open(log, "wb")
+    return subprocess.Popen([POTATO, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll *condition* until it returns something truthy; fail after *timeout* saying *what*."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def wait_for_state(store: Store, run_id: int, states: tuple[str, ...], timeout: float) -> Run:
+    return wait_for(lambda: (r := store.get_run(run_id)).state in states and r, timeout,
+                    f"run {run_id} to reach {states}")
+
+
+def wait_for_training(store: Store, run_id: int, timeout: float = 120) -> Run:
+    """Wait until the worker of *run_id* has reported training progress."""
+    return wait_for(
+        lambda: any(e.kind == "progress" and (e.data.get("step") or 0) > 0 for e in store.events(run_id))
+        and store.get_run(run_id),
+        timeout, f"run {run_id} to report training progress",
+    )
+
+
+def process_alive(pid: int | None) -> bool:
+    """True when *pid* is a live (not zombie) process."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def processes_matching(marker: str) -> list[int]:
+    """Pids whose command line contains *marker*."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read() and process_alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
