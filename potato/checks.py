@@ -38,8 +38,15 @@ def check_local(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     )
 
 
+def check_agent(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
+    from potato.tokens import check_agent as token_record
+
+    return token_record(config, backend)
+
+
 CHECKS = {
     "local": check_local,
+    "agent": check_agent,
 }
 
 

@@ -28,6 +28,17 @@ def validate(config: str, strict: bool, as_json: bool) -> None:
     sys.exit(run_validate_command(config, strict=strict, as_json=as_json))
 
 
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True)
+def start(config: str, port: int, host: str) -> None:
+    """Serve the Training page, the admin API and the agent protocol."""
+    from potato.server.commands import start_command
+
+    sys.exit(start_command(config, host=host, port=port))
+
+
 @main.group()
 def training() -> None:
     """Run, follow, cancel and check training runs."""
@@ -165,6 +176,17 @@ def training_cancel(config, run_id) -> None:
     else:
         grace = cfg.model_training.grace_seconds
         click.echo(f"Run {run_id}: cancel requested; the worker gets SIGTERM, then SIGKILL after {grace:g} s")
+
+
+@training.command("register")
+@click.argument("name")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--server-url", help="The URL agents reach this server at (default http://<this host>:8000).")
+def training_register(name: str, config: str, server_url: str | None) -> None:
+    """Issue a token for agent backend NAME (shown once; registering again replaces it)."""
+    from potato.server.commands import register_command
+
+    click.echo(register_command(name, config, server_url=server_url), nl=False)
 
 
 @training.command("check")

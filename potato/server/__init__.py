@@ -1,0 +1,108 @@
+"""The annotation server's training surface: the Training page, the admin API, the agent protocol.
+
+``create_app(config)`` builds the Flask app (no module-level app, so each test
+builds its own). Three blueprints, one per audience:
+
+- ``page``      ``/admin/training``            the Training page and run pages (HTML, admin)
+- ``admin_api`` ``/admin/training/api``        JSON for the page and for scripts (``X-API-Key``)
+- ``agent_api`` ``/training/agent/v1``         the agent protocol (bearer tokens), docs/agent-protocol.md
+
+The store: one ``Store`` per app (``get_store()``); it already gives every
+thread its own SQLite connection, so a request reuses its thread's connection
+instead of opening one per request.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Mapping
+
+from flask import Flask, current_app
+
+from potato.config import ProjectConfig
+from potato.store import Store
+
+# JSON bodies of the admin API and the agent protocol (an event batch of a few
+# hundred events is well under this); uploads set their own limit per request.
+MAX_JSON_BYTES = 1024 * 1024
+
+
+def _secret_key(training_dir: Path) -> bytes:
+    """The session-signing key, kept in ``training/server_secret`` (mode 0600) across restarts."""
+    path = training_dir / "server_secret"
+    try:
+        data = path.read_bytes()
+        if len(data) >= 32:
+            return data
+    except FileNotFoundError:
+        pass
+    training_dir.mkdir(parents=True, exist_ok=True)
+    data = secrets.token_bytes(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return data
+
+
+def create_app(config: ProjectConfig, *, start_background: bool = True,
+               store: Store | None = None, overrides: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app for *config*.
+
+    With *start_background*, the embedded Prefect API and the run dispatcher
+    start now and run until ``app.extensions["potato.background"].stop()``
+    (``potato start`` stops them on SIGTERM/SIGINT). Tests pass False and
+    drive the store themselves. *overrides* update ``app.config``.
+    """
+    from potato.runs import open_store
+    from potato.server import admin_api, agent_api, errors, page
+    from potato.server.background import Background
+
+    app = Flask(__name__)
+    app.config.update(
+        POTATO=config,
+        SECRET_KEY=_secret_key(config.training_dir),
+        MAX_CONTENT_LENGTH=MAX_JSON_BYTES,
+        SESSION_COOKIE_NAME="potato_training_session",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        PERMANENT_SESSION_LIFETIME=timedelta(days=7),
+        JSON_SORT_KEYS=False,
+        PREFECT_UI_URL=os.environ.get("PREFECT_UI_URL") or _ui_from_api(os.environ.get("PREFECT_API_URL")),
+    )
+    if overrides:
+        app.config.update(overrides)
+    app.json.sort_keys = False
+    app.extensions["potato.store"] = store if store is not None else open_store(config)
+    app.extensions["potato.agent_state"] = agent_api.AgentState()
+
+    errors.init_app(app)
+    app.register_blueprint(page.bp)
+    app.register_blueprint(admin_api.bp)
+    app.register_blueprint(agent_api.bp)
+
+    background = Background(config, app.extensions["potato.store"])
+    app.extensions["potato.background"] = background
+    if start_background:
+        background.start()
+        if background.prefect_ui_url:
+            app.config["PREFECT_UI_URL"] = background.prefect_ui_url
+    return app
+
+
+def _ui_from_api(api_url: str | None) -> str | None:
+    """The Prefect UI's URL for an API URL (``http://host:port/api`` → ``http://host:port``)."""
+    if not api_url:
+        return None
+    url = api_url.rstrip("/")
+    return url[: -len("/api")] if url.endswith("/api") else url
+
+
+def get_store() -> Store:
+    return current_app.extensions["potato.store"]
+
+
+def get_config() -> ProjectConfig:
+    return current_app.config["POTATO"]

@@ -1,0 +1,232 @@
+"""The admin API (``/admin/training/api``): JSON for the Training page and for scripts.
+
+Every route needs the admin key (``X-API-Key``) or the page's session; see
+``potato.server.auth``. Views are thin: read the request, call ``potato.runs``
+or the store, answer JSON. Errors are JSON (``potato.server.errors``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify, request
+
+from potato import runs
+from potato.server import get_config, get_store
+from potato.server.auth import require_admin
+from potato.server.errors import ApiError
+from potato.server.serialize import backends_json, event_json, run_json
+
+bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
+
+MAX_LIST = 500
+MAX_EVENTS = 1000
+MAX_ARTIFACTS = 500
+PREDICTION_SAMPLE = 20
+
+
+def json_body(required: bool = True) -> dict[str, Any]:
+    """The request's JSON object, or a 400/415 that says what is wrong with it."""
+    if not request.data and not required:
+        return {}
+    if not request.is_json:
+        raise ApiError(415, "Send the body as JSON with Content-Type: application/json")
+    try:
+        body = json.loads(request.get_data(cache=True) or b"null")
+    except ValueError as exc:
+        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"The body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def int_arg(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"Query parameter {name!r} is {raw!r}; use a whole number") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
+        raise ApiError(400, f"Query parameter {name!r} is {value}; use a whole number {bounds}")
+    return value
+
+
+def _claimed(run) -> bool:
+    return current_app.extensions["potato.agent_state"].is_claimed(get_store(), run)
+
+
+def _run_json(run) -> dict[str, Any]:
+    config = get_config()
+    backend = config.model_training.backends.get(run.backend)
+    # Only a running agent run can be "queued in the UI's sense" (waiting for its claim).
+    claimed = run.state == "running" and backend is not None and backend.type == "agent" and _claimed(run)
+    return run_json(config, get_store(), run, claimed=claimed, ui_url=current_app.config.get("PREFECT_UI_URL"))
+
+
+@bp.get("/runs")
+@require_admin
+def list_runs():
+    store = get_store()
+    limit = int_arg("limit", 50, minimum=1, maximum=MAX_LIST)
+    offset = int_arg("offset", 0)
+    listed = store.list_runs(limit=limit, offset=offset)
+    return jsonify({"runs": [_run_json(r) for r in listed], "total": store.count_runs(),
+                    "limit": limit, "offset": offset})
+
+
+@bp.post("/runs")
+@require_admin
+def create_run():
+    body = json_body()
+    unknown = sorted(set(body) - {"trainer", "schemas", "backend", "options"})
+    if unknown:
+        raise ApiError(400, f"Unknown field(s) {', '.join(map(repr, unknown))}; "
+                       "a run request has trainer, schemas, backend and options")
+    trainer = body.get("trainer")
+    if trainer is not None and not isinstance(trainer, str):
+        raise ApiError(400, "trainer must be a string, e.g. \"hf-text-classification\"")
+    schemas = body.get("schemas")
+    if schemas is not None and not (isinstance(schemas, list) and all(isinstance(s, str) for s in schemas)):
+        raise ApiError(400, "schemas must be a list of schema names, e.g. [\"sentiment\"]")
+    backend = body.get("backend")
+    if backend is not None and not isinstance(backend, str):
+        raise ApiError(400, "backend must be a string naming a backend of model_training.backends")
+    options = body.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise ApiError(400, "options must be a JSON object of trainer options, e.g. {\"epochs\": 3}")
+    config = get_config()
+    try:
+        run = runs.create_run(config, get_store(), trainer=trainer, schemas=schemas, backend=backend,
+                              options=options)
+    except runs.UnknownBackendError as exc:
+        raise ApiError(409, str(exc), known_backends=exc.known) from None
+    except runs.RunRequestError as exc:
+        raise ApiError(400, str(exc)) from None
+    response = jsonify({"run": _run_json(run)})
+    response.status_code = 201
+    response.headers["Location"] = f"{bp.url_prefix}/runs/{run.id}"
+    return response
+
+
+def _artifacts(directory: Path) -> list[dict[str, Any]]:
+    found = []
+    if not directory.is_dir():
+        return found
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(root) / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            found.append({"path": path.relative_to(directory).as_posix(), "bytes": size})
+            if len(found) >= MAX_ARTIFACTS:
+                return found
+    return found
+
+
+@bp.get("/runs/<int:run_id>")
+@require_admin
+def get_run(run_id: int):
+    store = get_store()
+    run = store.get_run(run_id)
+    after = int_arg("after", 0)
+    events = store.events(run_id, after=after, limit=MAX_EVENTS)
+    directory = runs.run_dir(get_config(), run_id)
+    return jsonify({
+        "run": _run_json(run),
+        "events": [event_json(e) for e in events],
+        "next_after": events[-1].seq if events else after,
+        "more_events": len(events) == MAX_EVENTS,
+        "artifacts": _artifacts(directory / "artifacts"),
+        "has_predictions": (directory / "predictions.jsonl").is_file(),
+    })
+
+
+@bp.post("/runs/<int:run_id>/cancel")
+@require_admin
+def cancel_run(run_id: int):
+    config, store = get_config(), get_store()
+    store.get_run(run_id)  # 404 for an unknown run
+    run = runs.cancel_run(config, store, run_id)
+    return jsonify({"run": _run_json(run)})
+
+
+@bp.get("/runs/<int:run_id>/predictions")
+@require_admin
+def predictions(run_id: int):
+    """A summary of the run's predictions: counts per schema and label, mean confidence, a sample."""
+    get_store().get_run(run_id)
+    path = runs.run_dir(get_config(), run_id) / "predictions.jsonl"
+    if not path.is_file():
+        return jsonify({"available": False, "count": 0, "schemas": {}, "sample": []})
+    labels: dict[str, Counter] = {}
+    confidence: dict[str, list[float]] = {}
+    sample, count, unreadable = [], 0, 0
+    with open(path, "rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                schema, label = str(row["schema"]), str(row["label"])
+            except (ValueError, KeyError, TypeError):
+                unreadable += 1
+                continue
+            count += 1
+            labels.setdefault(schema, Counter())[label] += 1
+            if isinstance(row.get("confidence"), (int, float)):
+                stats = confidence.setdefault(schema, [0.0, 0])
+                stats[0] += row["confidence"]
+                stats[1] += 1
+            if len(sample) < PREDICTION_SAMPLE:
+                sample.append(row)
+    schemas = {
+        s: {"labels": dict(c.most_common()), "count": sum(c.values()),
+            "mean_confidence": (confidence[s][0] / confidence[s][1]) if confidence.get(s) else None}
+        for s, c in sorted(labels.items())
+    }
+    return jsonify({"available": True, "count": count, "unreadable_lines": unreadable,
+                    "schemas": schemas, "sample": sample})
+
+
+@bp.get("/backends")
+@require_admin
+def list_backends():
+    config = get_config()
+    return jsonify({"backends": backends_json(config), "default": config.model_training.backend or "local"})
+
+
+@bp.post("/backends/<name>/check")
+@require_admin
+def check(name: str):
+    from potato.checks import check_backend
+
+    config = get_config()
+    if name not in config.model_training.backends:
+        known = sorted(config.model_training.backends)
+        raise ApiError(404, f"No backend named {name!r} in model_training.backends; known backends: "
+                       f"{', '.join(known)}", known_backends=known)
+    report = check_backend(config, name)
+    return jsonify(report.as_dict())
+
+
+@bp.get("/trainers")
+@require_admin
+def trainers():
+    from potato.trainers import TRAINERS
+
+    config = get_config()
+    return jsonify({
+        "trainers": sorted(TRAINERS), "default": runs.DEFAULT_TRAINER,
+        "schemas": [s.name for s in config.schemes],
+        "default_schemas": list(config.model_training.writeback.schemas) or [s.name for s in config.schemes],
+    })

@@ -1,0 +1,54 @@
+"""What runs beside the web server for its lifetime: the embedded Prefect API and the dispatcher."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from potato.config import ProjectConfig
+from potato.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Background:
+    """Starts the Prefect API (``prefect_api.start_embedded``) and ``runs.Dispatcher``; stops both."""
+
+    def __init__(self, config: ProjectConfig, store: Store):
+        self.config = config
+        self.store = store
+        self.prefect = None
+        self.dispatcher = None
+        self.prefect_ui_url: str | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        from potato import runs
+        from potato.prefect_api import start_embedded
+        from potato.server import _ui_from_api
+
+        self.prefect = start_embedded(self.config.training_dir)
+        self.prefect_ui_url = _ui_from_api(self.prefect.url)
+        log.info("Prefect API at %s", self.prefect.url)
+        try:
+            self.dispatcher = runs.Dispatcher(self.config, self.store)
+            self.dispatcher.start()
+        except BaseException:
+            self.prefect.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the dispatcher (and the flows it started), then the Prefect API. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.dispatcher is not None:
+            try:
+                self.dispatcher.stop()
+            except Exception:
+                log.exception("Stopping the dispatcher failed")
+        if self.prefect is not None:
+            try:
+                self.prefect.stop()
+            except Exception:
+                log.exception("Stopping the Prefect API failed")

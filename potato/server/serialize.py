@@ -1,0 +1,98 @@
+"""Runs, events and backends as the JSON the page and the admin API send."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from potato.config import ProjectConfig
+from potato.store import QUEUED, RUNNING, Event, Run, Store
+
+# The event kind the agent routes add when an agent claims a run (agent backends).
+CLAIMED = "claimed"
+
+
+def display_state(config: ProjectConfig, run: Run, claimed: bool) -> str:
+    """The state the page shows: an agent run is ``queued`` until an agent claims it (SPEC §7).
+
+    The store has it ``running`` from the moment the dispatcher starts its
+    flow (the flow holds the one-run-at-a-time slot while it waits for an agent).
+    """
+    backend = config.model_training.backends.get(run.backend)
+    if run.state == RUNNING and backend is not None and backend.type == "agent" and not claimed:
+        return QUEUED
+    return run.state
+
+
+def duration(run: Run, now: float | None = None) -> float | None:
+    if not run.started_at:
+        return None
+    return max(0.0, (run.finished_at or now or time.time()) - run.started_at)
+
+
+def ran_on(config: ProjectConfig, run: Run) -> dict[str, Any]:
+    backend = config.model_training.backends.get(run.backend)
+    return {
+        "name": run.backend,
+        "type": backend.type if backend else None,
+        "description": backend.describe() if backend else f"{run.backend} (no longer in the config)",
+    }
+
+
+def prefect_url(ui_url: str | None, run: Run) -> str | None:
+    if not ui_url or not run.prefect_flow_run_id:
+        return None
+    return f"{ui_url.rstrip('/')}/runs/flow-run/{run.prefect_flow_run_id}"
+
+
+def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = False,
+             ui_url: str | None = None, now: float | None = None) -> dict[str, Any]:
+    state = display_state(config, run, claimed)
+    return {
+        "id": run.id,
+        "trainer": run.trainer,
+        "schemas": list(run.schemas),
+        "backend": run.backend,
+        "ran_on": ran_on(config, run),
+        "state": state,
+        "stored_state": run.state,
+        "active": run.state == RUNNING,
+        "step": run.step,
+        "progress": run.progress,
+        "progress_text": run.progress_text,
+        "queue_position": store.queue_position(run.id) if run.state == QUEUED else None,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "duration_s": duration(run, now),
+        "cancel_requested": run.cancel_requested_at is not None,
+        "error": run.error,
+        "scores": run.scores or {},
+        "options": run.options or {},
+        "artifact_uri": run.artifact_uri,
+        "host_python": run.host_python,
+        "gpu": run.gpu,
+        "prefect_flow_run_id": run.prefect_flow_run_id,
+        "prefect_url": prefect_url(ui_url, run),
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    return {"seq": event.seq, "t": event.t, "kind": event.kind, "data": event.data}
+
+
+def backends_json(config: ProjectConfig) -> list[dict[str, Any]]:
+    """The Runs on menu: every backend in config order, ``local`` last; the default is marked (SPEC §3)."""
+    default = config.model_training.backend or "local"
+    names = sorted(config.model_training.backends, key=lambda n: n == "local")  # stable
+    result = []
+    for name in names:
+        backend = config.model_training.backends[name]
+        result.append({
+            "name": name,
+            "type": backend.type,
+            "host": backend.host,
+            "description": backend.describe(),
+            "default": name == default,
+        })
+    return result

@@ -1,0 +1,146 @@
+/* The Training page: Runs on + Check, start a run, the live Runs table with step rows. */
+"use strict";
+(function () {
+  var form = document.getElementById("start-form");
+  var backendSelect = document.getElementById("backend");
+  var checkButton = document.getElementById("check-button");
+  var report = document.getElementById("check-report");
+  var message = document.getElementById("start-message");
+  var table = document.getElementById("runs");
+  var tbody = table.querySelector("tbody");
+  var empty = document.getElementById("runs-empty");
+  var note = document.getElementById("runs-note");
+  var backendsApi = checkButton.dataset.api;
+  var rows = {};  // run id -> {main, step}
+
+  checkButton.addEventListener("click", function () {
+    var name = backendSelect.value;
+    checkButton.disabled = true;
+    report.hidden = false;
+    report.className = "report";
+    report.querySelector(".report-verdict").textContent = "Checking " + name + "…";
+    report.querySelector(".report-lines").textContent = "";
+    Potato.request("POST", backendsApi + "/" + encodeURIComponent(name) + "/check", undefined, form)
+      .then(function (data) {
+        var ok = data._status === 200 && data.ok;
+        report.className = "report " + (ok ? "ok" : "bad");
+        report.querySelector(".report-verdict").textContent =
+          data._status !== 200 ? "The check failed" : (ok ? "A run can start on " + name : "A run cannot start on " + name);
+        report.querySelector(".report-lines").textContent = data.report ? data.report.join("\n") : (data.error || "");
+      })
+      .catch(function () { report.querySelector(".report-verdict").textContent = "The server did not answer"; })
+      .then(function () { checkButton.disabled = false; });
+  });
+
+  form.addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var schemas = Array.prototype.map.call(form.querySelectorAll("input[name=schemas]:checked"), function (c) { return c.value; });
+    var body = { trainer: document.getElementById("trainer").value, schemas: schemas, backend: backendSelect.value };
+    var button = document.getElementById("start-button");
+    button.disabled = true;
+    message.className = "";
+    message.textContent = "Starting…";
+    Potato.request("POST", form.dataset.api, body, form).then(function (data) {
+      if (data._status === 201) {
+        message.textContent = "Run " + data.run.id + " " + data.run.state + " on " + data.run.ran_on.name + ".";
+        refresh();
+      } else {
+        message.className = "error";
+        message.textContent = data.error || ("The server answered " + data._status);
+      }
+    }).catch(function () { message.className = "error"; message.textContent = "The server did not answer"; })
+      .then(function () { button.disabled = false; });
+  });
+
+  function cancel(id, button) {
+    button.disabled = true;
+    Potato.request("POST", table.dataset.api + "/" + id + "/cancel", undefined, form).then(function (data) {
+      if (data._status !== 200) { note.textContent = data.error || "Cancel failed"; button.disabled = false; }
+      refresh();
+    });
+  }
+
+  function makeRow(run) {
+    var main = Potato.el("tr", { "data-run": run.id, "id": "run-" + run.id });
+    var link = Potato.el("a", { href: table.dataset.runPage + run.id }, "Run " + run.id);
+    var first = Potato.el("td"); first.appendChild(link); main.appendChild(first);
+    ["state", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
+      main.appendChild(Potato.el("td", { "class": "col-" + k }));
+    });
+    var actions = Potato.el("td", { "class": "col-actions" });
+    var button = Potato.el("button", { type: "button", "class": "danger cancel", "aria-label": "Cancel run " + run.id }, "Cancel run");
+    button.addEventListener("click", function () { cancel(run.id, button); });
+    actions.appendChild(button);
+    main.appendChild(actions);
+    var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
+    var cell = Potato.el("td", { colspan: "8" });
+    var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
+    var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
+    var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
+    cell.appendChild(label); cell.appendChild(text); cell.appendChild(bar);
+    step.appendChild(cell);
+    return { main: main, step: step };
+  }
+
+  function set(row, cls, text) {
+    var td = row.querySelector(".col-" + cls);
+    if (td.textContent !== text) td.textContent = text;
+  }
+
+  function update(r, run) {
+    var state = r.main.querySelector(".col-state");
+    var stateText = run.state + (run.cancel_requested && run.active ? " (cancelling)" : "");
+    if (state.textContent !== stateText) { state.textContent = stateText; state.className = "col-state state state-" + run.state; }
+    set(r.main, "ran-on", run.ran_on.name);
+    r.main.querySelector(".col-ran-on").title = run.ran_on.description;
+    set(r.main, "queue", run.queue_position ? "#" + run.queue_position : "");
+    set(r.main, "started", Potato.time(run.started_at));
+    set(r.main, "duration", Potato.duration(run.duration_s));
+    set(r.main, "scores", run.error && run.state === "failed" ? run.error : Potato.scores(run.scores));
+    var open = run.state === "queued" || run.state === "running";
+    var button = r.main.querySelector("button.cancel");
+    button.hidden = !open;
+    if (open && !run.cancel_requested) button.disabled = false;
+    if (run.cancel_requested) button.disabled = true;
+    var showStep = run.state === "running" || (run.state === "queued" && run.active);
+    r.step.hidden = !showStep;
+    r.main.classList.toggle("has-step", showStep);
+    if (showStep) {
+      var text = r.step.querySelector(".step");
+      var t = run.step || "starting";
+      if (run.progress_text) t += " — " + run.progress_text;
+      if (text.textContent !== t) text.textContent = t;
+      var bar = r.step.querySelector("progress");
+      if (typeof run.progress === "number") bar.value = run.progress; else bar.removeAttribute("value");
+    }
+  }
+
+  function render(data) {
+    var seen = {};
+    var anchor = null;
+    data.runs.forEach(function (run) {
+      seen[run.id] = true;
+      var r = rows[run.id];
+      if (!r) { r = rows[run.id] = makeRow(run); }
+      update(r, run);
+      // Keep the rows in the API's order (newest first) without rebuilding them.
+      var before = anchor ? anchor.nextSibling : tbody.firstChild;
+      if (before !== r.main) tbody.insertBefore(r.main, before);
+      if (r.main.nextSibling !== r.step) tbody.insertBefore(r.step, r.main.nextSibling);
+      anchor = r.step;
+    });
+    Object.keys(rows).forEach(function (id) {
+      if (!seen[id]) { rows[id].main.remove(); rows[id].step.remove(); delete rows[id]; }
+    });
+    empty.hidden = data.runs.length > 0;
+    note.textContent = data.total > data.runs.length ? "Showing the newest " + data.runs.length + " of " + data.total + " runs." : "";
+  }
+
+  function refresh() {
+    return Potato.request("GET", table.dataset.api + "?limit=50").then(function (data) {
+      if (data._status === 401) { window.location.reload(); return false; }
+      if (data.runs) render(data);
+    });
+  }
+  Potato.poll(refresh, 1000);
+})();

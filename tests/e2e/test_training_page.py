@@ -1,0 +1,145 @@
+"""The Training page in a real browser (headless Chromium through Playwright).
+
+Starts the app as ``potato start`` does (waitress, the dispatcher, the
+session's Prefect API) on loopback, logs in, checks the Runs on menu, presses
+Check, starts a local run of the tiny model and watches it to ``succeeded``,
+opens its run page (loss chart), and cancels a second run from the page.
+Screenshots go to ``test-artifacts/`` (gitignored).
+
+Needs Chromium (``apt-get install -y chromium``) and ``pip install playwright``
+(its own browser download is not used: ``executable_path=/usr/bin/chromium``).
+Skipped when either is missing, unless ``CI=true``: then it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.prefect, pytest.mark.training]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = os.environ.get("POTATO_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+RUN_TIMEOUT_MS = 240_000
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: the browser test must run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (shutil.which(CHROMIUM) or Path(CHROMIUM).is_file()):
+        _unavailable(f"no Chromium at {CHROMIUM}; install it with: apt-get install -y chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is missing; install it with: pip install playwright")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def server(tmp_path, prefect_api):
+    """The app served by waitress with the dispatcher running; yields its base URL."""
+    from potato.config import load_config
+    from potato.server import create_app
+    from potato.server.commands import make_server
+    from tests.support.potato_project import make_project
+    from tests.support.tiny_model import tiny_model_path
+    from tests.unit.test_server_support import BACKENDS
+
+    path = make_project(tmp_path, n_items=40, labeled_fraction=0.9, model_training={
+        "enabled": True, "backend": "local", "backends": BACKENDS,
+        "writeback": {"schemas": ["sentiment"], "include_unlabeled": True},
+        "trainers": {"hf-text-classification": {"model": str(tiny_model_path()), "epochs": 4,
+                                                "learning_rate": 0.003, "batch_size": 8}},
+    })
+    config = load_config(path)
+    app = create_app(config, start_background=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wsgi = make_server(app, "127.0.0.1", port, "waitress")
+    thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        wsgi.close()
+        app.extensions["potato.background"].stop()
+        thread.join(5)
+
+
+def _shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"training-page-{name}.png"), full_page=True)
+
+
+def test_training_page_end_to_end(browser, server):
+    from playwright.sync_api import expect
+
+    from potato.training.device import describe_local_device
+
+    page = browser.new_page()
+    page.set_default_timeout(20_000)
+    external = []
+    page.on("request", lambda r: external.append(r.url) if not r.url.startswith(server) else None)
+
+    page.goto(f"{server}/admin/training")
+    expect(page.get_by_role("heading", name="Log in to the Training page")).to_be_visible()
+    page.get_by_label("Admin key").fill("change-me")
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Training", exact=True)).to_be_visible()
+
+    menu = page.get_by_label("Runs on")
+    assert menu.locator("option").all_text_contents() == [
+        "gpu-server (ssh to gpu.example.org)", "cluster (slurm on login.cluster.example.org)",
+        "lab-workstation (agent)", "local (this machine)"]
+    expect(menu).to_have_value("local")
+
+    page.get_by_role("button", name="Check").click()
+    report = page.locator("#check-report .report-lines")
+    expect(report).to_have_text(f"local: this machine, {describe_local_device('auto')}")
+    _shot(page, "1-check")
+
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-message")).to_contain_text("Run 1 queued on local")
+    row = page.locator("#run-1")
+    step = page.locator("#step-text-1")
+    expect(step).to_be_visible(timeout=60_000)  # the live step row of the active run
+    assert step.get_attribute("aria-live") == "polite"
+    _shot(page, "2-running")
+    expect(row.locator(".col-state")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
+    expect(row.locator(".col-ran-on")).to_have_text("local")
+    expect(row.locator(".col-scores")).to_contain_text("sentiment: accuracy")
+    expect(step).to_be_hidden()
+    _shot(page, "3-succeeded")
+
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-message")).to_contain_text("Run 2 queued on local")
+    page.get_by_role("button", name="Cancel run 2").click()
+    expect(page.locator("#run-2 .col-state")).to_have_text("cancelled", timeout=RUN_TIMEOUT_MS)
+    _shot(page, "4-cancelled")
+
+    page.get_by_role("link", name="Run 1", exact=True).click()
+    expect(page.get_by_role("heading", name="Run 1")).to_be_visible()
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    expect(page.locator("#loss-chart polyline.loss")).to_have_count(1)
+    expect(page.locator("#loss-caption")).to_contain_text("loss went from")
+    expect(page.locator("#run-log")).to_contain_text("The worker started")
+    expect(page.locator("#predictions")).to_contain_text("predictions.")
+    _shot(page, "5-run-page")
+    assert external == [], f"the page fetched from elsewhere: {external}"
