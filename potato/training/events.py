@@ -1,0 +1,187 @@
+"""Writing and reading ``events.jsonl``, and writing result files atomically.
+
+The worker appends one JSON object per line and flushes after each, so a
+reader tailing the file (the local flow, the remote agent) sees every event
+as soon as it is written. Readers take complete lines only: a line without
+its ``\\n`` is still being written and is left for the next read.
+
+Every event has ``seq`` (1, 2, ...), ``t`` (unix time) and ``type``; see
+docs/architecture.md, "The job directory".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
+
+
+class Cancelled(Exception):
+    """Raised inside a trainer when the worker was asked to stop (SIGTERM)."""
+
+
+class TrainerFailure(Exception):
+    """Raised by a trainer for a failure whose message is meant for the user as is.
+
+    The worker reports it without a traceback (e.g. a model that is not
+    available offline, an item file that cannot be read).
+    """
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` under a temporary name, then rename it into place.
+
+    A reader polling ``path`` sees either nothing or the whole file.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, ".{}.tmp-{}".format(os.path.basename(path), os.getpid()))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_events(path: str, offset: int = 0) -> Tuple[List[Dict[str, Any]], int]:
+    """Read the complete event lines of ``path`` from byte ``offset``.
+
+    Returns the events and the offset to pass next time (just past the last
+    complete line). A missing file reads as no events. A partial last line
+    (no newline yet) is not returned; blank or unparsable complete lines are
+    skipped.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    events = []
+    for line in data[: end + 1].splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            event = json.loads(line.decode("utf-8"))
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events, offset + end + 1
+
+
+class EventWriter:
+    """Appends events to ``events.jsonl``; safe to call from several threads.
+
+    Once a ``done`` event is written the writer is closed and later events
+    are dropped, so ``done`` is always last.
+
+    The trainer sees this object as ``events``: ``log``, ``progress``,
+    ``metrics``, ``check_cancelled`` and the ``cancelled`` flag.
+    """
+
+    def __init__(self, path: str, *, progress_interval: float = 0.5):
+        self.path = path
+        self.progress_interval = progress_interval
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        self._last_progress = None  # type: Optional[float]
+        self._cancel = threading.Event()
+        # Continue numbering if the file already holds events (a re-run in the same dir).
+        existing, _ = read_events(path)
+        if existing:
+            self._seq = max(int(e.get("seq", 0)) for e in existing)
+        self._file = open(path, "a", encoding="utf-8")
+
+    # -- writing -----------------------------------------------------------
+
+    def emit(self, type_: str, **fields: Any) -> Optional[int]:
+        """Append one event; returns its ``seq``, or None when the writer is closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            self._seq += 1
+            event = {"seq": self._seq, "t": round(time.time(), 3), "type": type_}
+            event.update(fields)
+            self._file.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
+            self._file.flush()
+            if type_ == "done":
+                self._closed = True
+                try:
+                    os.fsync(self._file.fileno())
+                finally:
+                    self._file.close()
+            return self._seq
+
+    def log(self, message: str, level: str = "info") -> None:
+        """A line for the run log; ``level`` is info, warning or error."""
+        self.emit("log", level=level, message=message)
+
+    def progress_due(self, step: int, total: int) -> bool:
+        """Whether a progress event for ``step`` would be written now (the last step always is)."""
+        last = self._last_progress
+        return last is None or step >= total or time.monotonic() - last >= self.progress_interval
+
+    def progress(
+        self,
+        phase: str,
+        step: int,
+        total: int,
+        *,
+        epoch: Optional[float] = None,
+        loss: Optional[float] = None,
+        force: bool = False,
+        **extra: Any
+    ) -> None:
+        """Report progress, at most once per ``progress_interval`` unless ``force``.
+
+        The last step (``step == total``) is always written.
+        """
+        if not force and not self.progress_due(step, total):
+            return
+        self._last_progress = time.monotonic()
+        fields = {"phase": phase, "step": step, "total": total}  # type: Dict[str, Any]
+        if epoch is not None:
+            fields["epoch"] = epoch
+        if loss is not None:
+            fields["loss"] = round(float(loss), 5)
+        fields.update(extra)
+        self.emit("progress", **fields)
+
+    def metrics(self, scores: Dict[str, Any]) -> None:
+        """Holdout scores per schema."""
+        self.emit("metrics", scores=scores)
+
+    def done(self, status: str, error: Optional[str] = None) -> None:
+        """The last event: ``status`` is succeeded, failed or cancelled."""
+        fields = {"status": status}  # type: Dict[str, Any]
+        if error is not None:
+            fields["error"] = error
+        self.emit("done", **fields)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- cancellation ------------------------------------------------------
+
+    def request_cancel(self) -> None:
+        """Ask the trainer to stop at its next step (the SIGTERM handler calls this)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`Cancelled` when a stop was requested; trainers call it every step."""
+        if self._cancel.is_set():
+            raise Cancelled("Cancelled")

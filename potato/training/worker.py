@@ -1,0 +1,293 @@
+"""The training worker: ``python -m potato.training.worker JOB_DIR``.
+
+The same worker trains on every backend. It reads ``JOB_DIR/job.json`` and
+the run bundle, runs the trainer, and writes into ``JOB_DIR``:
+``events.jsonl`` (appended, flushed per event), ``predictions.jsonl`` and
+``scores.json`` (each written under a temporary name, then renamed),
+``artifacts/`` and, last, ``exit_code`` (atomically). The formats are in
+docs/architecture.md, "The job directory".
+
+Exit codes: 0 succeeded, 1 failed, 3 the trainer could not be imported,
+4 over ``max_ram_mb``, 143 stopped by SIGTERM.
+
+SIGTERM asks the trainer to stop at its next step; the worker then writes
+``done`` with status ``cancelled`` and exits 143. The worker starts no
+child processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Dict, Iterable, List, Optional
+
+from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_IMPORT = 3
+EXIT_MEMORY = 4
+EXIT_CANCELLED = 143
+
+RAM_CHECK_INTERVAL_S = 0.2
+
+
+class Job:
+    """What the trainer gets as ``job``: the parsed ``job.json`` plus paths and writers.
+
+    Attributes: ``dir``, ``run_id``, ``trainer``, ``schemas``, ``bundle_dir``,
+    ``manifest`` (the bundle's ``manifest.json``), ``options`` (as given; the
+    trainer merges its defaults), ``device`` (the torch device chosen, e.g.
+    ``cpu``), ``device_name``, ``num_threads``, ``max_ram_mb``,
+    ``include_unlabeled``, ``artifacts_dir``.
+    """
+
+    def __init__(self, job_dir: str, spec: Dict[str, Any]):
+        self.dir = os.path.abspath(job_dir)
+        self.spec = spec
+        self.run_id = spec.get("run_id")
+        self.trainer = spec.get("trainer", "hf-text-classification")
+        self.schemas = list(spec.get("schemas") or [])
+        bundle = spec.get("bundle", "bundle")
+        self.bundle_dir = bundle if os.path.isabs(bundle) else os.path.join(self.dir, bundle)
+        self.options = dict(spec.get("options") or {})
+        self.device_setting = spec.get("device") or "auto"
+        self.num_threads = spec.get("num_threads")
+        self.max_ram_mb = spec.get("max_ram_mb")
+        self.include_unlabeled = bool(spec.get("include_unlabeled", False))
+        self.grace_seconds = spec.get("grace_seconds", 20)
+        self.artifacts_dir = os.path.join(self.dir, "artifacts")
+        self.device = "cpu"
+        self.device_name = "CPU"
+        self._manifest = None  # type: Optional[Dict[str, Any]]
+
+    @property
+    def manifest(self) -> Dict[str, Any]:
+        if self._manifest is None:
+            with open(os.path.join(self.bundle_dir, "manifest.json"), encoding="utf-8") as f:
+                self._manifest = json.load(f)
+        return self._manifest
+
+    def read_items(self) -> List[Dict[str, Any]]:
+        """The bundle's items (``items.jsonl``), in order."""
+        path = os.path.join(self.bundle_dir, "items.jsonl")
+        items = []
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except ValueError as exc:
+                    raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
+        return items
+
+    def write_predictions(self, records: Iterable[Dict[str, Any]]) -> int:
+        """Write ``predictions.jsonl`` (temp name, then rename); returns the count."""
+        lines = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
+        write_atomic(os.path.join(self.dir, "predictions.jsonl"), "".join(line + "\n" for line in lines))
+        return len(lines)
+
+    def write_scores(self, scores: Dict[str, Any]) -> None:
+        """Write ``scores.json`` (temp name, then rename)."""
+        write_atomic(os.path.join(self.dir, "scores.json"), json.dumps(scores, indent=1, sort_keys=True) + "\n")
+
+
+def read_job(job_dir: str) -> Job:
+    """Parse ``JOB_DIR/job.json``."""
+    with open(os.path.join(job_dir, "job.json"), encoding="utf-8") as f:
+        return Job(job_dir, json.load(f))
+
+
+def _finish(job_dir: str, events: Optional[EventWriter], code: int, status: str, error: Optional[str]) -> int:
+    if events is not None:
+        events.done(status, error)
+    write_atomic(os.path.join(job_dir, "exit_code"), "{}\n".format(code))
+    return code
+
+
+# -- memory watchdog ---------------------------------------------------------
+
+
+def read_rss_mb() -> Optional[float]:
+    """This process's resident memory in MB (VmRSS), or None where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    try:  # macOS: no /proc; the peak is the best stdlib figure (bytes there)
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
+    except Exception:
+        return None
+
+
+def memory_message(used_mb: float, limit_mb: float) -> str:
+    return (
+        "The worker used {:.0f} MB of memory, over model_training.max_ram_mb ({:g}); "
+        "raise max_ram_mb or train with a smaller batch_size or max_length".format(used_mb, limit_mb)
+    )
+
+
+def _start_watchdog(job_dir: str, events: EventWriter, limit_mb: float) -> None:
+    """Exit 4 as soon as RSS passes ``limit_mb``, checked every 0.2 s, so the machine never swaps."""
+
+    def watch() -> None:
+        while True:
+            used = read_rss_mb()
+            if used is not None and used > limit_mb:
+                message = memory_message(used, limit_mb)
+                try:
+                    events.log(message, level="error")
+                    _finish(job_dir, events, EXIT_MEMORY, "failed", message)
+                    sys.stderr.write(message + "\n")
+                    sys.stderr.flush()
+                finally:
+                    os._exit(EXIT_MEMORY)
+            time.sleep(RAM_CHECK_INTERVAL_S)
+
+    threading.Thread(target=watch, name="potato-ram-watchdog", daemon=True).start()
+
+
+# -- threads -----------------------------------------------------------------
+
+
+def apply_num_threads(num_threads: Optional[int]) -> None:
+    """Set the BLAS/OpenMP thread counts before torch is imported (overrides a login shell's value)."""
+    if num_threads:
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ[name] = str(int(num_threads))
+
+
+# -- the run -----------------------------------------------------------------
+
+
+def import_error_message(trainer: str, exc: ImportError, tried: str) -> str:
+    """The SPEC §9 text, with the missing module named."""
+    missing = (getattr(exc, "name", None) or tried).split(".")[0]
+    return "Trainer {!r} could not be imported (missing module: {})".format(trainer, missing)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    if isinstance(exc, (TrainerFailure, Cancelled)):
+        return first or type(exc).__name__
+    return "{}: {}".format(type(exc).__name__, first) if first else type(exc).__name__
+
+
+def run(job_dir: str) -> int:
+    """Run the job in ``job_dir``; returns the exit code (also written to ``exit_code``)."""
+    job_dir = os.path.abspath(job_dir)
+    events = EventWriter(os.path.join(job_dir, "events.jsonl"))
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        events.request_cancel()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    try:
+        job = read_job(job_dir)
+    except Exception as exc:
+        return _finish(job_dir, events, EXIT_FAILED, "failed", "Could not read job.json: {}".format(_one_line(exc)))
+
+    if job.max_ram_mb:
+        _start_watchdog(job_dir, events, float(job.max_ram_mb))
+    apply_num_threads(job.num_threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from potato.trainers import TRAINERS
+
+    module_name = TRAINERS.get(job.trainer)
+    if module_name is None:
+        return _finish(
+            job_dir, events, EXIT_FAILED, "failed",
+            "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(TRAINERS))),
+        )
+    tried = module_name
+    try:
+        trainer = importlib.import_module(module_name)
+        for tried in getattr(trainer, "REQUIRED_MODULES", ()):
+            importlib.import_module(tried)
+    except ImportError as exc:
+        message = import_error_message(job.trainer, exc, tried)
+        events.log("{}: {}".format(message, _one_line(exc)), level="error")
+        return _finish(job_dir, events, EXIT_IMPORT, "failed", message)
+    except Exception as exc:  # a package that is there but breaks on import (e.g. a CUDA mismatch)
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        events.log(tb.rstrip(), level="error")
+        return _finish(
+            job_dir, events, EXIT_IMPORT, "failed",
+            "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
+        )
+
+    try:
+        from potato.training.device import choose_device
+
+        choice = choose_device(job.device_setting, job.num_threads)
+        job.device, job.device_name = choice.device, choice.name
+        if job.num_threads:
+            import torch
+
+            torch.set_num_threads(int(job.num_threads))
+        events.emit(
+            "started",
+            pid=os.getpid(),
+            python=".".join(str(v) for v in sys.version_info[:3]),
+            device=job.device,
+            device_name=job.device_name,
+            trainer=job.trainer,
+            schemas=job.schemas,
+        )
+        if choice.warning:
+            events.log(choice.warning, level="warning")
+
+        problems = trainer.check_options(job.options)
+        if problems:
+            raise TrainerFailure("Trainer options: " + "; ".join(problems))
+        events.check_cancelled()
+        trainer.train(job, events)
+        if events.cancelled:
+            raise Cancelled("Cancelled")
+    except Cancelled:
+        events.log("Stopped on SIGTERM", level="warning")
+        return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+    except TrainerFailure as exc:
+        if events.cancelled:
+            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+    except Exception as exc:
+        if events.cancelled:
+            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        events.log(tb.rstrip(), level="error")
+        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+    return _finish(job_dir, events, EXIT_SUCCEEDED, "succeeded", None)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        sys.stderr.write("usage: python -m potato.training.worker JOB_DIR\n")
+        return 2
+    if not os.path.isfile(os.path.join(argv[0], "job.json")):
+        sys.stderr.write("{}: no job.json there\n".format(argv[0]))
+        return 2
+    return run(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

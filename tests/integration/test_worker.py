@@ -1,0 +1,247 @@
+"""The real worker (``python -m potato.training.worker``) on tiny bundles with a tiny random BERT.
+
+Each test runs the worker as a subprocess, offline (HF_HUB_OFFLINE=1), and
+checks what it leaves in the job directory against docs/architecture.md
+("The job directory").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from potato.training.events import read_events  # noqa: E402
+from tests.support.bundles import easy_items, write_job  # noqa: E402
+from tests.support.tiny_model import tiny_model_path  # noqa: E402
+
+pytestmark = pytest.mark.training
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"epochs": 10, "learning_rate": 3e-3, "batch_size": 16, "max_length": 32}
+
+
+def worker_env(extra_path: Path | None = None) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    paths = ([str(extra_path)] if extra_path else []) + [str(ROOT)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def start_worker(job_dir: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "potato.training.worker", str(job_dir)],
+        env=env or worker_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: lets the test look for leftover children
+    )
+
+
+def run_worker(job_dir: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = start_worker(job_dir, env)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+
+
+def events_of(job_dir: Path) -> list[dict]:
+    return read_events(str(job_dir / "events.jsonl"))[0]
+
+
+def done_of(job_dir: Path) -> dict:
+    events = events_of(job_dir)
+    assert events and events[-1]["type"] == "done", events
+    return events[-1]
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    return str(tiny_model_path())
+
+
+def test_full_fine_tune_learns_and_writes_the_job_directory(tmp_path, tiny_model):
+    items = easy_items(120, unlabeled=10)
+    job = write_job(tmp_path / "job", items=items, options=dict(TINY, model=tiny_model), include_unlabeled=True)
+    result = run_worker(job)
+    assert result.returncode == 0, result.stderr
+    assert (job / "exit_code").read_text().strip() == "0"
+
+    events = events_of(job)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["type"] == "started"
+    assert events[0]["device"] == "cpu" and events[0]["device_name"].startswith("CPU (")
+    assert isinstance(events[0]["pid"], int) and events[0]["python"].count(".") == 2
+    assert events[-1] == {"seq": len(events), "t": events[-1]["t"], "type": "done", "status": "succeeded"}
+    train = [e for e in events if e["type"] == "progress" and e["phase"] == "train"]
+    assert train and train[-1]["step"] == train[-1]["total"] == 60 and train[-1]["epoch"] == 10
+    assert train[0]["step"] == 0 and "loss" not in train[0]  # training begins
+    assert len(train) >= 2 and all(isinstance(e["loss"], float) for e in train[1:])
+    assert any(e["type"] == "progress" and e["phase"] == "predict" for e in events)
+    assert not [e for e in events if e["type"] == "log" and e["level"] != "info"]
+
+    scores = json.loads((job / "scores.json").read_text())
+    assert scores["sentiment"]["n"] == 24
+    assert scores["sentiment"]["accuracy"] >= 0.8, scores
+    assert scores["sentiment"]["macro_f1"] >= 0.8, scores
+    metrics = [e for e in events if e["type"] == "metrics"]
+    assert metrics and metrics[-1]["scores"] == scores
+
+    predictions = [json.loads(line) for line in (job / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 130  # every labelled item and, with include_unlabeled, the 10 others
+    assert {p["id"] for p in predictions} == {it["id"] for it in items}
+    assert all(p["schema"] == "sentiment" and p["label"] in ("positive", "negative") for p in predictions)
+    assert all(0.5 <= p["confidence"] <= 1.0 for p in predictions)
+
+    saved = job / "artifacts" / "sentiment"
+    assert json.loads((saved / "labels.json").read_text())["labels"] == ["positive", "negative"]
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(saved)
+    tokenizer = AutoTokenizer.from_pretrained(saved)
+    assert model.config.id2label == {0: "positive", 1: "negative"}
+    import torch
+
+    with torch.inference_mode():
+        logits = model(**tokenizer(["great wonderful product", "awful terrible box"], padding=True,
+                                   return_tensors="pt")).logits
+    assert logits.argmax(-1).tolist() == [0, 1]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # peft calls a deprecated transformers API
+def test_lora_without_unlabeled_items_on_a_missing_gpu(tmp_path, tiny_model, monkeypatch):
+    job = write_job(
+        tmp_path / "job", items=easy_items(60, unlabeled=5),
+        options=dict(TINY, model=tiny_model, epochs=3, lora={"r": 4, "alpha": 8}),
+        include_unlabeled=False, device="cuda:1",
+    )
+    result = run_worker(job)
+    assert result.returncode == 0, result.stderr
+    events = events_of(job)
+    assert events[0]["type"] == "started" and events[0]["device"] == "cpu"
+    warnings = [e["message"] for e in events if e["type"] == "log" and e["level"] == "warning"]
+    assert len(warnings) == 1 and "'cuda:1'" in warnings[0] and "training on CPU (" in warnings[0]
+
+    predictions = [json.loads(line) for line in (job / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 60 and not [p for p in predictions if p["id"].startswith("u")]
+
+    saved = job / "artifacts" / "sentiment"
+    adapter = json.loads((saved / "adapter_config.json").read_text())
+    assert os.path.isabs(adapter["base_model_name_or_path"])
+    assert os.path.samefile(adapter["base_model_name_or_path"], tiny_model)
+    assert not (saved / "model.safetensors").exists()  # only the adapter is saved
+    from peft import AutoPeftModelForSequenceClassification
+
+    monkeypatch.chdir(tmp_path)  # the absolute base path loads from anywhere
+    model = AutoPeftModelForSequenceClassification.from_pretrained(saved)
+    assert model.peft_config["default"].r == 4
+
+
+def test_sigterm_stops_training_cancelled_143_no_children(tmp_path, tiny_model):
+    job = write_job(tmp_path / "job", items=easy_items(120, unlabeled=0),
+                    options=dict(TINY, model=tiny_model, epochs=2000))
+    proc = start_worker(job)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(e["type"] == "progress" for e in events_of(job)):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no progress event within 60 s"
+            time.sleep(0.1)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+        assert time.monotonic() - sent < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert processes_in_group(proc.pid) == []
+    done = done_of(job)
+    assert done["status"] == "cancelled"
+    assert (job / "exit_code").read_text().strip() == "143"
+    assert not (job / "predictions.jsonl").exists()
+
+
+def test_over_max_ram_mb_exits_4_with_the_fix(tmp_path, tiny_model):
+    job = write_job(tmp_path / "job", items=easy_items(20), options=dict(TINY, model=tiny_model), max_ram_mb=60)
+    result = run_worker(job, timeout=60)
+    assert result.returncode == 4, result.stderr
+    done = done_of(job)
+    assert done["status"] == "failed"
+    assert done["error"].startswith("The worker used ")
+    assert done["error"].endswith(
+        "MB of memory, over model_training.max_ram_mb (60); "
+        "raise max_ram_mb or train with a smaller batch_size or max_length"
+    )
+    assert (job / "exit_code").read_text().strip() == "4"
+
+
+def test_a_missing_trainer_module_exits_3_with_the_spec_text(tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "peft.py").write_text('raise ModuleNotFoundError("No module named \'peft\'", name="peft")\n')
+    job = write_job(tmp_path / "job", items=easy_items(20))
+    result = run_worker(job, env=worker_env(extra_path=hide), timeout=60)
+    assert result.returncode == 3, result.stderr
+    done = done_of(job)
+    assert done == {**done, "status": "failed",
+                    "error": "Trainer 'hf-text-classification' could not be imported (missing module: peft)"}
+    assert [e["type"] for e in events_of(job)] == ["log", "done"]
+    assert (job / "exit_code").read_text().strip() == "3"
+
+
+def test_a_hub_id_that_is_not_here_fails_fast_offline(tmp_path):
+    job = write_job(tmp_path / "job", items=easy_items(20), options={"model": "nobody-here/no-such-model"})
+    started = time.monotonic()
+    result = run_worker(job, timeout=60)
+    assert time.monotonic() - started < 10
+    assert result.returncode == 1, result.stderr
+    error = done_of(job)["error"]
+    assert "'nobody-here/no-such-model' is not on this machine" in error
+    assert "download it on a machine with network access" in error
+    assert "set model to that directory" in error
+
+
+def test_bad_options_fail_with_the_key(tmp_path, tiny_model):
+    job = write_job(tmp_path / "job", items=easy_items(20), options={"model": tiny_model, "epochs": -1})
+    result = run_worker(job, timeout=60)
+    assert result.returncode == 1
+    assert done_of(job)["error"] == "Trainer options: epochs must be a positive integer, got -1"
+
+
+def test_the_same_seed_gives_the_same_predictions(tmp_path, tiny_model, monkeypatch):
+    """In-process (the trainer's ``train(job, events)`` as the worker calls it), twice."""
+    from potato.trainers import hf_text_classification as hf
+    from potato.training.events import EventWriter
+    from potato.training.worker import read_job
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    items = easy_items(40, unlabeled=4)
+    outputs = []
+    for name in ("a", "b"):
+        job = read_job(str(write_job(tmp_path / name, items=items, options=dict(TINY, model=tiny_model, epochs=2))))
+        hf.train(job, EventWriter(str(tmp_path / name / "events.jsonl")))
+        outputs.append((tmp_path / name / "predictions.jsonl").read_text())
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 44
