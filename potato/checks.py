@@ -44,7 +44,49 @@ def check_agent(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     return token_record(config, backend)
 
 
+def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-text-classification") -> CheckReport:
+    """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
+    from potato.errors import PotatoError
+    from potato.tasks import ssh
+    from potato.tasks.gpus import choose_gpus
+    from potato.tasks.openssh import Connection, SshTarget
+
+    target = SshTarget.from_backend(backend)
+    lines = [f"{backend.name}: ssh to {target.host}"]
+    report = CheckReport(backend=backend.name, type="ssh", ok=False, lines=lines)
+    connection = Connection(target)
+    try:
+        connection.open()
+        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
+        probe = ssh.probe(session, backend.get("remote_dir"), trainer)
+        lines.append(f"Python {probe['python']} ({probe['executable']})")
+        gpus = ssh.host_gpus(probe)
+        lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
+        report.data.update(python=probe["python"], gpus=[g.__dict__ for g in gpus], missing=probe["missing"])
+        try:
+            choice = choose_gpus(gpus, backend.get("gpus", "auto"), int(backend.get("min_free_gpu_mb", 2000)))
+            lines.append(f"A run would take {choice.describe(gpus)}")
+            report.data["would_use"] = list(choice.indices)
+            report.ok = True
+        except PotatoError as exc:
+            lines.append(f"A run could not start: {exc}")
+        missing, packages = probe["missing"], list(backend.get("packages") or ())
+        if missing:
+            where = "; packages installs them into a venv on the first run" if packages else (
+                ": point python at an interpreter that has them, or list them under packages")
+            lines.append(f"Training packages missing from {session.python}: {', '.join(missing)}{where}")
+            report.ok = report.ok and bool(packages)
+        else:
+            lines.append("Training packages: all there (" + ", ".join(ssh.TRAINER_PACKAGES.get(trainer, ())) + ")")
+    except PotatoError as exc:
+        lines.append(str(exc))
+    finally:
+        connection.close()
+    return report
+
+
 CHECKS = {
+    "ssh": check_ssh,
     "local": check_local,
     "agent": check_agent,
 }

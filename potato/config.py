@@ -340,6 +340,11 @@ _MAX_ARTIFACT_MB = Key(
 )
 _FETCH_ARTIFACTS = Key("fetch_artifacts", "bool", "copy the model files back to the server", default=True)
 _KEEP_REMOTE = Key("keep_remote", "bool", "keep the remote job directory for inspection", default=False)
+_COPY_STALL = Key(
+    "copy_stall_timeout_s", "float",
+    "a model copy from the host that sends nothing for this long fails (predictions are already saved)",
+    default=180, minimum=1,
+)
 _HEARTBEAT = Key(
     "heartbeat_timeout_s", "float", "a run whose agent sends nothing for this long fails",
     minimum=1, default_text="`120` (`model_training.heartbeat_timeout_s`)",
@@ -362,7 +367,7 @@ SSH_KEYS: tuple[Key, ...] = (
     Key("packages", "list of str",
         "pip requirement strings, installed once into a venv under `remote_dir` (`--system-site-packages`)",
         default=()),
-    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _HEARTBEAT,
+    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _COPY_STALL, _HEARTBEAT,
 )
 
 SLURM_KEYS: tuple[Key, ...] = (
@@ -376,7 +381,7 @@ SLURM_KEYS: tuple[Key, ...] = (
         "on storage the compute nodes share; not under `/tmp` or `/var/tmp`", required=True),
     _ENV,
     _NUM_THREADS,
-    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _HEARTBEAT,
+    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _COPY_STALL, _HEARTBEAT,
     Key("job_python", "str", "interpreter on the compute nodes, with the trainer's packages",
         required=True),
     Key("prelude", "list of str", "shell lines run in `job.sh` before the worker (`module load …`)",

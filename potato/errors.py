@@ -100,13 +100,13 @@ class TrainerError(PotatoError):
 class TrainerImportError(TrainerError):
     """Raised when a trainer's packages are missing from the interpreter."""
 
-    def __init__(self, trainer: str, missing: str | None = None):
+    def __init__(self, trainer: str, missing: str, *, fix: str | None = None):
+        from potato.trainers import import_failure_message
+
         self.trainer = trainer
         self.missing = missing
-        text = f"Trainer {trainer!r} could not be imported"
-        if missing:
-            text += f" (missing module: {missing})"
-        super().__init__(text)
+        text = import_failure_message(trainer, missing)
+        super().__init__(f"{text}. Fix: {fix}" if fix else text)
 
 
 class ParseError(PotatoError):

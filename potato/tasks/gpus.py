@@ -62,14 +62,18 @@ class NoFreeGpu(BackendError):
     """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free."""
 
     def __init__(self, min_free_mb: int):
-        super().__init__(f"No GPU has {min_free_mb} MB free")
+        super().__init__(
+            f"No GPU has {min_free_mb} MB free. Fix: wait, lower min_free_gpu_mb, or pin a GPU with "
+            f"gpus: \"1\" (`potato training check <backend> config.yaml` lists the GPUs)")
 
 
 class NoKernels(BackendError):
     """Raised when the host's torch has kernels for none of its GPUs."""
 
     def __init__(self):
-        super().__init__("This host's torch has no kernels for any of its GPUs")
+        super().__init__(
+            "This host's torch has no kernels for any of its GPUs. Fix: install a torch build for these "
+            "GPUs there, or point the backend's python at an interpreter that has one")
 
 
 def _number(text: str) -> int | None:
@@ -128,11 +132,20 @@ def has_kernels(capability: tuple[int, int] | None, arch_list: Sequence[str]) ->
     return False
 
 
-def mark_kernels(gpus: Sequence[Gpu], arch_list: Sequence[str] | None) -> list[Gpu]:
+def mark_kernels(gpus: Sequence[Gpu], torch: dict | None) -> list[Gpu]:
+    """Mark which GPUs the host's torch can run on, from the probe's ``torch`` report.
+
+    A torch built without CUDA (``torch.version.cuda`` is None — a CPU wheel on
+    a GPU server) has kernels for none of them. Without a report (torch not
+    importable there), nothing is judged: the trainer check says what is missing.
+    """
     from dataclasses import replace
 
-    if not arch_list:
+    if not torch or not torch.get("ok"):
         return list(gpus)
+    if not torch.get("cuda"):
+        return [replace(g, has_kernels=False) for g in gpus]
+    arch_list = torch.get("arch_list") or []
     return [replace(g, has_kernels=has_kernels(g.compute_cap, arch_list)) for g in gpus]
 
 

@@ -15,15 +15,19 @@ def make_job(ctx: RunContext, *, bundle: str) -> dict[str, Any]:
     mt = ctx.config.model_training
     options = dict(mt.trainers.get(ctx.run.trainer, {}))
     options.update(ctx.run.options or {})
+    backend = mt.backends.get(ctx.run.backend)
+    # device, num_threads and max_ram_mb are local settings (SPEC §4); a remote worker
+    # takes the GPUs the backend chose (CUDA_VISIBLE_DEVICES) and its threads from the env.
+    local = backend is None or backend.type == "local"
     return {
         "run_id": ctx.run.id,
         "trainer": ctx.run.trainer,
         "schemas": list(ctx.run.schemas),
         "bundle": bundle,
         "options": options,
-        "device": mt.device,
-        "num_threads": mt.num_threads,
-        "max_ram_mb": mt.max_ram_mb,
+        "device": mt.device if local else "auto",
+        "num_threads": mt.num_threads if local else None,
+        "max_ram_mb": mt.max_ram_mb if local else None,
         "include_unlabeled": mt.writeback.include_unlabeled,
         "grace_seconds": mt.grace_seconds,
     }

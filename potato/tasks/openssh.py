@@ -76,7 +76,6 @@ class SshTarget:
     user: str | None = None
     port: int | None = None
     identity_file: str | None = None
-    config_file: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -88,7 +87,6 @@ class SshTarget:
             user=backend.get("user"),
             port=int(port) if port else None,
             identity_file=os.path.expanduser(identity) if identity else None,
-            config_file=os.environ.get("POTATO_SSH_CONFIG") or None,
             env=dict(backend.get("env") or {}),
         )
 
@@ -103,8 +101,6 @@ def make_ssh_argv(
 ) -> list[str]:
     """The argv of one ``ssh`` invocation; *remote_command* is one string for the remote shell."""
     argv = ["ssh"]
-    if target.config_file:
-        argv += ["-F", target.config_file]
     for key, value in {**SSH_OPTIONS, **(options or {})}.items():
         argv += ["-o", f"{key}={value}"]
     if target.user:

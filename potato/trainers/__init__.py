@@ -10,3 +10,8 @@ each trainer imports its ML packages lazily, inside its functions.
 TRAINERS = {
     "hf-text-classification": "potato.trainers.hf_text_classification",
 }
+
+
+def import_failure_message(trainer: str, missing: str) -> str:
+    """SPEC §9's text for a trainer whose packages are missing, with the module named."""
+    return "Trainer {!r} could not be imported (missing module: {})".format(trainer, missing)

@@ -212,6 +212,9 @@ class Worker:
             cwd=job_dir, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        # So that the server's clean-up can end the worker's group even if this agent dies.
+        with open(os.path.join(job_dir, "worker.pid"), "w") as fh:
+            fh.write("{}\n".format(self.process.pid))
 
     def signal_group(self, sig: int) -> None:
         try:
@@ -233,8 +236,7 @@ class Worker:
         return code
 
 
-def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str,
-            lost: threading.Event, keep: bool = False) -> int:
+def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lost: threading.Event) -> int:
     """Run one claimed job in *job_dir*; return the worker's exit code."""
     run_id = claim["run_id"]
     urls = claim["urls"]
@@ -342,6 +344,8 @@ def run_for_ssh(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *a: lost.set())
     client = Client(token, unix_socket=args.socket)
     job_dir = os.path.abspath(args.workdir or os.getcwd())
+    with open(os.path.join(job_dir, "agent.pid"), "w") as fh:
+        fh.write("{}\n".format(os.getpid()))
     try:
         answer = client.json("POST", "{}/backends/{}/claim".format(PREFIX, args.backend),
                              {"agent": _agent_info(job_dir)})
@@ -352,7 +356,7 @@ def run_for_ssh(args: argparse.Namespace) -> int:
     if not claim:
         log("the server has no job for this agent")
         return 2
-    return run_job(client, claim, job_dir, args.python or sys.executable, lost, keep=True)
+    return run_job(client, claim, job_dir, args.python or sys.executable, lost)
 
 
 def run_polling(args: argparse.Namespace) -> int:
@@ -384,7 +388,7 @@ def run_polling(args: argparse.Namespace) -> int:
             continue
         job_dir = os.path.join(workdir, "jobs", str(claim["run_id"]))
         shutil.rmtree(job_dir, ignore_errors=True)
-        code = run_job(client, claim, job_dir, args.python or sys.executable, lost, keep=args.keep)
+        code = run_job(client, claim, job_dir, args.python or sys.executable, lost)
         if not args.keep:
             shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
         log("run {}: worker exited with {}".format(claim["run_id"], code))

@@ -27,6 +27,7 @@ import time
 import traceback
 from typing import Any, Dict, Iterable, List, Optional
 
+from potato.trainers import import_failure_message
 from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
 
 EXIT_SUCCEEDED = 0
@@ -176,7 +177,7 @@ def apply_num_threads(num_threads: Optional[int]) -> None:
 def import_error_message(trainer: str, exc: ImportError, tried: str) -> str:
     """The SPEC §9 text, with the missing module named."""
     missing = (getattr(exc, "name", None) or tried).split(".")[0]
-    return "Trainer {!r} could not be imported (missing module: {})".format(trainer, missing)
+    return import_failure_message(trainer, missing)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -216,6 +217,8 @@ def run(job_dir: str) -> int:
             "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(TRAINERS))),
         )
     tried = module_name
+    # Said at once: importing torch and friends takes seconds, and silence counts against the heartbeat.
+    events.log("Loading trainer {!r} and its packages".format(job.trainer))
     try:
         trainer = importlib.import_module(module_name)
         for tried in getattr(trainer, "REQUIRED_MODULES", ()):

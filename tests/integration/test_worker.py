@@ -92,9 +92,11 @@ def test_full_fine_tune_learns_and_writes_the_job_directory(tmp_path, tiny_model
 
     events = events_of(job)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert events[0]["type"] == "started"
-    assert events[0]["device"] == "cpu" and events[0]["device_name"].startswith("CPU (")
-    assert isinstance(events[0]["pid"], int) and events[0]["python"].count(".") == 2
+    assert events[0] == {**events[0], "type": "log", "message": "Loading trainer 'hf-text-classification' and its packages"}
+    started = events[1]
+    assert started["type"] == "started"
+    assert started["device"] == "cpu" and started["device_name"].startswith("CPU (")
+    assert isinstance(started["pid"], int) and started["python"].count(".") == 2
     assert events[-1] == {"seq": len(events), "t": events[-1]["t"], "type": "done", "status": "succeeded"}
     train = [e for e in events if e["type"] == "progress" and e["phase"] == "train"]
     assert train and train[-1]["step"] == train[-1]["total"] == 60 and train[-1]["epoch"] == 10
@@ -141,7 +143,7 @@ def test_lora_without_unlabeled_items_on_a_missing_gpu(tmp_path, tiny_model, mon
     result = run_worker(job)
     assert result.returncode == 0, result.stderr
     events = events_of(job)
-    assert events[0]["type"] == "started" and events[0]["device"] == "cpu"
+    assert events[1]["type"] == "started" and events[1]["device"] == "cpu"
     warnings = [e["message"] for e in events if e["type"] == "log" and e["level"] == "warning"]
     assert len(warnings) == 1 and "'cuda:1'" in warnings[0] and "training on CPU (" in warnings[0]
 
@@ -208,7 +210,7 @@ def test_a_missing_trainer_module_exits_3_with_the_spec_text(tmp_path):
     done = done_of(job)
     assert done == {**done, "status": "failed",
                     "error": "Trainer 'hf-text-classification' could not be imported (missing module: peft)"}
-    assert [e["type"] for e in events_of(job)] == ["log", "done"]
+    assert [e["type"] for e in events_of(job)] == ["log", "log", "done"]  # loading…, the import error, done
     assert (job / "exit_code").read_text().strip() == "3"
 
 

@@ -19,9 +19,9 @@ from tests.unit.test_config import SEED_CONFIG, seed_dict, write_project
 B = "model_training.backends"
 SSH_ACCEPTS = ("type, description, host, user, port, identity_file, python, remote_dir, env, "
                "num_threads, gpus, min_free_gpu_mb, packages, max_artifact_mb, fetch_artifacts, "
-               "keep_remote, heartbeat_timeout_s")
+               "keep_remote, copy_stall_timeout_s, heartbeat_timeout_s")
 SLURM_ACCEPTS = ("type, description, host, user, port, identity_file, python, remote_dir, env, "
-                 "num_threads, max_artifact_mb, fetch_artifacts, keep_remote, heartbeat_timeout_s, "
+                 "num_threads, max_artifact_mb, fetch_artifacts, keep_remote, copy_stall_timeout_s, heartbeat_timeout_s, "
                  "job_python, prelude, partition, account, qos, gres, time, mem, cpus_per_task, "
                  "constraint, poll_interval_s")
 SLURM_FORMS = ("MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES, "

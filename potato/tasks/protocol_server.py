@@ -1,0 +1,58 @@
+"""The agent protocol, served by the flow for one ssh run on a private UNIX socket.
+
+The socket sits in a fresh 0700 directory and is itself 0600; ssh's reverse
+forward connects the remote ``/tmp`` socket (0600 too, owned by the login
+user) to it. So the run does not depend on ``potato start`` listening on a
+TCP port, and only the run's agent can reach it. Only the agent protocol is
+served here: no Training page, no admin API — a request through the forward
+arrives from the loopback, which must never count as an admin.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from flask import Flask
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from potato.config import ProjectConfig
+from potato.store import Store
+
+
+def make_protocol_app(config: ProjectConfig, store: Store) -> Flask:
+    """A Flask app holding only the agent protocol's routes."""
+    from potato.server import MAX_JSON_BYTES, agent_api, errors
+
+    app = Flask("potato.protocol")
+    app.config.update(POTATO=config, MAX_CONTENT_LENGTH=MAX_JSON_BYTES, JSON_SORT_KEYS=False)
+    app.extensions["potato.store"] = store
+    app.extensions["potato.agent_state"] = agent_api.AgentState()
+    errors.init_app(app)
+    app.register_blueprint(agent_api.bp)
+    return app
+
+
+class ProtocolServer:
+    """Serves the agent protocol on ``<private dir>/p.sock`` in a background thread."""
+
+    def __init__(self, config: ProjectConfig, store: Store):
+        self.directory = Path(tempfile.mkdtemp(prefix="potato-run-"))  # mkdtemp makes it 0700
+        self.socket_path = str(self.directory / "p.sock")
+        old_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
+        try:
+            self.server: BaseWSGIServer = make_server(
+                "unix://" + self.socket_path, 0, make_protocol_app(config, store), threaded=True)
+        finally:
+            os.umask(old_umask)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="potato-protocol", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+        shutil.rmtree(self.directory, ignore_errors=True)

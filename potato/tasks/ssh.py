@@ -1,0 +1,482 @@
+"""The ssh backend (SPEC §5): zero-install training on a GPU host Potato logs in to.
+
+Steps of a run, as the flow calls them:
+
+1. ``connect``: one OpenSSH ControlMaster connection carrying a reverse forward
+   from a fresh socket in the remote ``/tmp`` to this run's protocol socket.
+2. ``pick_gpu``: one probe round trip (interpreter, code present?, packages,
+   ``nvidia-smi``, torch's kernels), then the GPU by free memory.
+3. ``sync_code``: the remote half as a tar stream into ``remote_dir/code/<hash>``
+   (renamed into place, so a half copy is never used); the ``packages`` venv.
+4. ``spawn``: ``python -m potato.training.agent`` in ``remote_dir/jobs/<run>``,
+   the run token on standard input.
+5. ``poll``/``stop``: the agent posts events over the socket; cancel reaches it
+   as the answer to its next post; after ``grace_seconds`` the connection closes.
+6. ``fetch_artifacts``: a tar stream back, bytes counted, with a stall timer.
+7. ``clean_up``: the remote job directory and socket go, the master closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from potato.errors import BackendError, RemoteCommandError, SshError, TrainerImportError
+from potato.tasks.base import RunContext
+from potato.tasks.code import code_archive
+from potato.tasks.gpus import GpuChoice, choose_gpus, mark_kernels, parse_nvidia_smi
+from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path
+from potato.tasks.protocol_server import ProtocolServer
+
+PROBE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "probe.py"
+TRAINER_PACKAGES = {"hf-text-classification": ("torch", "transformers", "peft")}
+MIN_PYTHON = (3, 8)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# How long the agent may take to exit on its own after a cancel's grace period, before the
+# connection is closed under it (it then kills its worker itself, on stdin's end).
+STOP_MARGIN_S = 2.0
+STEP_UPDATE_S = 0.5
+
+
+@dataclass
+class SshSession:
+    target: SshTarget
+    connection: Connection
+    python: str
+    protocol: ProtocolServer | None = None
+    remote_socket: str = ""
+    remote_dir: str = ""
+    code_hash: str = ""
+    probe: dict = field(default_factory=dict)
+    gpu: GpuChoice | None = None
+    job_dir: str = ""
+    left_on_host: bool = False
+
+    @property
+    def host(self) -> str:
+        return self.target.host
+
+    def code_dir(self) -> str:
+        return f"{self.remote_dir}/code/{self.code_hash}"
+
+
+@dataclass
+class RemoteAgent:
+    process: subprocess.Popen
+    log_file: Any
+
+
+# ------------------------------------------------------------------ pure builders
+
+
+def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: list[str],
+                       env: dict | None = None) -> str:
+    words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages)])
+    return _with_env(f"exec {remote_path(python)} {words}", env)
+
+
+def make_agent_env(session: SshSession, ctx: RunContext) -> dict[str, str]:
+    env = dict(session.target.env)
+    env["PYTHONPATH"] = session.code_dir()
+    # nvidia-smi numbers GPUs by PCI bus; make CUDA number them the same way.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = session.gpu.cuda_visible_devices if session.gpu else ""
+    threads = ctx.backend.get("num_threads")
+    if threads:
+        for name in THREAD_VARIABLES:  # overrides a login shell's OMP_NUM_THREADS=1
+            env[name] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def make_agent_command(session: SshSession, ctx: RunContext) -> str:
+    words = [session.python, "-m", "potato.training.agent", "--socket", session.remote_socket,
+             "--backend", ctx.backend.name]
+    return make_remote_command(words, env=make_agent_env(session, ctx), cwd=session.job_dir)
+
+
+def make_venv_command(python: str, env_dir: str, packages: list[str]) -> str:
+    """Create the ``packages`` venv once: built beside its place, renamed in when complete.
+
+    A killed install leaves only a ``.tmp-`` directory, never a half env at
+    ``env_dir``; two runs building at once both succeed, one rename wins.
+    """
+    tmp = f"{env_dir}.tmp-{secrets.token_hex(4)}"
+    q_env, q_tmp = shlex.quote(env_dir), shlex.quote(tmp)
+    pip = shlex.join(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", *packages])
+    rename = shlex.quote("import os,sys\ntry: os.rename(sys.argv[1], sys.argv[2])\nexcept OSError: pass")
+    return (
+        f"if [ ! -x {q_env}/bin/python ]; then "
+        f"mkdir -p {shlex.quote(os.path.dirname(env_dir))} && "
+        f"{shlex.quote(python)} -m venv --system-site-packages {q_tmp} && "
+        f"{q_tmp}/bin/python {pip} && "
+        f"{q_tmp}/bin/python -c {rename} {q_tmp} {q_env}; "
+        f"status=$?; rm -rf {q_tmp}; [ -x {q_env}/bin/python ] || exit $status; fi"
+    )
+
+
+def _with_env(command: str, env: dict | None) -> str:
+    if not env:
+        return command
+    return "export " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + "; " + command
+
+
+def _absolute(path: str, home: str) -> str:
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + "/" + path[2:]
+    return path
+
+
+# ------------------------------------------------------------------ steps
+
+
+def connect(ctx: RunContext) -> SshSession:
+    target = SshTarget.from_backend(ctx.backend)
+    ctx.set_step(f"connecting to {target.host}")
+    protocol = ProtocolServer(ctx.config, ctx.store)
+    # A fresh path per run: the socket file stays behind if a session dies, and
+    # a real host's sshd will not unlink it for the next bind (notes).
+    remote_socket = f"/tmp/potato-{ctx.run_id}-{secrets.token_hex(6)}.sock"
+    connection = Connection(target, forward=(remote_socket, protocol.socket_path))
+    try:
+        connection.open()
+    except BaseException:
+        protocol.stop()
+        raise
+    ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket})")
+    return SshSession(target=target, connection=connection, protocol=protocol, remote_socket=remote_socket,
+                      python=ctx.backend.get("python", "python3"))
+
+
+def probe(session: SshSession, remote_dir: str, trainer: str) -> dict:
+    """What the host has (training/probe.py), in one round trip; maps a missing interpreter to its error."""
+    code_hash, _ = code_archive()
+    packages = list(TRAINER_PACKAGES.get(trainer, ()))
+    command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env)
+    done = session.connection.run(command, input=PROBE_SOURCE.read_bytes(), timeout=120, check=False)
+    stderr = done.stderr.decode(errors="replace")
+    if done.returncode == 255:
+        from potato.tasks.openssh import ssh_error
+
+        raise ssh_error(session.host, stderr)
+    if done.returncode in (126, 127):
+        raise BackendError(
+            f"{session.python} was not found on {session.host}. Fix: set the backend's python to an "
+            f"interpreter that exists there (`ssh {session.host} which python3` shows one)")
+    try:
+        report = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RemoteCommandError(f"{session.python} on {session.host} could not run Potato's probe: {tail[0]}")
+    version = tuple(report.get("version_info") or (0, 0, 0))
+    if version[:2] < MIN_PYTHON:
+        raise BackendError(
+            f"{session.python} on {session.host} is Python {report.get('python')}; Potato's agent needs "
+            f"Python 3.8 or newer: point the backend's python at a newer interpreter")
+    return report
+
+
+def host_gpus(report: dict) -> list:
+    smi = report.get("nvidia_smi") or {}
+    if not smi.get("found") or smi.get("status") != 0:
+        return []  # no nvidia-smi, or "No devices were found": a host without GPUs
+    return mark_kernels(parse_nvidia_smi(smi.get("stdout", "")), report.get("torch"))
+
+
+def pick_gpu(ctx: RunContext, session: SshSession) -> str:
+    ctx.set_step(f"checking {session.host}: Python and GPUs")
+    report = probe(session, ctx.backend.get("remote_dir"), ctx.run.trainer)
+    session.probe = report
+    session.remote_dir = _absolute(ctx.backend.get("remote_dir"), report["home"])
+    session.code_hash = code_archive()[0]
+    ctx.log.info(f"{session.host}: Python {report['python']} ({report['executable']})")
+    gpus = host_gpus(report)
+    for gpu in gpus:
+        ctx.log.info(f"{session.host}: {gpu.describe()}")
+    choice = choose_gpus(gpus, ctx.backend.get("gpus", "auto"), int(ctx.backend.get("min_free_gpu_mb", 2000)))
+    session.gpu = choice
+    used = choice.describe(gpus)
+    ctx.log.info(f"The run uses {used} on {session.host}")
+    ctx.store.update_run(ctx.run_id, host_python=report["python"], gpu=used)
+    return used
+
+
+def sync_code(ctx: RunContext, session: SshSession) -> str:
+    code_hash, archive = code_archive()
+    if session.probe.get("code_present"):
+        said = f"{session.host} already has this version of Potato's code ({code_hash}); nothing copied"
+    else:
+        ctx.set_step(f"copying Potato's code to {session.host}")
+        session.connection.run(_install_code_command(session.remote_dir, code_hash), input=archive, timeout=300)
+        said = f"Copied Potato's code ({len(archive)} bytes) to {session.code_dir()}"
+    ctx.log.info(said)
+    ctx.store.add_event(ctx.run_id, "code", {"hash": code_hash, "bytes_sent": 0 if "nothing" in said else len(archive)})
+    packages = list(ctx.backend.get("packages") or ())
+    missing = list(session.probe.get("missing") or ())
+    if packages:
+        env_dir = f"{session.remote_dir}/envs/{_packages_hash(packages)}"
+        ctx.set_step(f"installing {', '.join(packages)} on {session.host}")
+        session.connection.run(make_venv_command(session.python, env_dir, packages), timeout=3600)
+        session.python = f"{env_dir}/bin/python"
+        missing = _still_missing(session, missing)
+        ctx.log.info(f"Using the venv {env_dir} (--system-site-packages)")
+    if missing:
+        raise TrainerImportError(ctx.run.trainer, missing[0], fix=(
+            f"{session.python} on {session.host} lacks {', '.join(missing)}: point the backend's python at an "
+            f"interpreter that has them, or list them under packages"))
+    return said
+
+
+def _install_code_command(remote_dir: str, code_hash: str) -> str:
+    final = shlex.quote(f"{remote_dir}/code/{code_hash}")
+    tmp = shlex.quote(f"{remote_dir}/code/.tmp-{code_hash}-{secrets.token_hex(4)}")
+    # Unpacked beside its place and renamed in: a copy cut short is never used.
+    return (f"mkdir -p {tmp} && tar xzf - -C {tmp} && "
+            f"{{ mv {tmp} {final} 2>/dev/null || rm -rf {tmp}; }} && test -f {final}/potato/__init__.py")
+
+
+def _packages_hash(packages: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(sorted(packages)).encode()).hexdigest()[:12]
+
+
+def _still_missing(session: SshSession, names: list[str]) -> list[str]:
+    if not names:
+        return []
+    check = "import importlib.util,sys; print(' '.join(n for n in sys.argv[1:] if importlib.util.find_spec(n) is None))"
+    done = session.connection.run(shlex.join([session.python, "-c", check, *names]), timeout=120)
+    return done.stdout.decode().split()
+
+
+def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
+    from potato.tokens import issue_run_token
+
+    session.job_dir = f"{session.remote_dir}/jobs/{ctx.run_id}-{secrets.token_hex(4)}"
+    session.connection.run(f"mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
+    token = issue_run_token(ctx.store, ctx.run_id)
+    command = make_agent_command(session, ctx)
+    log_file = open(ctx.run_dir / "agent.log", "ab")
+    process = session.connection.popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=log_file)
+    # The token travels on standard input; stdin then stays open: its end tells the
+    # agent that the connection is gone.
+    process.stdin.write(token.encode() + b"\n")
+    process.stdin.flush()
+    ctx.store.heartbeat(ctx.run_id)
+    ctx.set_step(f"waiting for the agent on {session.host}")
+    ctx.log.info(f"Started the agent in {session.job_dir} on {session.host}")
+    return RemoteAgent(process=process, log_file=log_file)
+
+
+def _reported_exit_code(ctx: RunContext) -> int | None:
+    try:
+        return int((ctx.run_dir / "exit_code").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None:
+    code = _reported_exit_code(ctx)
+    if code is not None:
+        return code
+    if agent.process.poll() is not None:
+        code = _reported_exit_code(ctx)  # the result may have landed just before it exited
+        if code is not None:
+            return code
+        raise BackendError(
+            f"The agent on {session.host} exited with status {agent.process.returncode} before reporting a "
+            f"result; its last output is in {ctx.run_dir / 'agent.log'}: {_last_line(ctx.run_dir / 'agent.log')}")
+    return None
+
+
+def stop(ctx: RunContext, session: SshSession, agent: RemoteAgent, grace: float) -> None:
+    """The cancel reaches the agent as the answer to its next post; after *grace* the connection closes."""
+    deadline = time.monotonic() + grace + STOP_MARGIN_S
+    while time.monotonic() < deadline and agent.process.poll() is None:
+        time.sleep(0.2)
+    _end_agent(agent)
+    session.connection.close()  # the remote session ends: the agent sees stdin close and kills its worker
+
+
+def _end_agent(agent: RemoteAgent | None) -> None:
+    if agent is None:
+        return
+    if agent.process.poll() is None:
+        try:
+            agent.process.stdin.close()
+        except OSError:
+            pass
+        try:
+            agent.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            agent.process.send_signal(signal.SIGTERM)
+            try:
+                agent.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                agent.process.kill()
+                agent.process.wait()
+    agent.log_file.close()
+
+
+def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> None:
+    remote_artifacts = f"{session.job_dir}/artifacts"
+    if not ctx.backend.get("fetch_artifacts", True):
+        session.left_on_host = True
+        ctx.store.update_run(ctx.run_id, artifact_uri=f"{session.host}:{remote_artifacts}")
+        ctx.log.info(f"fetch_artifacts is false: the model stays on {session.host} in {remote_artifacts}")
+        return
+    files = _list_remote_files(session, remote_artifacts)
+    if not files:
+        ctx.log.info("The trainer saved no artifacts")
+        return
+    limit = int(ctx.backend.get("max_artifact_mb", 2048)) * 1024 * 1024
+    take = [(size, name) for size, name in files if size <= limit]
+    for size, name in files:
+        if size > limit:
+            session.left_on_host = True
+            ctx.log.warning(f"{name} ({size / 1048576:.0f} MB) is larger than max_artifact_mb and stays on "
+                            f"{session.host} in {remote_artifacts}")
+    copy_artifacts(ctx, session, take)
+    uri = str(ctx.artifacts_dir)
+    if session.left_on_host:
+        uri += f" (and {session.host}:{remote_artifacts})"
+    ctx.store.update_run(ctx.run_id, artifact_uri=uri)
+
+
+def _list_remote_files(session: SshSession, directory: str) -> list[tuple[int, str]]:
+    lister = ("import os,sys\nroot=sys.argv[1]\nfor d,_,fs in os.walk(root):\n for f in fs:\n"
+              "  p=os.path.join(d,f); print(os.path.getsize(p), os.path.relpath(p, root), sep='\\t')")
+    done = session.connection.run(shlex.join([session.python, "-c", lister, directory]), timeout=120)
+    files = []
+    for line in done.stdout.decode(errors="replace").splitlines():
+        size, _, name = line.partition("\t")
+        if name:
+            files.append((int(size), name))
+    return sorted(files, key=lambda f: f[1])
+
+
+def copy_artifacts(ctx: RunContext, session: SshSession, files: list[tuple[int, str]]) -> int:
+    """Stream *files* of the remote artifacts into ``artifacts/``; return bytes copied.
+
+    A tar stream over the master connection (close to ``ssh host cat`` speed),
+    bytes counted for the step row, and a stall timer. The copy lands in
+    ``artifacts.partial/`` and is renamed only when complete.
+    """
+    total = sum(size for size, _ in files)
+    stall = float(ctx.backend.get("copy_stall_timeout_s", 180))
+    partial = ctx.run_dir / "artifacts.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    names = "".join(name + "\n" for _, name in files).encode()
+    remote = session.connection.popen(
+        f"cd {shlex.quote(session.job_dir + '/artifacts')} && exec tar cf - -T -",
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    remote.stdin.write(names)
+    remote.stdin.close()
+    local = subprocess.Popen(["tar", "xf", "-", "-C", str(partial)], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    fd = remote.stdout.fileno()
+    copied, last_byte, last_step = 0, time.monotonic(), 0.0
+    what = f"copying the model from {session.host}"
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            now = time.monotonic()
+            if not ready:
+                if now - last_byte > stall:
+                    raise BackendError(
+                        f"The copy from {session.host} sent nothing for {stall:g} s (the run's predictions are "
+                        f"saved; only model files are missing from artifacts/)")
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            local.stdin.write(chunk)
+            copied += len(chunk)
+            last_byte = now
+            if now - last_step > STEP_UPDATE_S:
+                last_step = now
+                ctx.store.update_run(ctx.run_id, step=f"{what}: {copied / 1e6:.0f} of {total / 1e6:.0f} MB",
+                                     progress=min(copied / total, 1.0) if total else None)
+        local.stdin.close()
+        local_status, remote_status = local.wait(timeout=300), remote.wait(timeout=60)
+        if remote_status != 0 or local_status != 0:
+            error = (remote.stderr.read() + local.stderr.read()).decode(errors="replace").strip().splitlines()
+            raise BackendError(f"The copy from {session.host} failed: {error[-1] if error else 'tar failed'}")
+    finally:
+        for process in (remote, local):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    shutil.rmtree(ctx.artifacts_dir, ignore_errors=True)
+    partial.rename(ctx.artifacts_dir)
+    ctx.store.update_run(ctx.run_id, step=f"{what}: {copied / 1e6:.0f} of {total / 1e6:.0f} MB", progress=1.0)
+    ctx.log.info(f"Copied {len(files)} artifact files ({copied / 1e6:.1f} MB) from {session.host}")
+    return copied
+
+
+def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | None) -> None:
+    _end_agent(agent)
+    if session is None:
+        return
+    try:
+        connection = session.connection
+        if not connection.alive() and session.job_dir:
+            # stop() closed the run's connection (cancel, silence): log in once more to tidy up.
+            connection = Connection(session.target)
+            connection.open(timeout=30)
+        if connection.alive():
+            connection.run(_remote_clean_up_command(ctx, session), timeout=120, check=False)
+            if connection is not session.connection:
+                connection.close()
+    except BackendError as exc:
+        ctx.log.warning(f"Could not clean up on {session.host}: {exc}")
+    finally:
+        session.connection.close()
+        if session.protocol is not None:
+            session.protocol.stop()
+        shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
+        (ctx.run_dir / "bundle.tar.gz").unlink(missing_ok=True)
+        shutil.rmtree(ctx.run_dir / "artifacts.partial", ignore_errors=True)
+
+
+def _remote_clean_up_command(ctx: RunContext, session: SshSession) -> str:
+    """Kill what the run left running on the host, then remove its files."""
+    q = shlex.quote
+    job = session.job_dir
+    doomed = [session.remote_socket]
+    kill = ""
+    if job:
+        # The worker runs in its own process group; an agent killed or hung cannot end it. A pid
+        # is only killed while its command line still names this run (pids get reused).
+        kill = "".join(
+            f"p=$(cat {q(job + '/' + name)} 2>/dev/null) && grep -qF -- {q(marker)} /proc/$p/cmdline 2>/dev/null "
+            f"&& kill -KILL -- -$p $p 2>/dev/null; "
+            for name, marker in (("worker.pid", job), ("agent.pid", session.remote_socket)))
+        if ctx.backend.get("keep_remote", False):
+            ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {job}")
+        elif session.left_on_host:
+            doomed.append(f"{job}/bundle")  # the model stays where the run log says it is
+        else:
+            doomed.append(job)
+    return kill + "rm -rf " + " ".join(q(p) for p in doomed)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else "(nothing)"
