@@ -152,12 +152,12 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
     run = store.get_run(run_id)
     backend_cfg = cfg.model_training.backends[run.backend]
     ctx = RunContext(cfg, store, run, backend_cfg, RunLog(store, run_id, runs.run_dir(cfg, run_id) / "run.log"))
-    backend = backend_module(backend_cfg)
     where = backend_cfg.host or "this machine"
-    session = handle = None
+    backend = session = handle = None
     final_state, error = "failed", None
     try:
         ctx.log.info(f"Run {run_id}: {run.trainer} on {', '.join(run.schemas)}, on backend {backend_cfg.describe()}")
+        backend = backend_module(backend_cfg)
         _named(build_bundle_task, f"build the bundle of run {run_id}")(ctx)
         session = _named(connect_task, f"connect to {where}")(ctx, backend)
         _named(pick_gpu_task, f"pick GPU on {where}")(ctx, backend, session)
@@ -173,6 +173,7 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
         final_state, error = "cancelled", str(exc)
     except PotatoError as exc:
         error = str(exc)
+        ctx.log.error(error)
     except Exception as exc:
         error = f"Internal error: {type(exc).__name__}: {exc}"
         ctx.log.error(traceback.format_exc())
@@ -183,7 +184,8 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
         raise
     finally:
         try:
-            _named(clean_up_task, f"clean up on {where}")(ctx, backend, session, handle)
+            if backend is not None:
+                _named(clean_up_task, f"clean up on {where}")(ctx, backend, session, handle)
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
         runs.finish_run(store, run_id, final_state, error)

@@ -189,6 +189,26 @@ def training_register(name: str, config: str, server_url: str | None) -> None:
     click.echo(register_command(name, config, server_url=server_url), nl=False)
 
 
+@training.command("agent", context_settings={"show_default": True})
+@click.option("--server", required=True, help="The annotation server's URL, e.g. https://annotate.example.org")
+@click.option("--backend", required=True, help="The agent backend whose jobs to run.")
+@click.option("--token-file", type=click.Path(dir_okay=False, exists=True),
+              help="Read the token from this file instead of POTATO_TRAINING_TOKEN.")
+@click.option("--python", help="The worker's interpreter (default: this agent's own).")
+@click.option("--once", is_flag=True, help="Exit after one job.")
+@click.option("--workdir", default="~/.cache/potato-training", help="Where jobs and their models are kept.")
+@click.option("--keep", is_flag=True, help="Keep each job's bundle.")
+def training_agent(server, backend, token_file, python, once, workdir, keep) -> None:
+    """Run an agent backend's jobs on this machine, polling the server (no inbound port needed)."""
+    from potato.training.agent import main as agent_main
+
+    argv = ["--server", server, "--backend", backend, "--workdir", workdir]
+    argv += ["--token-file", token_file] if token_file else []
+    argv += ["--python", python] if python else []
+    argv += ["--once"] * once + ["--keep"] * keep
+    sys.exit(agent_main(argv))
+
+
 @training.command("check")
 @click.argument("backend")
 @click.argument("config", type=click.Path(dir_okay=False))

@@ -20,11 +20,13 @@ the run log, not a missing branch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 from potato.config import BackendConfig, ProjectConfig
+from potato.errors import BackendError
 from potato.runlog import RunLog
 from potato.store import Run, Store
 
@@ -79,8 +81,9 @@ def run_dir(config: ProjectConfig, run_id: int) -> Path:
 
 def backend_module(backend: BackendConfig) -> ModuleType:
     """The module in potato.tasks that implements *backend*'s steps."""
-    try:
-        name = BACKEND_MODULES[backend.type]
-    except KeyError:
-        raise ValueError(f"backend {backend.name!r} has unknown type {backend.type!r}") from None
+    name = BACKEND_MODULES.get(backend.type)
+    if name is None or importlib.util.find_spec(name) is None:
+        raise BackendError(
+            f"Backend {backend.name!r} is a {backend.type} backend, which this version of Potato cannot run yet; "
+            f"start the run on another backend")
     return importlib.import_module(name)

@@ -101,13 +101,11 @@ def watch(
             raise RunCancelled("Cancelled by request")
         if mt.max_wall_seconds and now - started > mt.max_wall_seconds:
             error = WallTimeExceeded(mt.max_wall_seconds)
-            ctx.log.error(str(error))
             backend.stop(ctx, session, handle, mt.grace_seconds)
             raise error
         last_word = run.heartbeat_at or started
         if now - last_word > heartbeat_timeout:
             error = HeartbeatTimeout(ctx.backend.name, heartbeat_timeout, agent=ctx.backend.type != "local")
-            ctx.log.error(str(error))
             backend.stop(ctx, session, handle, 0)
             raise error
         sleep(POLL_SECONDS)

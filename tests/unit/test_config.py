@@ -140,10 +140,11 @@ def test_seed_backends_have_every_key_with_defaults(tmp_path):
 
 
 def test_tables_hold_exactly_the_spec_keys():
-    # SPEC §1 "Keys per backend type", column by column.
+    # SPEC §1 "Keys per backend type", column by column, plus copy_stall_timeout_s: SPEC §9's
+    # "sent nothing for 180 s" as a setting (a slow link may need more).
     common_ssh_slurm = {"type", "description", "host", "user", "port", "identity_file", "python",
                         "remote_dir", "env", "num_threads", "max_artifact_mb", "fetch_artifacts",
-                        "keep_remote", "heartbeat_timeout_s"}
+                        "keep_remote", "heartbeat_timeout_s", "copy_stall_timeout_s"}
     assert {k.name for k in BACKEND_KEYS["ssh"]} == common_ssh_slurm | {"gpus", "min_free_gpu_mb", "packages"}
     assert {k.name for k in BACKEND_KEYS["slurm"]} == common_ssh_slurm | {
         "job_python", "prelude", "partition", "account", "qos", "gres", "time", "mem",
