@@ -43,7 +43,7 @@ def _ctx(config_yaml: Path, backend: str) -> RunContext:
 
 def _project(root: Path, alias: str, python: str) -> Path:
     return tiny_project(root, trainer={"epochs": 2}, backends={
-        "gpu-server": {"type": "ssh", "host": alias, "python": python}})
+        "gpu-server": {"type": "ssh", "host": alias, "python": str(python)}})
 
 
 def test_fetch_throughput_against_ssh_cat(sshd_service, ssh_user_config, tmp_path):

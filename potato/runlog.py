@@ -32,20 +32,24 @@ class RunLog:
 
     LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
-    def __init__(self, store: Store, run_id: int, path: Path):
+    def __init__(self, store: Store, run_id: int, path: Path, *, mirror_to_prefect: bool = True):
         self.store = store
         self.run_id = run_id
         self.path = path
+        # Off for events that arrive over HTTP: a request thread has no Prefect run to log to.
+        self.mirror_to_prefect = mirror_to_prefect
 
     def write(self, level: str, message: str, *, source: str = "potato") -> None:
         level = level if level in self.LEVELS else "info"
         if level != "debug":
             self.store.add_event(self.run_id, "log", {"level": level, "message": message, "source": source})
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} {level.upper():7} {message}\n")
-        _prefect_logger().log(self.LEVELS[level], message)
+        if self.mirror_to_prefect:
+            _prefect_logger().log(self.LEVELS[level], message)
 
     def debug(self, message: str) -> None:
         self.write("debug", message)

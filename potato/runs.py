@@ -206,7 +206,9 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True)
             "the run was marked failed when Potato restarted",
         )
         failed.append(store.get_run(run.id))
-    if release_slot and not any(r.state == "running" for r in store.active_runs()):
+    # A slot leaks only when its holder died, i.e. when a run was just failed here; checking
+    # Prefect on every start would cost each CLI command the import of prefect (~1 s).
+    if release_slot and failed and not any(r.state == "running" for r in store.active_runs()):
         try:
             from potato.prefect_api import release_leaked_slots
 

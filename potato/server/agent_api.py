@@ -300,30 +300,6 @@ def bundle(run_id: int):
                      download_name=f"run-{run_id}-bundle.tar.gz", conditional=True, etag=True, max_age=0)
 
 
-class _ServerRunLog:
-    """The relay's ``ctx.log`` for events that arrive over HTTP: the store and run.log, no Prefect."""
-
-    def __init__(self, store: Store, run_id: int, path: Path):
-        self.store, self.run_id, self.path = store, run_id, path
-
-    def write(self, level: str, message: str, *, source: str = "potato") -> None:
-        level = level if level in ("info", "warning", "error", "debug") else "info"
-        if level != "debug":
-            self.store.add_event(self.run_id, "log", {"level": level, "message": message, "source": source})
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {level.upper():7} {message}\n")
-
-    def info(self, message: str) -> None:
-        self.write("info", message)
-
-    def warning(self, message: str) -> None:
-        self.write("warning", message)
-
-    def error(self, message: str) -> None:
-        self.write("error", message)
-
-
 def _check_event(i: int, event: Any) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise ApiError(400, f"events[{i}] must be a JSON object, not {type(event).__name__}")
@@ -350,6 +326,7 @@ def _check_event(i: int, event: Any) -> dict[str, Any]:
 @bp.post("/runs/<int:run_id>/events")
 def post_events(run_id: int):
     """Store a batch of worker events; the answer says ``cancel: true`` when the agent should stop."""
+    from potato.runlog import RunLog
     from potato.tasks.base import RunContext
     from potato.tasks.relay import record_event
 
@@ -382,7 +359,7 @@ def post_events(run_id: int):
     if fresh:
         backend = config.model_training.backends.get(run.backend)
         path = runs.run_dir(config, run.id) / "run.log"
-        ctx = RunContext(config, store, run, backend, _ServerRunLog(store, run.id, path))
+        ctx = RunContext(config, store, run, backend, RunLog(store, run.id, path, mirror_to_prefect=False))
         for event in fresh:
             record_event(ctx, event)
             accepted += 1

@@ -98,8 +98,14 @@ def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
 
 
 def poll(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> int | None:
-    """Relay the worker's new events; return its exit code once it has exited."""
+    """Relay the worker's new events; return its exit code once it has exited or written it.
+
+    The worker writes ``exit_code`` last; the interpreter's own exit (torch's
+    teardown) takes most of a second more, which the run need not wait for.
+    """
     code = worker.process.poll()
+    if code is None:
+        code = read_exit_code(session.job_dir)
     for event in worker.tail.read_new():
         record_event(ctx, event)
     if code is None:
@@ -128,6 +134,14 @@ def stop(ctx: RunContext, session: LocalSession, worker: LocalWorker, grace: flo
     poll(ctx, session, worker)
 
 
+def read_exit_code(job_dir: Path) -> int | None:
+    """The code in ``exit_code``, which the worker writes (atomically) as its very last act."""
+    try:
+        return int((job_dir / "exit_code").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def fetch_artifacts(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> None:
     where = ctx.artifacts_dir
     if where.is_dir():
@@ -139,6 +153,11 @@ def fetch_artifacts(ctx: RunContext, session: LocalSession, worker: LocalWorker)
 
 def clean_up(ctx: RunContext, session: LocalSession | None, worker: LocalWorker | None) -> None:
     if worker is not None:
+        if worker.exit_code is not None:
+            try:  # it reported its end and is only tearing down
+                worker.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
         if worker.process.poll() is None:
             stop(ctx, session, worker, grace=min(5.0, ctx.config.model_training.grace_seconds))
         _reap_group(worker)

@@ -48,7 +48,9 @@ class ProtocolServer:
                 "unix://" + self.socket_path, 0, make_protocol_app(config, store), threaded=True)
         finally:
             os.umask(old_umask)
-        self.thread = threading.Thread(target=self.server.serve_forever, name="potato-protocol", daemon=True)
+        # A short poll interval: stop() waits for the loop to notice, at the end of every ssh run.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       name="potato-protocol", daemon=True)
         self.thread.start()
 
     def stop(self) -> None:

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from potato.training.events import read_events
 
 PREFIX = "/training/agent/v1"
-POST_INTERVAL_S = 1.0       # events are relayed at least this often
+POST_INTERVAL_S = 0.5       # new events wait at most this long before they are posted
 HEARTBEAT_INTERVAL_S = 5.0  # an empty batch when the worker is quiet
 UNREACHABLE_LIMIT_S = 300   # SPEC §7: cancel the run after this long without the server
 DOWNLOAD_ATTEMPTS = 5       # SPEC §7: an interrupted download resumes up to 5 times
@@ -222,6 +222,14 @@ class Worker:
         except OSError:
             pass
 
+    def finish(self, wait: float = 10.0) -> None:
+        """Let a worker that reported its end exit on its own, then make sure its group is gone."""
+        try:
+            self.process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+        self.stop(0)
+
     def stop(self, grace: float) -> int:
         """SIGTERM the worker's group, SIGKILL it after *grace* seconds; return the exit code."""
         if self.process.poll() is None:
@@ -257,7 +265,8 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
     log("run {}: worker started (pid {})".format(run_id, worker.process.pid))
     events_path = os.path.join(job_dir, "events.jsonl")
     offset, pending = 0, []  # type: int, List[Dict[str, Any]]
-    last_post = last_contact = time.monotonic()
+    last_contact = time.monotonic()
+    last_post = last_contact - POST_INTERVAL_S  # the first events go out at once
     stopping_since = None  # type: Optional[float]
     code = None  # type: Optional[int]
     while True:
@@ -265,10 +274,13 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
             log("run {}: the connection to the server is gone; stopping the worker".format(run_id))
             return worker.stop(grace)
         code = worker.process.poll()
+        if code is None:
+            code = _exit_code(job_dir)  # written last; the interpreter's teardown need not be waited for
         new, offset = read_events(events_path, offset)
         pending.extend(new)
         now = time.monotonic()
-        due = pending and now - last_post >= POST_INTERVAL_S or now - last_post >= HEARTBEAT_INTERVAL_S
+        finished = any(e.get("type") == "done" for e in pending)
+        due = (pending and (finished or now - last_post >= POST_INTERVAL_S)) or now - last_post >= HEARTBEAT_INTERVAL_S
         if due or code is not None:
             try:
                 answer = client.json("POST", urls["events"], {"events": pending[:1000]})
@@ -293,9 +305,17 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
         if code is not None and not pending:
             break
         time.sleep(0.2)
-    code = worker.stop(0)
     _report(client, claim, job_dir, code)
+    worker.finish()
     return code
+
+
+def _exit_code(job_dir: str) -> Optional[int]:
+    try:
+        with open(os.path.join(job_dir, "exit_code"), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int) -> None:

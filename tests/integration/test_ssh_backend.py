@@ -83,7 +83,7 @@ def host_processes(user: str) -> list[str]:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "potato.training" in cmdline or "tar cf" in cmdline:
+        if "potato.training" in cmdline or "tar cf" in cmdline or cmdline.startswith("cat "):
             found.append(f"{entry}: {cmdline}")
     return found
 
@@ -306,11 +306,11 @@ def test_a_stalled_copy_fails_with_predictions_saved(
         shutil.chown(artifacts, sshd_service.user)
 
         def stop_the_copy():
-            tars = [line for line in host_processes(sshd_service.user) if "tar cf" in line]
-            for line in tars:
+            copies = [line for line in host_processes(sshd_service.user) if "big.bin" in line]
+            for line in copies:
                 os.kill(int(line.split(":")[0]), signal.SIGSTOP)
                 stopped.append(int(line.split(":")[0]))
-            return tars
+            return copies
 
         wait_for(stop_the_copy, 120, "the artifact copy to start", interval=0.005)
         run = wait_for_state(store, 1, ("failed",), timeout=30)
