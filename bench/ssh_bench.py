@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
 
 from potato import runs
 from potato.config import load_config

@@ -166,7 +166,7 @@ def interleaved_steps(items: list, model_path: str, steps: int) -> tuple:
         optimizer.zero_grad(set_to_none=True)
 
     def theirs(batch):
-        loss = trainer.training_step(their_model, collator([data[i] for i in batch]))
+        trainer.training_step(their_model, collator([data[i] for i in batch]))
         trainer.accelerator.clip_grad_norm_(their_model.parameters(), 1.0)
         trainer.optimizer.step()
         trainer.lr_scheduler.step()

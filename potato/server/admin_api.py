@@ -18,7 +18,7 @@ from flask import Blueprint, current_app, jsonify, request
 from potato import runs
 from potato.server import get_config, get_store
 from potato.server.auth import require_admin
-from potato.server.errors import ApiError
+from potato.server.errors import ApiError, json_body
 from potato.server.serialize import backends_json, event_json, run_json
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
@@ -27,21 +27,6 @@ MAX_LIST = 500
 MAX_EVENTS = 1000
 MAX_ARTIFACTS = 500
 PREDICTION_SAMPLE = 20
-
-
-def json_body(required: bool = True) -> dict[str, Any]:
-    """The request's JSON object, or a 400/415 that says what is wrong with it."""
-    if not request.data and not required:
-        return {}
-    if not request.is_json:
-        raise ApiError(415, "Send the body as JSON with Content-Type: application/json")
-    try:
-        body = json.loads(request.get_data(cache=True) or b"null")
-    except ValueError as exc:
-        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"The body must be a JSON object, not {type(body).__name__}")
-    return body
 
 
 def int_arg(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:

@@ -27,7 +27,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from potato import runs
 from potato.config import BackendConfig
 from potato.server import get_config, get_store
-from potato.server.errors import ApiError
+from potato.server.errors import ApiError, json_body
 from potato.server.serialize import CLAIMED, display_state
 from potato.store import END_STATES, RUNNING, Run, Store
 from potato.tokens import backend_of_token, run_of_token, tokens_equal
@@ -139,18 +139,6 @@ def _authorize_run(run_id: int) -> tuple[Run, _Caller]:
     return run, caller
 
 
-def _json_object() -> dict[str, Any]:
-    if not request.is_json:
-        raise ApiError(415, "Send the body as JSON with Content-Type: application/json")
-    try:
-        body = json.loads(request.get_data(cache=True) or b"null")
-    except ValueError as exc:
-        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"The body must be a JSON object, not {type(body).__name__}")
-    return body
-
-
 def _heartbeat_timeout(backend: BackendConfig | None) -> float:
     mt = get_config().model_training
     value = backend.get("heartbeat_timeout_s") if backend is not None else None
@@ -239,7 +227,7 @@ def claim(name: str):
     """Give the caller the next job of its backend, or ``{"job": null}`` when there is none."""
     token = _bearer()
     caller = _identify(token)
-    body = _json_object() if request.get_data(cache=True) else {}
+    body = json_body() if request.get_data(cache=True) else {}
     if caller.backend != name:
         raise ApiError(403, f"This token is backend {caller.backend!r}'s; it cannot claim jobs of "
                        f"backend {name!r}")
@@ -331,7 +319,7 @@ def post_events(run_id: int):
     from potato.tasks.relay import record_event
 
     run, _ = _authorize_run(run_id)
-    body = _json_object()
+    body = json_body()
     events = body.get("events")
     if not isinstance(events, list):
         raise ApiError(400, "The body must be {\"events\": [...]}, a list of worker events "
@@ -422,7 +410,7 @@ def upload_predictions(run_id: int):
 def result(run_id: int):
     """Record how the worker ended: exit code, holdout scores, where the model stays."""
     run, _ = _authorize_run(run_id)
-    body = _json_object()
+    body = json_body()
     code = body.get("exit_code")
     if not isinstance(code, int) or isinstance(code, bool):
         raise ApiError(400, "exit_code must be a whole number (the worker's exit status)")

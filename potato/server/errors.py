@@ -9,10 +9,11 @@ handlers are registered on the app: STYLE.md, "The Flask app".)
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from potato.errors import StoreError
@@ -75,3 +76,18 @@ def init_app(app: Flask) -> None:
     def _unexpected(exc: Exception):
         log.exception("Unhandled error in a request")
         return _body(500, "Internal error in the annotation server; the server log has the details")
+
+
+def json_body(required: bool = True) -> dict[str, Any]:
+    """The request's JSON object, or a 400/415 that says what is wrong with it."""
+    if not request.data and not required:
+        return {}
+    if not request.is_json:
+        raise ApiError(415, "Send the body as JSON with Content-Type: application/json")
+    try:
+        body = json.loads(request.get_data(cache=True) or b"null")
+    except ValueError as exc:
+        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"The body must be a JSON object, not {type(body).__name__}")
+    return body

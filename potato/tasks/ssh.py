@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato.errors import BackendError, RemoteCommandError, SshError, TrainerImportError
+from potato.errors import BackendError, RemoteCommandError, TrainerImportError
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
 from potato.tasks.gpus import GpuChoice, choose_gpus, mark_kernels, parse_nvidia_smi

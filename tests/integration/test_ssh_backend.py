@@ -232,7 +232,7 @@ def test_cancel_reaches_the_agent_and_leaves_nothing_on_the_host(
         wait_for_training(store, 1)
         asked = time.monotonic()
         assert potato("training", "cancel", str(config), "1").returncode == 0
-        run = wait_for_state(store, 1, ("cancelled",), timeout=30)
+        wait_for_state(store, 1, ("cancelled",), timeout=30)
         took = time.monotonic() - asked
     finally:
         cli.wait(timeout=60)
