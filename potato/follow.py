@@ -55,6 +55,7 @@ class Follower:
         self.tty = tty
         self.cursor = 0
         self.last_line = ""
+        self.last_kind = ""
         self.last_printed = 0.0
         self.line_open = False
 
@@ -86,11 +87,12 @@ class Follower:
         bar = progress_bar(run.progress) if run.state == "running" else ""
         text = f"[run {run.id}] {line} {bar}".rstrip()
         now = time.monotonic()
-        # Off a terminal, print a new step at once but a moving bar at most every 5 s.
-        changed_step = text.split("[", 2)[1:2] != self.last_line.split("[", 2)[1:2]
-        if text != self.last_line and (self.tty or changed_step or now - self.last_printed > 5):
+        # Off a terminal (a log file, CI), print a new kind of step at once ("training",
+        # "predicting", …) but its moving numbers at most every 5 s.
+        kind = line.split(":", 1)[0]
+        if text != self.last_line and (self.tty or kind != self.last_kind or now - self.last_printed > 5):
             self._status(text)
-            self.last_line, self.last_printed = text, now
+            self.last_line, self.last_kind, self.last_printed = text, kind, now
         return run
 
     def finish(self, run: Run) -> None:

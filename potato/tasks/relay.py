@@ -37,7 +37,7 @@ def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
     step, total = event.get("step"), event.get("total")
     fraction = step / total if step is not None and total else None
     if event.get("phase") == "predict":
-        return f"predicting: {step} of {total} items", fraction
+        return f"predicting: batch {step} of {total}", fraction
     text = f"training: step {step} of {total}"
     if event.get("epoch") is not None:
         text += f" (epoch {event['epoch']})"
