@@ -40,7 +40,6 @@ from potato.tasks.base import RunContext, backend_module
 from potato.tasks.relay import watch
 from potato.writeback import write_back
 
-CONCURRENCY_LIMIT = "potato-training"
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (notes/prefect-3.md).
 LEASE_SECONDS = 60
@@ -139,7 +138,7 @@ def training_run(
         _rename_flow_run(f"run-{run_id}")
     store.update_run(run_id, prefect_flow_run_id=_flow_run_id(), flow_pid=os.getpid())
     runs.ensure_prefect_limit()
-    with concurrency(CONCURRENCY_LIMIT, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
+    with concurrency(runs.CONCURRENCY_LIMIT, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
         run = store.get_run(run_id)
         if run.state not in ("queued", "running"):
             return Cancelled(message=f"Run {run_id} is {run.state}; nothing to do")

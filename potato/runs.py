@@ -23,12 +23,13 @@ from typing import Any, Iterable
 
 from potato.config import ProjectConfig
 from potato.errors import PotatoError, WallTimeExceeded
+from potato.prefect_api import LIMIT_NAME
 from potato.store import END_STATES, Run, Store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRAINER = "hf-text-classification"
-CONCURRENCY_LIMIT = "potato-training"
+CONCURRENCY_LIMIT = LIMIT_NAME  # "potato-training": held by every training flow
 # Added to max_wall_seconds for Prefect's own flow timeout: the relay step's
 # one-second check stops the run first; Prefect's timeout is the backstop.
 FLOW_TIMEOUT_MARGIN_S = 60

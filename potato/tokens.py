@@ -104,7 +104,7 @@ def issue_run_token(store: Store, run_id: int) -> str:
     """Issue the token of run *run_id* for the agent of an ssh or slurm run; return it.
 
     The run's ``run_token_hash`` is set (replacing any earlier one). Send the
-    token to the agent on its standard input, never in argv (SPEC §5).
+    token to the agent on its standard input, never on its command line (SPEC §5).
     """
     token = new_token()
     store.update_run(run_id, run_token_hash=hash_token(token))

@@ -10,20 +10,14 @@ import shlex
 import subprocess
 import textwrap
 import threading
-import time
 
 import pytest
 
+from tests.support.runs import wait_for
 
-def _wait_for(predicate, what, deadline_s=30.0, interval=0.1):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        time.sleep(interval)
+
+def _wait_for(predicate, what, deadline_s=30.0):
+    return wait_for(predicate, deadline_s, what)
 
 
 # ----------------------------------------------------------------- sshd
