@@ -217,13 +217,15 @@ def pick_gpu(ctx: RunContext, session: SshSession) -> str:
 def sync_code(ctx: RunContext, session: SshSession) -> str:
     code_hash, archive = code_archive()
     if session.probe.get("code_present"):
+        sent = 0
         said = f"{session.host} already has this version of Potato's code ({code_hash}); nothing copied"
     else:
         ctx.set_step(f"copying Potato's code to {session.host}")
         session.connection.run(_install_code_command(session.remote_dir, code_hash), input=archive, timeout=300)
-        said = f"Copied Potato's code ({len(archive)} bytes) to {session.code_dir()}"
+        sent = len(archive)
+        said = f"Copied Potato's code ({sent} bytes) to {session.code_dir()}"
     ctx.log.info(said)
-    ctx.store.add_event(ctx.run_id, "code", {"hash": code_hash, "bytes_sent": 0 if "nothing" in said else len(archive)})
+    ctx.store.add_event(ctx.run_id, "code", {"hash": code_hash, "bytes_sent": sent})
     packages = list(ctx.backend.get("packages") or ())
     missing = list(session.probe.get("missing") or ())
     if packages:
