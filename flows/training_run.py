@@ -37,6 +37,7 @@ from potato.project import build_bundle, describe_bundle
 from potato.runlog import RunLog
 from potato.store import Store
 from potato.tasks.base import RunContext, backend_module
+from potato.tasks.openssh import is_transient
 from potato.tasks.relay import watch
 from potato.writeback import write_back
 
@@ -47,7 +48,7 @@ LEASE_SECONDS = 60
 
 def _task(name: str):
     # Steps are never cached (a repeated poll must not return its first answer)
-    # and never retried here: a retried spawn would be a second worker.
+    # and not retried: a retried spawn would be a second worker.
     return task(name=name, cache_policy=NO_CACHE, persist_result=False)
 
 
@@ -61,7 +62,17 @@ def build_bundle_task(ctx: RunContext) -> dict:
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}
 
 
-@_task("connect")
+def _retry_transient_ssh(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except Exception as exc:
+        return is_transient(exc)
+    return False
+
+
+# Connecting is the one step retried: it is idempotent, and only a flaky network is retried.
+@task(name="connect", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=[5, 15],
+      retry_condition_fn=_retry_transient_ssh)
 def connect_task(ctx: RunContext, backend) -> Any:
     return backend.connect(ctx)
 

@@ -116,7 +116,9 @@ def read_scores(directory: Path) -> dict[str, Any]:
 
 
 def describe_worker_failure(ctx, code: int) -> str:
-    done = ctx.extra.get("done") or {}
+    # A remote worker's events reach the store through the agent protocol, not this process.
+    done = ctx.extra.get("done") or next(
+        (e.data for e in reversed(ctx.store.events(ctx.run_id)) if e.kind == "done"), {})
     if done.get("error"):
         return str(done["error"])
     if code < 0:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from potato.tasks.base import RunContext
@@ -33,7 +33,6 @@ class LocalWorker:
     log_file: object = None
     exit_code: int | None = None
     pgid: int | None = None
-    events: list = field(default_factory=list)
 
 
 def make_worker_argv(job_dir: Path, python: str | None = None) -> list[str]:

@@ -68,6 +68,15 @@ SSH_FAILURES = (
 )
 
 
+# Failures worth a second try: the network, not the setup (a wrong key stays wrong).
+TRANSIENT_REASONS = ("Connection timed out", "No route to host", "the connection was closed", "no connection within")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an ssh failure that may pass on its own (a flaky network), so connecting again may help."""
+    return isinstance(exc, SshError) and any(reason in str(exc) for reason in TRANSIENT_REASONS)
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """Where and how to log in: the backend's host, user, port, identity_file and env."""

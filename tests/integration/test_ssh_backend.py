@@ -222,6 +222,16 @@ def test_spec_failures_end_the_run_with_their_message(prefect_api, sshd_service,
     assert_host_clean(sshd_service)
 
 
+def test_a_failing_remote_worker_says_why(prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
+    config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python)
+    done = potato("training", "run", str(config), "--option", "epochs=-1")
+    assert done.returncode == 1
+    message = "Trainer options: epochs must be a positive integer, got -1"
+    assert store_of(config).get_run(1).error.startswith(message)
+    assert f"Run 1 failed: {message}" in done.stdout
+    assert_host_clean(sshd_service)
+
+
 def test_cancel_reaches_the_agent_and_leaves_nothing_on_the_host(
         prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
     config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python,
