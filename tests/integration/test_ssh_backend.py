@@ -180,6 +180,30 @@ def test_check_reports_python_gpus_and_the_choice(sshd_service, ssh_user_config,
     assert as_json["would_use"] == [1] and as_json["ok"] is False
 
 
+@pytest.mark.parametrize("case", ["unknown host key", "connection refused", "host not found"])
+def test_connection_failures_name_the_fix(sshd_service, ssh_user_config, shared_model, tmp_path, case):
+    import socket
+
+    if case == "unknown host key":  # the same sshd under a name known_hosts has no key for
+        host, backend = "localhost", dict(port=sshd_service.port, user=sshd_service.user,
+                                          identity_file=str(sshd_service.identity_file))
+        expected = ("ssh to localhost failed: Host key verification failed. Fix: the host's key is not in "
+                    "known_hosts: run `ssh localhost true` once")
+    elif case == "connection refused":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # nothing listens there once the socket closes
+        host, backend = "127.0.0.1", dict(port=port)
+        expected = "ssh to 127.0.0.1 failed: Connection refused. Fix: no ssh server listens there"
+    else:
+        host, backend = "nowhere.invalid", {}
+        expected = "ssh to nowhere.invalid failed: host not found. Fix: check the backend's host"
+    config = ssh_project(tmp_path, shared_model, host, **backend)
+    done = potato("training", "check", "gpu-server", str(config))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1].startswith(expected), done.stdout
+
+
 def test_no_kernels_are_marked_and_refused(sshd_service, ssh_user_config, shared_model, fake_gpus, tmp_path):
     fake_gpus(GPUS)  # the host's torch is a CPU build: it has kernels for no GPU
     config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python)
