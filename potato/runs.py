@@ -165,8 +165,8 @@ def ensure_prefect_limit() -> None:
 # ---------------------------------------------------------------- dispatching
 
 
-def _pid_runs(pid: int | None, marker: str) -> bool:
-    """True when process *pid* is alive and its command line contains *marker*."""
+def _pid_runs(pid: int | None, *markers: str) -> bool:
+    """True when process *pid* is alive and its command line contains one of *markers* (pids get reused)."""
     if not pid:
         return False
     try:
@@ -180,7 +180,7 @@ def _pid_runs(pid: int | None, marker: str) -> bool:
                 return False
     except (OSError, IndexError):
         pass
-    return marker in cmdline
+    return any(marker in cmdline for marker in markers)
 
 
 def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True) -> list[Run]:
@@ -194,10 +194,11 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True)
     for run in store.active_runs():
         if run.state != "running":
             continue
-        if _pid_runs(run.flow_pid, "flows.training_run"):
+        # The dispatcher's child runs flows.training_run; a Prefect process worker's runs prefect.engine.
+        if _pid_runs(run.flow_pid, "flows.training_run", "prefect.engine"):
             continue
-        if run.flow_pid is None and run.prefect_flow_run_id is None and time.time() - (run.started_at or 0) < 30:
-            continue  # just claimed; its flow is starting
+        if run.flow_pid is None and (run.prefect_flow_run_id or time.time() - (run.started_at or 0) < 30):
+            continue  # handed to a Prefect work pool and not started yet, or just claimed: its flow is coming
         if _pid_runs(run.worker_pid, "potato.training.worker"):
             try:
                 os.killpg(run.worker_pid, 9)
