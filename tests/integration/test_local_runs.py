@@ -135,6 +135,21 @@ def test_cancel_stops_the_worker_and_leaves_no_process(prefect_api, tmp_path):
     assert done and done[-1].data["status"] == "cancelled"  # the worker stopped on SIGTERM, cleanly
 
 
+def test_ctrl_c_in_the_cli_cancels_the_run(prefect_api, tmp_path):
+    config = tiny_project(tmp_path, grace_seconds=5, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")  # no terminal: no prompt
+    store = store_of(config)
+    try:
+        run = wait_for_training(store, 1)
+        os.kill(cli.pid, signal.SIGINT)
+        wait_for_state(store, 1, ("cancelled",), timeout=30)
+    finally:
+        cli.wait(timeout=60)
+    out = (tmp_path / "cli.log").read_text()
+    assert cli.returncode == 1 and "Cancelling run 1…" in out and "Run 1 was cancelled" in out
+    assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
+
+
 def test_a_queued_run_is_cancelled_at_once(prefect_api, tmp_path):
     config = tiny_project(tmp_path, n_items=20)
     cfg = load_config(config)
