@@ -85,7 +85,49 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-
     return report
 
 
+def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-text-classification") -> CheckReport:
+    """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python (SPEC §8)."""
+    from potato.errors import MissingSlurmCommand, PotatoError
+    from potato.tasks import ssh
+    from potato.tasks.openssh import Connection, SshTarget
+
+    target = SshTarget.from_backend(backend)
+    lines = [f"{backend.name}: slurm on {target.host}"]
+    report = CheckReport(backend=backend.name, type="slurm", ok=False, lines=lines)
+    connection = Connection(target)
+    try:
+        connection.open()
+        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
+        probe = ssh.probe(session, backend.get("remote_dir"), trainer)
+        lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")
+        commands = probe.get("commands") or {}
+        missing = [name for name in ("sbatch", "squeue", "scancel") if not commands.get(name)]
+        for name in missing:
+            lines.append(str(MissingSlurmCommand(target.host, name)))
+        if not missing:
+            lines.append("sbatch, squeue, scancel: on PATH (" + str(commands["sbatch"]).rsplit("/", 1)[0] + ")")
+        lines.append("scontrol: on PATH" if commands.get("scontrol") else
+                     "scontrol: not found; a job the scheduler ends is explained from slurm.out alone")
+        remote_dir = str(backend.get("remote_dir"))
+        under_tmp = remote_dir.rstrip("/") in ("/tmp", "/var/tmp") or remote_dir.startswith(("/tmp/", "/var/tmp/"))
+        lines.append(f"remote_dir {remote_dir}: " + ("under /tmp or /var/tmp, which each node has its own of; "
+                                                     "use storage the compute nodes share" if under_tmp else
+                                                     "not node-local"))
+        lines.append(f"Jobs run {backend.get('job_python')} on the compute nodes (their packages cannot be "
+                     "checked from the login node: a short first run shows them)")
+        gres = backend.get("gres")
+        lines.append(f"GPUs: {gres} per job" if gres else "GPUs: none (no gres: the job gets no GPU)")
+        report.data.update(python=probe["python"], commands=commands, job_python=backend.get("job_python"))
+        report.ok = not missing and not under_tmp
+    except PotatoError as exc:
+        lines.append(str(exc))
+    finally:
+        connection.close()
+    return report
+
+
 CHECKS = {
+    "slurm": check_slurm,
     "ssh": check_ssh,
     "local": check_local,
     "agent": check_agent,

@@ -14,6 +14,7 @@ Importable without I/O. The tree::
     │   ├── SshError            the OpenSSH client failed (exit 255)
     │   ├── RemoteCommandError  a remote command ran and failed
     │   ├── SlurmError          sbatch/squeue/scancel/scontrol failed or the job ended early
+    │   │   └── MissingSlurmCommand  the login node has no sbatch/squeue/scancel on PATH
     │   └── AgentError          an agent broke the protocol or was not there
     ├── TrainerError            a trainer cannot be imported or its options are wrong
     └── ParseError              a tool's output made no sense (the raw text is quoted)
@@ -87,6 +88,17 @@ class RemoteCommandError(BackendError):
 
 class SlurmError(BackendError):
     """Raised when a SLURM command fails or the scheduler ends a job early."""
+
+
+class MissingSlurmCommand(SlurmError):
+    """Raised when a login node lacks sbatch, squeue or scancel on PATH."""
+
+    def __init__(self, host: str, command: str):
+        self.host = host
+        self.command = command
+        super().__init__(
+            f"{host} has no {command} on PATH, so it cannot submit jobs. Fix: if {host} is the cluster's login "
+            f"node and {command} is on a PATH only a login shell sets, set PATH under the backend's env")
 
 
 class AgentError(BackendError):

@@ -18,6 +18,8 @@ import sys
 
 NVIDIA_SMI_QUERY = "index,name,memory.total,memory.used,memory.free,utilization.gpu,pci.bus_id,compute_cap"
 TRAINING_PACKAGES = ("torch", "transformers", "peft")
+# A SLURM login node must have the first three; scontrol is used where it exists (SPEC §6).
+SLURM_COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")
 
 
 def _expand(path):
@@ -65,6 +67,7 @@ def probe(remote_dir, code_hash, packages):
         "code_present": os.path.isfile(os.path.join(_expand(remote_dir), "code", code_hash, "potato", "__init__.py")),
         "missing": [name for name in packages if importlib.util.find_spec(name) is None],
         "nvidia_smi": _nvidia_smi(),
+        "commands": {name: shutil.which(name) for name in SLURM_COMMANDS},
     }
     smi = report["nvidia_smi"]
     if smi.get("found") and smi.get("status") == 0 and smi.get("stdout", "").strip() and "torch" not in report["missing"]:
