@@ -198,7 +198,9 @@ def training_register(name: str, config: str, server_url: str | None) -> None:
 @click.option("--once", is_flag=True, help="Exit after one job.")
 @click.option("--workdir", default="~/.cache/potato-training", help="Where jobs and their models are kept.")
 @click.option("--keep", is_flag=True, help="Keep each job's bundle.")
-def training_agent(server, backend, token_file, python, once, workdir, keep) -> None:
+@click.option("--slurm-config", type=click.Path(dir_okay=False, exists=True),
+              help="Submit each worker with sbatch: a JSON object of the slurm backend keys (--workdir on shared storage).")
+def training_agent(server, backend, token_file, python, once, workdir, keep, slurm_config) -> None:
     """Run an agent backend's jobs on this machine, polling the server (no inbound port needed)."""
     from potato.training.agent import main as agent_main
 
@@ -206,6 +208,7 @@ def training_agent(server, backend, token_file, python, once, workdir, keep) -> 
     argv += ["--token-file", token_file] if token_file else []
     argv += ["--python", python] if python else []
     argv += ["--once"] * once + ["--keep"] * keep
+    argv += ["--slurm-config", slurm_config] if slurm_config else []
     sys.exit(agent_main(argv))
 
 

@@ -117,8 +117,12 @@ def read_scores(directory: Path) -> dict[str, Any]:
 
 def describe_worker_failure(ctx, code: int) -> str:
     # A remote worker's events reach the store through the agent protocol, not this process.
-    done = ctx.extra.get("done") or next(
-        (e.data for e in reversed(ctx.store.events(ctx.run_id)) if e.kind == "done"), {})
+    events = ctx.store.events(ctx.run_id)
+    # An agent's result says why a job ended when the worker could not (e.g. SLURM ended it): first.
+    result = next((e.data for e in reversed(events) if e.kind == "result"), {})
+    if result.get("error"):
+        return str(result["error"])
+    done = ctx.extra.get("done") or next((e.data for e in reversed(events) if e.kind == "done"), {})
     if done.get("error"):
         return str(done["error"])
     if code < 0:

@@ -89,9 +89,10 @@ def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: l
 def make_agent_env(session: SshSession, ctx: RunContext) -> dict[str, str]:
     env = dict(session.target.env)
     env["PYTHONPATH"] = session.code_dir()
-    # nvidia-smi numbers GPUs by PCI bus; make CUDA number them the same way.
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = session.gpu.cuda_visible_devices if session.gpu else ""
+    if session.gpu is not None:  # an ssh run chose them; a SLURM job gets its own from the scheduler
+        # nvidia-smi numbers GPUs by PCI bus; make CUDA number them the same way.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = session.gpu.cuda_visible_devices
     threads = ctx.backend.get("num_threads")
     if threads:
         for name in THREAD_VARIABLES:  # overrides a login shell's OMP_NUM_THREADS=1
@@ -100,9 +101,9 @@ def make_agent_env(session: SshSession, ctx: RunContext) -> dict[str, str]:
     return env
 
 
-def make_agent_command(session: SshSession, ctx: RunContext) -> str:
+def make_agent_command(session: SshSession, ctx: RunContext, extra: list[str] = ()) -> str:
     words = [session.python, "-m", "potato.training.agent", "--socket", session.remote_socket,
-             "--backend", ctx.backend.name]
+             "--backend", ctx.backend.name, *extra]
     return make_remote_command(words, env=make_agent_env(session, ctx), cwd=session.job_dir)
 
 
@@ -196,13 +197,19 @@ def host_gpus(report: dict) -> list:
     return mark_kernels(parse_nvidia_smi(smi.get("stdout", "")), report.get("torch"))
 
 
-def pick_gpu(ctx: RunContext, session: SshSession) -> str:
-    ctx.set_step(f"checking {session.host}: Python and GPUs")
+def probe_host(ctx: RunContext, session: SshSession) -> dict:
+    """Probe the host once for the run; remember what the next steps need."""
     report = probe(session, ctx.backend.get("remote_dir"), ctx.run.trainer)
     session.probe = report
     session.remote_dir = _absolute(ctx.backend.get("remote_dir"), report["home"])
     session.code_hash = code_archive()[0]
     ctx.log.info(f"{session.host}: Python {report['python']} ({report['executable']})")
+    return report
+
+
+def pick_gpu(ctx: RunContext, session: SshSession) -> str:
+    ctx.set_step(f"checking {session.host}: Python and GPUs")
+    report = probe_host(ctx, session)
     gpus = host_gpus(report)
     for gpu in gpus:
         ctx.log.info(f"{session.host}: {gpu.describe()}")
@@ -215,17 +222,7 @@ def pick_gpu(ctx: RunContext, session: SshSession) -> str:
 
 
 def sync_code(ctx: RunContext, session: SshSession) -> str:
-    code_hash, archive = code_archive()
-    if session.probe.get("code_present"):
-        sent = 0
-        said = f"{session.host} already has this version of Potato's code ({code_hash}); nothing copied"
-    else:
-        ctx.set_step(f"copying Potato's code to {session.host}")
-        session.connection.run(_install_code_command(session.remote_dir, code_hash), input=archive, timeout=300)
-        sent = len(archive)
-        said = f"Copied Potato's code ({sent} bytes) to {session.code_dir()}"
-    ctx.log.info(said)
-    ctx.store.add_event(ctx.run_id, "code", {"hash": code_hash, "bytes_sent": sent})
+    said = copy_code(ctx, session)
     packages = list(ctx.backend.get("packages") or ())
     missing = list(session.probe.get("missing") or ())
     if packages:
@@ -239,6 +236,22 @@ def sync_code(ctx: RunContext, session: SshSession) -> str:
         raise TrainerImportError(ctx.run.trainer, missing[0], fix=(
             f"{session.python} on {session.host} lacks {', '.join(missing)}: point the backend's python at an "
             f"interpreter that has them, or list them under packages"))
+    return said
+
+
+def copy_code(ctx: RunContext, session: SshSession) -> str:
+    """Copy the remote half to ``remote_dir/code/<hash>`` unless the host has this version."""
+    code_hash, archive = code_archive()
+    if session.probe.get("code_present"):
+        sent = 0
+        said = f"{session.host} already has this version of Potato's code ({code_hash}); nothing copied"
+    else:
+        ctx.set_step(f"copying Potato's code to {session.host}")
+        session.connection.run(_install_code_command(session.remote_dir, code_hash), input=archive, timeout=300)
+        sent = len(archive)
+        said = f"Copied Potato's code ({sent} bytes) to {session.code_dir()}"
+    ctx.log.info(said)
+    ctx.store.add_event(ctx.run_id, "code", {"hash": code_hash, "bytes_sent": sent})
     return said
 
 
@@ -265,12 +278,22 @@ def _still_missing(session: SshSession, names: list[str]) -> list[str]:
 
 
 def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
-    from potato.tokens import issue_run_token
+    make_job_dir(session, ctx)
+    return start_agent(ctx, session)
 
+
+def make_job_dir(session: SshSession, ctx: RunContext) -> str:
     session.job_dir = f"{session.remote_dir}/jobs/{ctx.run_id}-{secrets.token_hex(4)}"
     session.connection.run(f"mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
+    return session.job_dir
+
+
+def start_agent(ctx: RunContext, session: SshSession, extra: list[str] = ()) -> RemoteAgent:
+    """``python -m potato.training.agent`` in the job directory, the run's token on its stdin."""
+    from potato.tokens import issue_run_token
+
     token = issue_run_token(ctx.store, ctx.run_id)
-    command = make_agent_command(session, ctx)
+    command = make_agent_command(session, ctx, list(extra))
     log_file = open(ctx.run_dir / "agent.log", "ab")
     process = session.connection.popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=log_file)
     # The token travels on standard input; stdin then stays open: its end tells the
@@ -496,13 +519,15 @@ def _remote_clean_up_command(ctx: RunContext, session: SshSession) -> str:
             f"p=$(cat {q(job + '/' + name)} 2>/dev/null) && grep -qF -- {q(marker)} /proc/$p/cmdline 2>/dev/null "
             f"&& kill -KILL -- -$p $p 2>/dev/null; "
             for name, marker in (("worker.pid", job), ("agent.pid", session.remote_socket)))
+        # A SLURM job the agent could not cancel (it died) must not keep its GPU allocation.
+        kill += f"j=$(cat {q(job + '/slurm_job_id')} 2>/dev/null) && scancel \"$j\" 2>/dev/null; "
         if ctx.backend.get("keep_remote", False):
             ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {job}")
         elif session.left_on_host:
             doomed.append(f"{job}/bundle")  # the model stays where the run log says it is
         else:
             doomed.append(job)
-    return kill + "rm -rf " + " ".join(q(p) for p in doomed)
+    return _with_env(kill + "rm -rf " + " ".join(q(p) for p in doomed), session.target.env)
 
 
 def _last_line(path: Path) -> str:

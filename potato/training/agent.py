@@ -202,7 +202,7 @@ def _extract(archive: str, dest: str) -> None:
 
 
 class Worker:
-    """The worker process of one job, in its own process group."""
+    """The worker as a process of this machine, in its own process group."""
 
     def __init__(self, python: str, job_dir: str):
         self.job_dir = job_dir
@@ -215,6 +215,15 @@ class Worker:
         # So that the server's clean-up can end the worker's group even if this agent dies.
         with open(os.path.join(job_dir, "worker.pid"), "w") as fh:
             fh.write("{}\n".format(self.process.pid))
+        log("worker started (pid {})".format(self.process.pid))
+
+    def poll(self) -> Optional[int]:
+        code = self.process.poll()
+        # exit_code is written last; the interpreter's teardown need not be waited for.
+        return code if code is not None else _exit_code(self.job_dir)
+
+    def terminate(self) -> None:
+        self.signal_group(signal.SIGTERM)
 
     def signal_group(self, sig: int) -> None:
         try:
@@ -244,8 +253,37 @@ class Worker:
         return code
 
 
-def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lost: threading.Event) -> int:
-    """Run one claimed job in *job_dir*; return the worker's exit code."""
+class SlurmWorker:
+    """The worker as a SLURM job (SPEC §6); its notes to the run log go out with the next post."""
+
+    def __init__(self, slurm_config: Dict[str, Any], job_dir: str, run_id: Any, notes: List[Dict[str, Any]]):
+        from potato.training.slurm import SlurmJob
+
+        def note(message: str) -> None:
+            log(message)
+            notes.append({"type": "log", "level": "info", "message": message})
+
+        self.job = SlurmJob(slurm_config, job_dir, run_id, note)
+
+    def poll(self) -> Optional[int]:
+        return self.job.poll()  # raises SlurmCommandError when the scheduler ended the job early
+
+    def terminate(self) -> None:
+        self.job.signal_term()
+
+    def stop(self, grace: float) -> int:
+        return self.job.stop(grace)
+
+    def finish(self) -> None:
+        pass
+
+
+class JobFailed(Exception):
+    """The job ended without the worker's exit code; the message says why."""
+
+
+def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, lost: threading.Event) -> int:
+    """Run one claimed job in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code."""
     run_id = claim["run_id"]
     urls = claim["urls"]
     grace = float(claim.get("grace_seconds") or DEFAULT_GRACE_S)
@@ -261,21 +299,26 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
     with open(os.path.join(job_dir, "job.json"), "w", encoding="utf-8") as fh:
         json.dump(job, fh, indent=2)
 
-    worker = Worker(python, job_dir)
-    log("run {}: worker started (pid {})".format(run_id, worker.process.pid))
+    pending = []  # type: List[Dict[str, Any]]
+    try:
+        worker = start(job_dir, pending)
+    except Exception as exc:  # e.g. sbatch refused the job
+        return _fail(client, claim, run_id, pending, str(exc))
     events_path = os.path.join(job_dir, "events.jsonl")
-    offset, pending = 0, []  # type: int, List[Dict[str, Any]]
+    offset = 0
     last_contact = time.monotonic()
     last_post = last_contact - POST_INTERVAL_S  # the first events go out at once
     stopping_since = None  # type: Optional[float]
     code = None  # type: Optional[int]
+    failure = None  # type: Optional[str]
     while True:
         if lost.is_set():
             log("run {}: the connection to the server is gone; stopping the worker".format(run_id))
             return worker.stop(grace)
-        code = worker.process.poll()
-        if code is None:
-            code = _exit_code(job_dir)  # written last; the interpreter's teardown need not be waited for
+        try:
+            code = worker.poll()
+        except Exception as exc:  # the scheduler ended the job before the worker finished
+            failure, code = str(exc), 1
         new, offset = read_events(events_path, offset)
         pending.extend(new)
         now = time.monotonic()
@@ -284,12 +327,12 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
         if due or code is not None:
             try:
                 answer = client.json("POST", urls["events"], {"events": pending[:1000]})
-                pending = pending[1000:]
+                del pending[:1000]  # in place: the SLURM job appends its notes to this same list
                 last_post = last_contact = now
                 if answer.get("cancel") and stopping_since is None and code is None:
                     log("run {}: the server asks to stop; SIGTERM to the worker".format(run_id))
                     stopping_since = now
-                    worker.signal_group(signal.SIGTERM)
+                    worker.terminate()
             except Unreachable as exc:
                 if now - last_contact > UNREACHABLE_LIMIT_S:
                     log("run {}: no contact with the server for {} s ({}); cancelling the run".format(
@@ -299,15 +342,25 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, python: str, lo
                 log("run {}: the server refused events: {}".format(run_id, exc))
                 if exc.status in (401, 403, 404):
                     return worker.stop(grace)
-                pending = []
+                del pending[:]
         if stopping_since is not None and code is None and now - stopping_since > grace:
             code = worker.stop(0)
         if code is not None and not pending:
             break
         time.sleep(0.2)
-    _report(client, claim, job_dir, code)
+    _report(client, claim, job_dir, code, failure)
     worker.finish()
     return code
+
+
+def _fail(client: Client, claim: Dict[str, Any], run_id: Any, notes: List[Dict[str, Any]], error: str) -> int:
+    log("run {}: {}".format(run_id, error))
+    try:
+        client.json("POST", claim["urls"]["events"], {"events": notes})
+        client.json("POST", claim["urls"]["result"], {"exit_code": 1, "error": error})
+    except (ProtocolError, Unreachable) as exc:
+        log("run {}: could not report the failure: {}".format(run_id, exc))
+    return 1
 
 
 def _exit_code(job_dir: str) -> Optional[int]:
@@ -318,7 +371,7 @@ def _exit_code(job_dir: str) -> Optional[int]:
         return None
 
 
-def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int) -> None:
+def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int, error: Optional[str] = None) -> None:
     urls = claim["urls"]
     predictions = os.path.join(job_dir, "predictions.jsonl")
     if os.path.exists(predictions):
@@ -333,7 +386,9 @@ def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int) -> N
     except (OSError, ValueError):
         pass
     artifacts = os.path.join(job_dir, "artifacts")
-    result = {"exit_code": code, "scores": scores}
+    result = {"exit_code": code, "scores": scores}  # type: Dict[str, Any]
+    if error:
+        result["error"] = error
     if os.path.isdir(artifacts):
         result["artifact_uri"] = "{}:{}".format(socket.gethostname(), os.path.abspath(artifacts))
     client.json("POST", urls["result"], result)
@@ -356,6 +411,16 @@ def _watch_stdin(lost: threading.Event) -> None:
     lost.set()
 
 
+def _starter(args: argparse.Namespace, run_id: Any) -> Any:
+    """How this agent starts a job's worker: a process here, or a SLURM job (--slurm-config)."""
+    if args.slurm_config:
+        with open(args.slurm_config, encoding="utf-8") as fh:
+            slurm_config = json.load(fh)
+        return lambda job_dir, notes: SlurmWorker(slurm_config, job_dir, run_id, notes)
+    python = args.python or sys.executable
+    return lambda job_dir, notes: Worker(python, job_dir)
+
+
 def run_for_ssh(args: argparse.Namespace) -> int:
     token = sys.stdin.readline().strip()
     lost = threading.Event()
@@ -376,7 +441,7 @@ def run_for_ssh(args: argparse.Namespace) -> int:
     if not claim:
         log("the server has no job for this agent")
         return 2
-    return run_job(client, claim, job_dir, args.python or sys.executable, lost)
+    return run_job(client, claim, job_dir, _starter(args, claim["run_id"]), lost)
 
 
 def run_polling(args: argparse.Namespace) -> int:
@@ -408,7 +473,7 @@ def run_polling(args: argparse.Namespace) -> int:
             continue
         job_dir = os.path.join(workdir, "jobs", str(claim["run_id"]))
         shutil.rmtree(job_dir, ignore_errors=True)
-        code = run_job(client, claim, job_dir, args.python or sys.executable, lost)
+        code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), lost)
         if not args.keep:
             shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
         log("run {}: worker exited with {}".format(claim["run_id"], code))
@@ -426,6 +491,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir")
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--slurm-config", help="submit the worker with sbatch; a JSON object of the slurm keys")
     return parser
 
 

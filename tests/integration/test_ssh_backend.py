@@ -16,18 +16,17 @@ import shutil
 import signal
 import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.potato_project import item_text, make_project, true_label
+from tests.support.potato_project import make_project
 from tests.support.runs import (
     potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
 )
-from tests.support.tiny_model import build_tiny_model
+from tests.support.remote_host import assert_host_clean, host_processes
 
 pytestmark = [pytest.mark.sshd, pytest.mark.prefect, pytest.mark.training]
 
@@ -39,18 +38,6 @@ GPUS = [
     {"index": 1, "name": "NVIDIA A100-SXM4-80GB", "memory_total": 81920, "memory_used": 79000,
      "memory_free": 2920, "utilization_gpu": 97, "pci_bus_id": "00000000:0F:00.0", "compute_cap": "8.0"},
 ]
-
-
-@pytest.fixture(scope="module")
-def shared_model():
-    """The tiny model in a directory the ssh user can read (the trainer loads it on the host)."""
-    directory = Path(tempfile.mkdtemp(prefix="potato-ssh-model-"))
-    texts = [item_text(i, true_label(i)) for i in range(60)]
-    build_tiny_model(directory / "model", texts)
-    for path in [directory, *directory.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    yield directory / "model"
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def ssh_project(root: Path, model: Path, host: str, *, trainer=None, **backend) -> Path:
@@ -67,33 +54,6 @@ def ssh_project(root: Path, model: Path, host: str, *, trainer=None, **backend) 
         if key in backend:
             mt[key] = entry.pop(key)
     return make_project(root, n_items=60, labeled_fraction=0.9, model_training=mt)
-
-
-def host_processes(user: str) -> list[str]:
-    """Command lines of the host user's Potato processes (agent, worker, tar)."""
-    uid = pwd.getpwnam(user).pw_uid
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{entry}").st_uid != uid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "potato.training" in cmdline or "tar cf" in cmdline or cmdline.startswith("cat "):
-            found.append(f"{entry}: {cmdline}")
-    return found
-
-
-def assert_host_clean(sshd_service) -> None:
-    wait_for(lambda: not host_processes(sshd_service.user), 15,
-             f"the host to have no Potato processes left: {host_processes(sshd_service.user)}")
-    jobs = Path(sshd_service.user_home) / ".cache/potato-training/jobs"
-    assert not jobs.exists() or list(jobs.iterdir()) == []
-    assert not list(Path("/tmp").glob("potato-*.sock"))
 
 
 def remote_job_dir(config: Path, run_id: int) -> Path:
@@ -299,7 +259,7 @@ def test_a_silent_agent_fails_the_run_and_keeps_its_log(
     finally:
         cli.wait(timeout=60)
     assert run.error == "No word from the agent on gpu-server for 6 seconds"
-    assert "potato-agent: run 1: worker started" in (run_dir_of(config, 1) / "agent.log").read_text()
+    assert "potato-agent: worker started (pid" in (run_dir_of(config, 1) / "agent.log").read_text()
     for line in host_processes(sshd_service.user):  # a stopped process cannot act on its stdin closing
         os.kill(int(line.split(":")[0]), signal.SIGCONT)
     assert_host_clean(sshd_service)

@@ -1,0 +1,66 @@
+"""The slurm backend (SPEC §6): the agent on the login node submits the worker with sbatch.
+
+Connecting, copying the code, relaying, fetching artifacts and cleaning up are
+the ssh backend's steps, against the login node. What differs: the login node
+needs ``sbatch``/``squeue``/``scancel`` rather than GPUs (those come from
+``gres``), ``packages`` is not supported (a venv built on the login node may
+not run on the compute nodes), and the agent is started with
+``--slurm-config``, the backend's SLURM keys, so that it submits the worker
+(``potato/training/slurm.py``) instead of running it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from potato.errors import MissingSlurmCommand
+from potato.tasks import ssh
+from potato.tasks.base import RunContext
+from potato.tasks.ssh import SshSession, RemoteAgent
+
+REQUIRED_COMMANDS = ("sbatch", "squeue", "scancel")
+SLURM_KEYS = ("partition", "account", "qos", "gres", "time", "mem", "cpus_per_task", "constraint", "prelude",
+              "job_python", "poll_interval_s")
+
+connect = ssh.connect
+poll = ssh.poll
+stop = ssh.stop
+fetch_artifacts = ssh.fetch_artifacts
+clean_up = ssh.clean_up
+
+
+def make_slurm_config(ctx: RunContext, session: SshSession) -> dict:
+    """slurm.json for the agent: the backend's SLURM keys and where the code is."""
+    config = {key: ctx.backend.get(key) for key in SLURM_KEYS if ctx.backend.get(key) not in (None, "", ())}
+    config["prelude"] = list(config.get("prelude") or ())
+    config["code_dir"] = session.code_dir()
+    return config
+
+
+def pick_gpu(ctx: RunContext, session: SshSession) -> str:
+    ctx.set_step(f"checking {session.host}: Python and SLURM")
+    report = ssh.probe_host(ctx, session)
+    commands = report.get("commands") or {}
+    for name in REQUIRED_COMMANDS:
+        if not commands.get(name):
+            raise MissingSlurmCommand(session.host, name)
+    if not commands.get("scontrol"):
+        ctx.log.info(f"{session.host} has no scontrol: a job the scheduler ends is explained from slurm.out")
+    gres = ctx.backend.get("gres")
+    used = f"gres {gres}, from the scheduler" if gres else "no GPU (no gres)"
+    ctx.log.info(f"The job gets {used}; the worker runs {ctx.backend.get('job_python')} on a compute node")
+    ctx.store.update_run(ctx.run_id, host_python=report["python"], gpu=used)
+    return used
+
+
+def sync_code(ctx: RunContext, session: SshSession) -> str:
+    # The trainer's packages live on the compute nodes, which the login node cannot see.
+    return ssh.copy_code(ctx, session)
+
+
+def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
+    job_dir = ssh.make_job_dir(session, ctx)
+    path = f"{job_dir}/slurm.json"
+    session.connection.run(f"cat > {shlex.quote(path)}", input=json.dumps(make_slurm_config(ctx, session)).encode())
+    return ssh.start_agent(ctx, session, ["--slurm-config", path])
