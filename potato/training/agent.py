@@ -313,8 +313,14 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, los
     failure = None  # type: Optional[str]
     while True:
         if lost.is_set():
-            log("run {}: the connection to the server is gone; stopping the worker".format(run_id))
-            return worker.stop(grace)
+            log("run {}: the connection to the server is gone, or the agent was told to stop; "
+                "stopping the worker".format(run_id))
+            code = worker.stop(grace)
+            # Tell the server if it can still hear us (an agent stopped by hand), so the run
+            # fails now rather than after heartbeat_timeout_s.
+            _fail(client, claim, run_id, pending, "The agent on {} was stopped before the worker finished".format(
+                socket.gethostname()))
+            return code
         try:
             code = worker.poll()
         except Exception as exc:  # the scheduler ended the job before the worker finished
@@ -454,31 +460,36 @@ def run_polling(args: argparse.Namespace) -> int:
         return 2
     workdir = os.path.abspath(os.path.expanduser(args.workdir or "~/.cache/potato-training"))
     client = Client(token, server=args.server)
-    lost = threading.Event()
+    # Ctrl-C or SIGTERM: stop the running job's worker (it lives in its own session), then exit.
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
     claim_path = "{}/backends/{}/claim".format(PREFIX, args.backend)
     log("polling {} for jobs of backend {!r}".format(args.server, args.backend))
-    while True:
+    while not stop.is_set():
         try:
             answer = client.json("POST", claim_path, {"agent": _agent_info(workdir)})
         except Unreachable as exc:
             log("cannot reach {}: {}; trying again".format(args.server, exc))
-            time.sleep(5)
+            stop.wait(5)
             continue
         except ProtocolError as exc:
             log("the server refused: {}".format(exc))
             return 2
         claim = answer.get("job")
         if not claim:
-            time.sleep(float(answer.get("poll_interval_s") or 1.0))
+            stop.wait(float(answer.get("poll_interval_s") or 1.0))
             continue
         job_dir = os.path.join(workdir, "jobs", str(claim["run_id"]))
         shutil.rmtree(job_dir, ignore_errors=True)
-        code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), lost)
+        code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), stop)
         if not args.keep:
             shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
         log("run {}: worker exited with {}".format(claim["run_id"], code))
         if args.once:
             return 0
+    log("stopped")
+    return 0
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -103,6 +103,32 @@ def test_a_registered_agent_claims_trains_and_reports(server, agent_project, tmp
     assert record.returncode == 0 and "last_seen: " in record.stdout and "never" not in record.stdout
 
 
+def test_stopping_the_agent_stops_its_worker_and_fails_the_run_at_once(server, agent_project, tmp_path):
+    from tests.support.runs import processes_matching, wait_for_training
+
+    token = potato("training", "register", "lab-workstation", str(agent_project)).stdout.splitlines()[2].strip()
+    status, _ = _start_run(server, {"trainer": "hf-text-classification", "schemas": ["sentiment"],
+                                    "backend": "lab-workstation", "options": {"epochs": 100000}})
+    assert status == 201
+    workdir = tmp_path / "agent-work"
+    with open(tmp_path / "agent.log", "wb") as log:
+        agent = subprocess.Popen(
+            [POTATO, "training", "agent", "--server", server, "--backend", "lab-workstation", "--workdir", str(workdir)],
+            env=dict(os.environ, POTATO_TRAINING_TOKEN=token, HF_HUB_OFFLINE="1"), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True)
+    store = store_of(agent_project)
+    try:
+        wait_for_training(store, 1)
+        os.kill(agent.pid, signal.SIGINT)  # Ctrl-C on the training machine
+        assert agent.wait(timeout=60) == 0
+        run = wait_for_state(store, 1, ("failed",), timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+    assert run.error == f"The agent on {socket.gethostname()} was stopped before the worker finished"
+    assert processes_matching(str(workdir)) == []
+
+
 def test_an_agent_run_fails_after_queue_timeout_without_an_agent(prefect_api, tmp_path):
     config = tiny_project(tmp_path, backend="lab-workstation",
                           backends={"lab-workstation": {"type": "agent", "queue_timeout_s": 3}})
