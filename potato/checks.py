@@ -44,21 +44,35 @@ def check_agent(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     return token_record(config, backend)
 
 
+def _probe_host(backend: BackendConfig, trainer: str, report: CheckReport) -> dict | None:
+    """Log in and probe the host once; a failure becomes the report's last line and None."""
+    from potato.errors import PotatoError
+    from potato.tasks import ssh
+    from potato.tasks.openssh import Connection, SshTarget
+
+    target = SshTarget.from_backend(backend)
+    connection = Connection(target)
+    try:
+        connection.open()
+        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
+        return ssh.probe(session, backend.get("remote_dir"), trainer)
+    except PotatoError as exc:
+        report.lines.append(str(exc))
+        return None
+    finally:
+        connection.close()
+
+
 def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-text-classification") -> CheckReport:
     """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
     from potato.errors import PotatoError
     from potato.tasks import ssh
     from potato.tasks.gpus import choose_gpus
-    from potato.tasks.openssh import Connection, SshTarget
 
-    target = SshTarget.from_backend(backend)
-    lines = [f"{backend.name}: ssh to {target.host}"]
-    report = CheckReport(backend=backend.name, type="ssh", ok=False, lines=lines)
-    connection = Connection(target)
-    try:
-        connection.open()
-        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
-        probe = ssh.probe(session, backend.get("remote_dir"), trainer)
+    report = CheckReport(backend=backend.name, type="ssh", ok=False, lines=[f"{backend.name}: ssh to {backend.host}"])
+    lines = report.lines
+    probe = _probe_host(backend, trainer, report)
+    if probe is not None:
         lines.append(f"Python {probe['python']} ({probe['executable']})")
         gpus = ssh.host_gpus(probe)
         lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
@@ -74,36 +88,28 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-
         if missing:
             where = "; packages installs them into a venv on the first run" if packages else (
                 ": point python at an interpreter that has them, or list them under packages")
-            lines.append(f"Training packages missing from {session.python}: {', '.join(missing)}{where}")
+            lines.append(f"Training packages missing from {backend.get('python', 'python3')}: "
+                         f"{', '.join(missing)}{where}")
             report.ok = report.ok and bool(packages)
         else:
             lines.append("Training packages: all there (" + ", ".join(ssh.TRAINER_PACKAGES.get(trainer, ())) + ")")
-    except PotatoError as exc:
-        lines.append(str(exc))
-    finally:
-        connection.close()
     return report
 
 
 def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-text-classification") -> CheckReport:
     """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python (SPEC §8)."""
-    from potato.errors import MissingSlurmCommand, PotatoError
-    from potato.tasks import ssh
-    from potato.tasks.openssh import Connection, SshTarget
+    from potato.errors import MissingSlurmCommand
 
-    target = SshTarget.from_backend(backend)
-    lines = [f"{backend.name}: slurm on {target.host}"]
-    report = CheckReport(backend=backend.name, type="slurm", ok=False, lines=lines)
-    connection = Connection(target)
-    try:
-        connection.open()
-        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
-        probe = ssh.probe(session, backend.get("remote_dir"), trainer)
+    report = CheckReport(backend=backend.name, type="slurm", ok=False,
+                         lines=[f"{backend.name}: slurm on {backend.host}"])
+    lines = report.lines
+    probe = _probe_host(backend, trainer, report)
+    if probe is not None:
         lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")
         commands = probe.get("commands") or {}
         missing = [name for name in ("sbatch", "squeue", "scancel") if not commands.get(name)]
         for name in missing:
-            lines.append(str(MissingSlurmCommand(target.host, name)))
+            lines.append(str(MissingSlurmCommand(backend.host, name)))
         if not missing:
             lines.append("sbatch, squeue, scancel: on PATH (" + str(commands["sbatch"]).rsplit("/", 1)[0] + ")")
         lines.append("scontrol: on PATH" if commands.get("scontrol") else
@@ -119,10 +125,6 @@ def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = "h
         lines.append(f"GPUs: {gres} per job" if gres else "GPUs: none (no gres: the job gets no GPU)")
         report.data.update(python=probe["python"], commands=commands, job_python=backend.get("job_python"))
         report.ok = not missing and not under_tmp
-    except PotatoError as exc:
-        lines.append(str(exc))
-    finally:
-        connection.close()
     return report
 
 
