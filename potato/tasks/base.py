@@ -66,8 +66,9 @@ class RunContext:
         return self.run_dir / "artifacts"
 
     def set_step(self, text: str, *, progress: float | None = None) -> None:
-        """Show *text* in the run's step row and log it."""
+        """Show *text* in the run's step row, keep it as a ``step`` event, and log it."""
         self.store.update_run(self.run.id, step=text, progress=progress)
+        self.store.add_event(self.run.id, "step", {"text": text})
         self.log.info(text[:1].upper() + text[1:])
 
     def refresh(self) -> Run:

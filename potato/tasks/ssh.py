@@ -456,7 +456,7 @@ def _watch_copy(ctx: RunContext, session: SshSession, processes: list[subprocess
             landed, now = _bytes_under(partial), time.monotonic()
             if landed > copied:
                 copied, last_growth = landed, now
-                ctx.store.update_run(ctx.run_id, step=f"{what}: {copied / 1e6:.0f} of {total / 1e6:.0f} MB",
+                ctx.store.update_run(ctx.run_id, step=f"{what}: {_mb(copied)} of {_mb(total)} MB",
                                      progress=min(copied / total, 1.0) if total else None)
             elif now - last_growth > stall:
                 raise BackendError(
@@ -466,8 +466,13 @@ def _watch_copy(ctx: RunContext, session: SshSession, processes: list[subprocess
             error = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []
             raise BackendError(f"The copy from {session.host} failed: {error[-1] if error else 'exit status %d' % process.returncode}")
     copied = _bytes_under(partial)
-    ctx.store.update_run(ctx.run_id, step=f"{what}: {copied / 1e6:.0f} of {total / 1e6:.0f} MB", progress=1.0)
+    ctx.set_step(f"{what}: {_mb(copied)} of {_mb(total)} MB", progress=1.0)
     return copied
+
+
+def _mb(size: int) -> str:
+    """Megabytes for the step row: whole numbers, but a small model is not "0 of 0 MB"."""
+    return f"{size / 1e6:.0f}" if size >= 10e6 else f"{size / 1e6:.1f}"
 
 
 def _bytes_under(directory: Path) -> int:

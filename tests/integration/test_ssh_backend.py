@@ -107,6 +107,11 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     assert f"{ssh_user_config}: Python 3.11.7 ({sshd_service.python})" in log
     assert "The run uses the CPU (the host has no GPU)" in log
     assert "Copied Potato's code" in log
+    steps = [e.data["text"] for e in store.events(1) if e.kind == "step"]  # the step row, as SPEC §3 words it
+    host = ssh_user_config
+    assert f"copying Potato's code to {host}" in steps and f"waiting for the agent on {host}" in steps
+    assert steps.index(f"copying Potato's code to {host}") < steps.index(f"waiting for the agent on {host}")
+    assert re.fullmatch(rf"copying the model from {re.escape(host)}: 0\.\d of 0\.\d MB", steps[-1])
     assert (directory / "agent.log").read_text().strip()
 
     # The socket: 0600, owned by the login user; the token: on no command line.
