@@ -349,6 +349,10 @@ _HEARTBEAT = Key(
     "heartbeat_timeout_s", "float", "a run whose agent sends nothing for this long fails",
     minimum=1, default_text="`120` (`model_training.heartbeat_timeout_s`)",
 )
+_PROCESSES_MEANING = (
+    "training processes, data-parallel (torch's launcher): on GPUs one per GPU, at most as many as the run "
+    "has; on the CPU this many processes sharing the threads (gloo), e.g. to try the multi-GPU path without GPUs"
+)
 
 SSH_KEYS: tuple[Key, ...] = (
     _TYPE,
@@ -364,6 +368,9 @@ SSH_KEYS: tuple[Key, ...] = (
         default="auto"),
     Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free",
         default=2000, minimum=0),
+    Key("max_gpus", "int", "how many GPUs `gpus: auto` may take, most free memory first, each with "
+        "`min_free_gpu_mb` free; a run with several trains data-parallel on all of them", default=1, minimum=1),
+    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default_text="one per GPU the run has (1 on the CPU)"),
     Key("packages", "list of str",
         "pip requirement strings, installed once into a venv under `remote_dir` (`--system-site-packages`)",
         default=()),
@@ -416,6 +423,7 @@ LOCAL_KEYS: tuple[Key, ...] = (
         default_text="`model_training.num_threads`"),
     Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
         default_text="`model_training.max_ram_mb`"),
+    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default=1),
 )
 
 BACKEND_KEYS: Mapping[str, tuple[Key, ...]] = {
@@ -432,6 +440,7 @@ UNSUPPORTED: Mapping[tuple[str, str], str] = {
         "compute nodes' interpreter in job_python and load modules in prelude"),
     ("a slurm backend", "gpus"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
     ("a slurm backend", "min_free_gpu_mb"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
+    ("a slurm backend", "max_gpus"): "the scheduler assigns GPUs; ask for several with gres (e.g. gres: gpu:2)",
 }
 
 # Types a config may give a backend it names (local is built in).

@@ -11,8 +11,12 @@ Exit codes: 0 succeeded, 1 failed, 3 the trainer could not be imported,
 4 over ``max_ram_mb``, 143 stopped by SIGTERM.
 
 SIGTERM asks the trainer to stop at its next step; the worker then writes
-``done`` with status ``cancelled`` and exits 143. The worker starts no
-child processes.
+``done`` with status ``cancelled`` and exits 143. A one-device run starts no
+child processes. A data-parallel run (job.json's ``processes``; see
+``potato/training/data_parallel.py``) starts one training process per device
+under torch's launcher, in the worker's own process group, and merges their
+events into ``events.jsonl``; the worker stays the one process its
+supervisor signals.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.trainers import import_failure_message
 from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
@@ -46,7 +50,8 @@ class Job:
     ``manifest`` (the bundle's ``manifest.json``), ``options`` (as given; the
     trainer merges its defaults), ``device`` (the torch device chosen, e.g.
     ``cpu``), ``device_name``, ``num_threads``, ``max_ram_mb``,
-    ``include_unlabeled``, ``artifacts_dir``.
+    ``include_unlabeled``, ``processes``, ``artifacts_dir``, ``group`` (None, or in
+    a data-parallel run this process's place among the training processes).
     """
 
     def __init__(self, job_dir: str, spec: Dict[str, Any]):
@@ -62,10 +67,12 @@ class Job:
         self.num_threads = spec.get("num_threads")
         self.max_ram_mb = spec.get("max_ram_mb")
         self.include_unlabeled = bool(spec.get("include_unlabeled", False))
+        self.processes = spec.get("processes")
         self.grace_seconds = spec.get("grace_seconds", 20)
         self.artifacts_dir = os.path.join(self.dir, "artifacts")
         self.device = "cpu"
         self.device_name = "CPU"
+        self.group = None  # a data-parallel run's DataParallelGroup (potato/training/process_group.py)
         self._manifest = None  # type: Optional[Dict[str, Any]]
 
     @property
@@ -75,19 +82,21 @@ class Job:
                 self._manifest = json.load(f)
         return self._manifest
 
-    def read_items(self) -> List[Dict[str, Any]]:
-        """The bundle's items (``items.jsonl``), in order."""
+    def iter_items(self) -> Iterator[Dict[str, Any]]:
+        """The bundle's items (``items.jsonl``), in order, one at a time."""
         path = os.path.join(self.bundle_dir, "items.jsonl")
-        items = []
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    items.append(json.loads(line))
+                    yield json.loads(line)
                 except ValueError as exc:
                     raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
-        return items
+
+    def read_items(self) -> List[Dict[str, Any]]:
+        """The bundle's items (``items.jsonl``), in order."""
+        return list(self.iter_items())
 
     def write_predictions(self, records: Iterable[Dict[str, Any]]) -> int:
         """Write ``predictions.jsonl`` (temp name, then rename); returns the count."""
@@ -192,33 +201,86 @@ def run(job_dir: str) -> int:
     """Run the job in ``job_dir``; returns the exit code (also written to ``exit_code``)."""
     job_dir = os.path.abspath(job_dir)
     events = EventWriter(os.path.join(job_dir, "events.jsonl"))
+    job, trainer, code = _prepare(job_dir, events)
+    if trainer is None:
+        return code
+    return _guarded(job_dir, events, lambda: _train_or_lead(job, events, trainer))
+
+
+def run_rank(job_dir: str, plan: Dict[str, Any]) -> None:
+    """One process of a data-parallel run (``potato/training/data_parallel.py`` starts it).
+
+    Writes its events and exit code under ``ranks/<rank>/``; the leader merges
+    them. Exits with the worker's codes (0, 1, 3, 4, 143).
+    """
+    from potato.training.predictions import rank_dir
+
+    rank = int(os.environ["RANK"])
+    own_dir = rank_dir(job_dir, rank)
+    os.makedirs(own_dir, exist_ok=True)
+    events = EventWriter(os.path.join(own_dir, "events.jsonl"))
+    job, trainer, code = _prepare(job_dir, events, exit_dir=own_dir, num_threads=plan["threads"], announce=False)
+    if trainer is None:
+        sys.exit(code)
+
+    def train() -> Outcome:
+        from potato.training.process_group import DataParallelGroup
+
+        job.device, job.device_name = plan["devices"][rank], plan["names"][rank]
+        job.group = DataParallelGroup(plan["backend"], job.device)
+        try:
+            _started(job, events)
+            trainer.train(job, events)
+        finally:
+            job.group.close()
+        if events.cancelled:
+            raise Cancelled("Cancelled")
+        return SUCCEEDED
+
+    code = _guarded(own_dir, events, train)
+    if code:
+        sys.exit(code)
+
+
+Outcome = Tuple[int, str, Optional[str]]  # (exit code, status of the done event, its error)
+SUCCEEDED = (EXIT_SUCCEEDED, "succeeded", None)  # type: Outcome
+
+
+def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
+             num_threads: Optional[int] = None, announce: bool = True) -> Tuple[Any, Any, int]:
+    """Read the job, arm SIGTERM and the memory watchdog, set threads, import the trainer.
+
+    Returns ``(job, trainer module, 0)``, or ``(job, None, exit code)`` after
+    writing ``done`` and ``exit_code`` into ``exit_dir`` (default ``job_dir``).
+    """
+    exit_dir = exit_dir or job_dir
 
     def on_sigterm(signum: int, frame: Any) -> None:
         events.request_cancel()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-
     try:
         job = read_job(job_dir)
     except Exception as exc:
-        return _finish(job_dir, events, EXIT_FAILED, "failed", "Could not read job.json: {}".format(_one_line(exc)))
-
+        return None, None, _finish(exit_dir, events, EXIT_FAILED, "failed",
+                                   "Could not read job.json: {}".format(_one_line(exc)))
     if job.max_ram_mb:
-        _start_watchdog(job_dir, events, float(job.max_ram_mb))
-    apply_num_threads(job.num_threads)
+        _start_watchdog(exit_dir, events, float(job.max_ram_mb))
+    num_threads = num_threads or job.num_threads
+    apply_num_threads(num_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from potato.trainers import TRAINERS
 
     module_name = TRAINERS.get(job.trainer)
     if module_name is None:
-        return _finish(
-            job_dir, events, EXIT_FAILED, "failed",
+        return job, None, _finish(
+            exit_dir, events, EXIT_FAILED, "failed",
             "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(TRAINERS))),
         )
     tried = module_name
-    # Said at once: importing torch and friends takes seconds, and silence counts against the heartbeat.
-    events.log("Loading trainer {!r} and its packages".format(job.trainer))
+    if announce:  # at once: importing torch and friends takes seconds, and silence counts against the heartbeat
+        events.log("Loading trainer {!r} and its packages".format(job.trainer))
     try:
         trainer = importlib.import_module(module_name)
         for tried in getattr(trainer, "REQUIRED_MODULES", ()):
@@ -226,59 +288,91 @@ def run(job_dir: str) -> int:
     except ImportError as exc:
         message = import_error_message(job.trainer, exc, tried)
         events.log("{}: {}".format(message, _one_line(exc)), level="error")
-        return _finish(job_dir, events, EXIT_IMPORT, "failed", message)
+        return job, None, _finish(exit_dir, events, EXIT_IMPORT, "failed", message)
     except Exception as exc:  # a package that is there but breaks on import (e.g. a CUDA mismatch)
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         events.log(tb.rstrip(), level="error")
-        return _finish(
-            job_dir, events, EXIT_IMPORT, "failed",
+        return job, None, _finish(
+            exit_dir, events, EXIT_IMPORT, "failed",
             "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
         )
+    if num_threads:
+        import torch
 
+        torch.set_num_threads(int(num_threads))  # once, before any work
+    return job, trainer, 0
+
+
+def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
+    """Train in this process, or lead a data-parallel run when the job has several devices."""
+    from potato.training.data_parallel import PlanError, check_processes, lead, plan_processes
+    from potato.training.device import choose_device, usable_cuda_devices
+
+    choice = choose_device(job.device_setting, job.num_threads)
+    problem = check_processes(job.processes)
+    if problem:
+        raise TrainerFailure("Job: " + problem)
     try:
-        from potato.training.device import choose_device
-
-        choice = choose_device(job.device_setting, job.num_threads)
-        job.device, job.device_name = choice.device, choice.name
-        if job.num_threads:
-            import torch
-
-            torch.set_num_threads(int(job.num_threads))
-        events.emit(
-            "started",
-            pid=os.getpid(),
-            python=".".join(str(v) for v in sys.version_info[:3]),
-            device=job.device,
-            device_name=job.device_name,
-            trainer=job.trainer,
-            schemas=job.schemas,
-        )
-        if choice.warning:
-            events.log(choice.warning, level="warning")
-
+        cuda = usable_cuda_devices() if choice.device.startswith("cuda") else []
+        plan = plan_processes(job.processes, choice.device, choice.name, cuda, job.num_threads)
+    except PlanError as exc:
+        raise TrainerFailure(str(exc))
+    if plan.size > 1:
         problems = trainer.check_options(job.options)
         if problems:
             raise TrainerFailure("Trainer options: " + "; ".join(problems))
-        events.check_cancelled()
-        trainer.train(job, events)
-        if events.cancelled:
-            raise Cancelled("Cancelled")
+        for warning in (choice.warning, plan.warning):
+            if warning:
+                events.log(warning, level="warning")
+        return lead(job, events, plan, run_rank)
+
+    job.device, job.device_name = choice.device, choice.name
+    _started(job, events)
+    for warning in (choice.warning, plan.warning):
+        if warning:
+            events.log(warning, level="warning")
+    problems = trainer.check_options(job.options)
+    if problems:
+        raise TrainerFailure("Trainer options: " + "; ".join(problems))
+    events.check_cancelled()
+    trainer.train(job, events)
+    if events.cancelled:
+        raise Cancelled("Cancelled")
+    return SUCCEEDED
+
+
+def _started(job: Job, events: EventWriter) -> None:
+    events.emit(
+        "started",
+        pid=os.getpid(),
+        python=".".join(str(v) for v in sys.version_info[:3]),
+        device=job.device,
+        device_name=job.device_name,
+        trainer=job.trainer,
+        schemas=job.schemas,
+    )
+
+
+def _guarded(exit_dir: str, events: EventWriter, body: Callable[[], Outcome]) -> int:
+    """Run ``body``; write its outcome, or the failure or cancel it raised, as ``done`` and ``exit_code``."""
+    try:
+        code, status, error = body()
     except Cancelled:
         events.log("Stopped on SIGTERM", level="warning")
-        return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
     except TrainerFailure as exc:
         if events.cancelled:
-            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
-        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+            return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        return _finish(exit_dir, events, EXIT_FAILED, "failed", _one_line(exc))
     except Exception as exc:
         if events.cancelled:
-            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+            return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         events.log(tb.rstrip(), level="error")
-        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
-    return _finish(job_dir, events, EXIT_SUCCEEDED, "succeeded", None)
+        return _finish(exit_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+    return _finish(exit_dir, events, code, status, error)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
