@@ -96,7 +96,8 @@ def describe_devices(names: Sequence[str]) -> str:
     return ", ".join(names)
 
 
-def lead(job: Any, events: Any, plan: Plan, entry: Callable[[str, Dict[str, Any]], None]) -> Tuple[int, str, Optional[str]]:
+def lead(job: Any, events: Any, plan: Plan,
+         entry: Callable[[str, Dict[str, Any]], None]) -> Tuple[int, str, Optional[str]]:
     """Start ``plan.size`` processes running ``entry(job_dir, plan)``; merge their events.
 
     Returns the run's ``(exit code, status, error)``. SIGTERM (the backend's

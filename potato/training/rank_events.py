@@ -90,7 +90,8 @@ class RankEvents:
         kind = event.get("type")
         fields = {k: v for k, v in event.items() if k not in ("seq", "t", "type")}
         if kind == "progress" and fields.get("phase") == "predict":
-            self.predicting[(fields.get("schema"), rank)] = (int(fields.get("step") or 0), int(fields.get("total") or 0))
+            step, total = int(fields.get("step") or 0), int(fields.get("total") or 0)
+            self.predicting[(fields.get("schema"), rank)] = (step, total)
             mine = [v for (schema, _), v in self.predicting.items() if schema == fields.get("schema")]
             if len(mine) == self.size:
                 extra = {k: v for k, v in fields.items() if k not in ("phase", "step", "total")}

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.trainers import import_failure_message
@@ -82,17 +83,20 @@ class Job:
                 self._manifest = json.load(f)
         return self._manifest
 
+    @property
+    def items_path(self) -> str:
+        return os.path.join(self.bundle_dir, "items.jsonl")
+
     def iter_items(self) -> Iterator[Dict[str, Any]]:
         """The bundle's items (``items.jsonl``), in order, one at a time."""
-        path = os.path.join(self.bundle_dir, "items.jsonl")
-        with open(path, encoding="utf-8") as f:
+        with open(self.items_path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except ValueError as exc:
-                    raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
+                if line.strip():
+                    yield _parse_item(line, self.items_path, number)
+
+    def index_items(self) -> "ItemIndex":
+        """The bundle's items for a trainer that predicts many: see :class:`ItemIndex`."""
+        return ItemIndex(self.items_path)
 
     def read_items(self) -> List[Dict[str, Any]]:
         """The bundle's items (``items.jsonl``), in order."""
@@ -107,6 +111,67 @@ class Job:
     def write_scores(self, scores: Dict[str, Any]) -> None:
         """Write ``scores.json`` (temp name, then rename)."""
         write_atomic(os.path.join(self.dir, "scores.json"), json.dumps(scores, indent=1, sort_keys=True) + "\n")
+
+
+def _parse_item(line: Any, path: str, number: int) -> Dict[str, Any]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
+    if not isinstance(item, dict):
+        raise TrainerFailure("{} line {} is not a JSON object".format(path, number))
+    return item
+
+
+class ItemIndex:
+    """The bundle's items, with only the labelled ones in memory; the others are read back when needed.
+
+    A run that predicts 100 000 unlabelled items must not hold them all: the
+    index keeps, per item, where its line starts and its text's length (12
+    bytes), and the labelled items whole (``labelled``: position -> item).
+    :meth:`read` returns any item's ``(id, text)``, from memory or from its line.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offsets = array("q")
+        self.text_lengths = array("i")
+        self.labelled = {}  # type: Dict[int, Dict[str, Any]]
+        with open(path, "rb") as f:
+            offset, number = 0, 0
+            for line in f:
+                number += 1
+                if line.strip():
+                    item = _parse_item(line, path, number)
+                    labels = item.get("labels")
+                    if isinstance(labels, dict) and labels:
+                        self.labelled[len(self.offsets)] = item
+                    self.offsets.append(offset)
+                    self.text_lengths.append(len(_text(item)))
+                offset += len(line)
+        self._file = open(path, "rb")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def labels(self, position: int) -> Dict[str, Any]:
+        item = self.labelled.get(position)
+        return item["labels"] if item is not None else {}
+
+    def read(self, position: int) -> Tuple[Any, str]:
+        """``(id, text)`` of the item at ``position``."""
+        item = self.labelled.get(position)
+        if item is None:
+            self._file.seek(self.offsets[position])
+            item = json.loads(self._file.readline())
+        return item.get("id"), _text(item)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _text(item: Dict[str, Any]) -> str:
+    return str(item.get("text") or "")
 
 
 def read_job(job_dir: str) -> Job:

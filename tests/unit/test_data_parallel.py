@@ -40,15 +40,15 @@ def test_length_grouped_batches_cover_every_item_once_pad_little_and_stay_random
 def test_token_budget_batches_put_short_texts_in_large_batches():
     lengths = {0: 200, 1: 200, 2: 100, 3: 10, 4: 10, 5: 10, 6: 10, 7: 10}
     order = sorted(lengths, key=lengths.get, reverse=True)
-    assert hf.token_budget_batches(order, lengths, budget=400, max_rows=4) == [[0, 1], [2, 3, 4, 5], [6, 7]]
-    assert hf.token_budget_batches([0], {0: 5000}, budget=400, max_rows=4) == [[0]]  # one text over budget
-    assert hf.token_budget_batches([], {}, budget=400, max_rows=4) == []
+    assert hf.token_budget_batches(order, lengths.get, budget=400, max_rows=4) == [[0, 1], [2, 3, 4, 5], [6, 7]]
+    assert hf.token_budget_batches([0], {0: 5000}.get, budget=400, max_rows=4) == [[0]]  # one text over budget
+    assert hf.token_budget_batches([], {}.get, budget=400, max_rows=4) == []
 
 
 def test_estimated_tokens_are_capped_at_max_length():
-    assert hf.estimated_tokens("", 256) == 2
-    assert hf.estimated_tokens("x" * 400, 256) == 102
-    assert hf.estimated_tokens("x" * 4000, 256) == 256
+    assert hf.estimated_tokens(0, 256) == 2
+    assert hf.estimated_tokens(400, 256) == 102
+    assert hf.estimated_tokens(4000, 256) == 256
 
 
 # -- the plan ----------------------------------------------------------------------
@@ -233,6 +233,23 @@ def test_the_ranks_parts_are_joined_in_rank_order(tmp_path):
     lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["a", "c", "b"]
     assert not list(tmp_path.glob("ranks/*/predictions.part"))
+
+
+def test_the_item_index_keeps_labelled_items_and_reads_the_others_back(tmp_path):
+    from potato.training.worker import ItemIndex
+
+    path = tmp_path / "items.jsonl"
+    rows = [{"id": "a", "text": "Great", "labels": {"s": "pos"}, "holdout": True},
+            {"id": "b", "text": "ünïcode text, read back by its offset", "labels": {}},
+            {"id": "c", "text": None, "labels": {}}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" + ("\n" if k == 0 else "")
+                            for k, r in enumerate(rows)), encoding="utf-8")
+    index = ItemIndex(str(path))
+    assert len(index) == 3 and list(index.labelled) == [0]
+    assert [index.read(i) for i in (2, 1, 0)] == [("c", ""), ("b", rows[1]["text"]), ("a", "Great")]
+    assert list(index.text_lengths) == [5, len(rows[1]["text"]), 0]
+    assert index.labels(0) == {"s": "pos"} and index.labels(1) == {}
+    index.close()
 
 
 def test_a_job_without_processes_reads_as_one_process(tmp_path):
