@@ -84,9 +84,17 @@ def plan_processes(processes: Any, device: str, device_name: str, cuda: Sequence
     if device == "mps":
         return single._replace(warning="Apple Metal trains in one process; processes: {} is ignored".format(processes))
     n = int(processes)
-    each = max(1, (threads or os.cpu_count() or 1) // n)
+    each = max(1, (threads or available_cpus()) // n)
     name = "CPU ({} thread{})".format(each, "" if each == 1 else "s")
     return Plan(n, ["cpu"] * n, [name] * n, "gloo", each)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: a SLURM job's or a taskset's share, not the whole machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS has no sched_getaffinity
+        return os.cpu_count() or 1
 
 
 def describe_devices(names: Sequence[str]) -> str:
