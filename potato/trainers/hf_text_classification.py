@@ -57,9 +57,12 @@ DEFAULT_OPTIONS = {
 DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
 FULL_LEARNING_RATE = 5e-5
 LORA_LEARNING_RATE = 2e-3
-# Training batches are sorted by length within groups of this many batches (as transformers'
-# LengthGroupedSampler's megabatches): enough to find similar lengths, few enough to stay random.
-GROUP_BATCHES = 50
+# Training batches are sorted by length within random groups of this many batches. transformers'
+# LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on
+# bench/trainer_throughput.py's 400 reviews (LoRA, seeds 42/1/2), groups of 50 scored 0.953/0.967/0.969
+# on the holdout, groups of 8 0.964/0.975/0.968 (the Trainer: 0.968 at seed 42), keeping 2.6x of the
+# 3.2x fewer padded tokens.
+GROUP_BATCHES = 8
 # Prediction batches: at most this many padded tokens and rows, per kind of device.
 PREDICT_BUDGET = {"cpu": (4096, 256), "cuda": (65536, 1024)}
 
@@ -389,8 +392,6 @@ def train(job: Any, events: Any) -> None:
             raise TrainerFailure(
                 "Schema {!r} is not in the bundle; it has: {}".format(schema, ", ".join(all_schemas) or "none")
             )
-    items = job.index_items()
-
     tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=offline)
     limit = _model_max_length(tokenizer, AutoConfig.from_pretrained(load_from, local_files_only=offline))
     if limit is not None and opts["max_length"] > limit:
@@ -398,6 +399,7 @@ def train(job: Any, events: Any) -> None:
             events.log("max_length {} is more than the model takes; using its {}".format(opts["max_length"], limit),
                        level="warning")
         opts["max_length"] = limit
+    items = job.index_items()
     say(
         "Model {} ({}); {} items; options: epochs={}, learning_rate={:g}, batch_size={}, max_length={}, seed={}, "
         "on {}, {}".format(

@@ -262,6 +262,10 @@ def _one_line(exc: BaseException) -> str:
     return "{}: {}".format(type(exc).__name__, first) if first else type(exc).__name__
 
 
+Outcome = Tuple[int, str, Optional[str]]  # (exit code, status of the done event, its error)
+SUCCEEDED = (EXIT_SUCCEEDED, "succeeded", None)  # type: Outcome
+
+
 def run(job_dir: str) -> int:
     """Run the job in ``job_dir``; returns the exit code (also written to ``exit_code``)."""
     job_dir = os.path.abspath(job_dir)
@@ -305,10 +309,6 @@ def run_rank(job_dir: str, plan: Dict[str, Any]) -> None:
     code = _guarded(own_dir, events, train)
     if code:
         sys.exit(code)
-
-
-Outcome = Tuple[int, str, Optional[str]]  # (exit code, status of the done event, its error)
-SUCCEEDED = (EXIT_SUCCEEDED, "succeeded", None)  # type: Outcome
 
 
 def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
@@ -383,23 +383,17 @@ def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
         plan = plan_processes(job.processes, choice.device, choice.name, cuda, job.num_threads)
     except PlanError as exc:
         raise TrainerFailure(str(exc))
-    if plan.size > 1:
-        problems = trainer.check_options(job.options)
-        if problems:
-            raise TrainerFailure("Trainer options: " + "; ".join(problems))
-        for warning in (choice.warning, plan.warning):
-            if warning:
-                events.log(warning, level="warning")
-        return lead(job, events, plan, run_rank)
-
-    job.device, job.device_name = choice.device, choice.name
-    _started(job, events)
+    if plan.size == 1:  # a data-parallel run's started event comes when all its processes have started
+        job.device, job.device_name = choice.device, choice.name
+        _started(job, events)
     for warning in (choice.warning, plan.warning):
         if warning:
             events.log(warning, level="warning")
     problems = trainer.check_options(job.options)
     if problems:
         raise TrainerFailure("Trainer options: " + "; ".join(problems))
+    if plan.size > 1:
+        return lead(job, events, plan, run_rank)
     events.check_cancelled()
     trainer.train(job, events)
     if events.cancelled:
