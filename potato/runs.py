@@ -67,8 +67,15 @@ def create_run(
     schemas: list[str] | None = None,
     backend: str | None = None,
     options: dict | None = None,
-) -> Run:
-    """Queue a run after checking trainer, schemas and backend against the config."""
+    trigger: str = "manual",
+    annotation_count: int | None = None,
+    only_when_idle: bool = False,
+) -> Run | None:
+    """Queue a run after checking trainer, schemas and backend against the config.
+
+    *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
+    (None when *only_when_idle* and a run is queued or running).
+    """
     from potato.trainers import TRAINERS
 
     trainer = trainer or DEFAULT_TRAINER
@@ -85,8 +92,10 @@ def create_run(
             raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
-    run = store.create_run(trainer, list(schemas), backend, options or {})
-    run_dir(config, run.id).mkdir(parents=True, exist_ok=True)
+    run = store.create_run(trainer, list(schemas), backend, options or {}, trigger=trigger,
+                           annotation_count=annotation_count, only_when_idle=only_when_idle)
+    if run is not None:
+        run_dir(config, run.id).mkdir(parents=True, exist_ok=True)
     return run
 
 

@@ -41,6 +41,12 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 
 STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+
+# What started a run: the Training page, the admin API or the CLI (``manual``),
+# the auto-retrain watcher (``auto``). New starters append a value here.
+MANUAL = "manual"
+AUTO = "auto"
+TRIGGERS = (MANUAL, AUTO)
 END_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({RUNNING})
 
@@ -57,7 +63,7 @@ RUN_COLUMNS = (
     "progress_text", "options", "created_at", "started_at", "finished_at",
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
-    "flow_pid", "worker_pid",
+    "flow_pid", "worker_pid", "trigger", "annotation_count",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -114,6 +120,13 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN flow_pid INTEGER;
     ALTER TABLE runs ADD COLUMN worker_pid INTEGER;
     """,
+    # 4: what started each run, and for auto runs the annotation count that
+    # triggered it: the next auto run counts new annotations from there, so a
+    # restart neither loses nor repeats a trigger (potato/auto_retrain.py).
+    """
+    ALTER TABLE runs ADD COLUMN trigger TEXT NOT NULL DEFAULT 'manual';
+    ALTER TABLE runs ADD COLUMN annotation_count INTEGER;
+    """,
 )
 
 
@@ -144,6 +157,8 @@ class Run:
     run_token_hash: str | None = None
     flow_pid: int | None = None
     worker_pid: int | None = None
+    trigger: str = MANUAL
+    annotation_count: int | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -220,6 +235,8 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
         )
     if "state" in fields and fields["state"] not in STATES:
         raise StoreError(f"Unknown run state {fields['state']!r}; valid states: {', '.join(STATES)}")
+    if "trigger" in fields and fields["trigger"] not in TRIGGERS:
+        raise StoreError(f"Unknown run trigger {fields['trigger']!r}; valid triggers: {', '.join(TRIGGERS)}")
 
 
 class Store:
@@ -329,16 +346,39 @@ class Store:
     # -- runs --------------------------------------------------------------
 
     def create_run(self, trainer: str, schemas: Sequence[str], backend: str,
-                   options: Mapping[str, Any] | None = None) -> Run:
-        """Add a run in state ``queued`` and return it."""
+                   options: Mapping[str, Any] | None = None, *, trigger: str = MANUAL,
+                   annotation_count: int | None = None, only_when_idle: bool = False) -> Run | None:
+        """Add a run in state ``queued`` and return it.
+
+        *trigger* says what started it (``TRIGGERS``). With *only_when_idle*
+        nothing is added, and None returned, while a run is queued or running:
+        decided inside the write lock, so two watchers never queue two runs.
+        """
+        _check_fields({"trigger": trigger})
         with self._write() as conn:
+            if only_when_idle and conn.execute(
+                "SELECT 1 FROM runs WHERE state IN (?, ?) LIMIT 1", (QUEUED, RUNNING)
+            ).fetchone():
+                return None
             cursor = conn.execute(
-                "INSERT INTO runs (trainer, schemas, backend, state, options, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs (trainer, schemas, backend, state, options, created_at, trigger,"
+                " annotation_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (trainer, json.dumps(list(schemas)), backend, QUEUED,
-                 json.dumps(dict(options or {}), sort_keys=True), time.time()),
+                 json.dumps(dict(options or {}), sort_keys=True), time.time(), trigger, annotation_count),
             )
             return self._get(conn, cursor.lastrowid)
+
+    def latest_run(self, trigger: str | None = None) -> Run | None:
+        """The newest run (started by *trigger*, if given), or None."""
+        sql, args = "SELECT * FROM runs", ()
+        if trigger is not None:
+            sql, args = sql + " WHERE trigger = ?", (trigger,)
+        row = self._conn().execute(sql + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        return None if row is None else _row_to_run(row)
+
+    def last_finished_at(self) -> float | None:
+        """When the most recently ended run ended (None before any run ended)."""
+        return self._conn().execute("SELECT max(finished_at) FROM runs").fetchone()[0]
 
     def _get(self, conn: sqlite3.Connection, run_id: int) -> Run:
         row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
