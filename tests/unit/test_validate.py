@@ -131,7 +131,7 @@ ERROR_CASES = {
         f"model_training.backend is 'gpu-servr', which names no backend; the backends are: "
         f"{BACKENDS}; did you mean `gpu-server`?"),
     "auto_retrain backend names no backend": (
-        _mt("auto_retrain", {"enabled": True, "backend": "elsewhere", "every_n_labels": 50}),
+        _mt("auto_retrain", {"enabled": True, "schemas": ["sentiment"], "backend": "elsewhere"}),
         "model_training.auto_retrain.backend",
         f"model_training.auto_retrain.backend is 'elsewhere', which names no backend; the backends "
         f"are: {BACKENDS}"),
@@ -178,9 +178,9 @@ ERROR_CASES = {
         f"{B}.gpu-server.env is {{'OMP_NUM_THREADS': 1}}; use a mapping of names to strings "
         "(quote numbers), e.g. PATH: /opt/bin:/usr/bin"),
     "device": (
-        _mt("device", "gpu"),
+        _mt("device", "tpu"),
         "model_training.device",
-        "model_training.device is 'gpu'; use auto, cpu, cuda, cuda:N (e.g. cuda:1) or mps"),
+        "model_training.device is 'tpu'; use auto, cpu, gpu, cuda, cuda:N (e.g. cuda:1) or mps"),
     "unknown type": (
         _set("gpu-server", "type", "sshh"),
         f"{B}.gpu-server.type",
@@ -289,7 +289,8 @@ def test_unknown_model_training_key_is_a_warning_with_did_you_mean(tmp_path):
         "model_training.max_wall_second is not a key of model_training; did you mean "
         "`max_wall_seconds`? Accepted keys: enabled, backend, max_wall_seconds, grace_seconds, "
         "heartbeat_timeout_s, device, num_threads, max_ram_mb, max_predictions_mb, "
-        "holdout_fraction, writeback, auto_retrain, backends, trainers, prefect_deployment")),)
+        "holdout_fraction, splits, split_seed, aggregation, retain_runs, writeback, auto_retrain, "
+        "backends, trainers, prefect_deployment")),)
 
 
 def test_long_slurm_time_warns_word_for_word(tmp_path):
