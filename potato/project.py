@@ -43,6 +43,7 @@ machines and must not carry files the project does not own. URLs are left alone.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import hashlib
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from potato.config import ProjectConfig, Scheme
+from potato.config import ProjectConfig, Scheme, data_directory_files
 from potato.errors import ProjectDataError
 
 BUNDLE_FORMAT = 1
@@ -119,6 +120,8 @@ class Votes:
     users: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     skipped_annotations: int = 0
+    # Each annotator's own votes, same shape (``read_votes(..., per_user=True)``; consensus needs them).
+    by_user: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     def counts(self, schema: str, item_id: str) -> list[int]:
         return unpack_counts(self.votes[schema].get(item_id, 0), len(self.schemes[schema]))
@@ -170,6 +173,7 @@ class BundleInfo:
     labeled: dict[str, int]
     holdout: dict[str, int]
     ties: dict[str, int]
+    label_counts: dict[str, dict[str, int]]
     users: tuple[str, ...]
     media_files: int
     unknown_item_labels: int
@@ -179,8 +183,12 @@ class BundleInfo:
 
 def describe_bundle(info: BundleInfo) -> str:
     """One line for the run log: what the run trains on."""
+    def labels(schema: str) -> str:
+        return ", ".join(f"{label} {n}" for label, n in info.label_counts.get(schema, {}).items())
+
     per_schema = "; ".join(
-        f"{schema}: {count} labelled ({info.holdout.get(schema, 0)} held out, {info.ties.get(schema, 0)} ties)"
+        f"{schema}: {count} labelled ({labels(schema)}; {info.holdout.get(schema, 0)} held out, "
+        f"{info.ties.get(schema, 0)} ties)"
         for schema, count in info.labeled.items()
     )
     annotators = f"{len(info.users)} annotator{'s' if len(info.users) != 1 else ''}"
@@ -201,9 +209,15 @@ def show_path(path: Path, base: Path | None) -> str:
 
 
 def _item_from_record(
-    record: Any, id_key: str, text_key: str, path: Path, line: int, shown: str
-) -> Item:
+    record: Any, id_key: str, text_key: str, path: Path, line: int, shown: str,
+    skipped: _Grouped | None = None,
+) -> Item | None:
+    """The item in *record*; with *skipped* (a data_directory file), a bad record is
+    skipped (None) and counted there instead of raising, as Potato 2.12 does."""
     if not isinstance(record, dict):
+        if skipped is not None:
+            skipped.add((shown, "line(s) {listed} hold no JSON object; skipped"), line)
+            return None
         raise ProjectDataError(
             f"{shown} line {line}: expected a JSON object per item, got "
             f"{type(record).__name__}; write one object per line, e.g. "
@@ -211,17 +225,26 @@ def _item_from_record(
         )
     item_id = record.get(id_key)
     if item_id is None or item_id == "":
+        if skipped is not None:
+            skipped.add((shown, f"the item(s) at line(s) {{listed}} have no {id_key!r} field "
+                         "(item_properties.id_key); skipped"), line)
+            return None
         raise ProjectDataError(
             f"{shown} line {line}: the item has no {id_key!r} field "
             f"(item_properties.id_key); its fields are {sorted(record)!r}. Add the id, "
             f"or set item_properties.id_key to the field that holds it"
         )
     if text_key not in record or record[text_key] is None:
-        raise ProjectDataError(
-            f"{shown} line {line}: item {str(item_id)!r} has no {text_key!r} field "
-            f"(item_properties.text_key); its fields are {sorted(record)!r}. Add the text, "
-            f"or set item_properties.text_key to the field that holds it"
-        )
+        if skipped is None:
+            raise ProjectDataError(
+                f"{shown} line {line}: item {str(item_id)!r} has no {text_key!r} field "
+                f"(item_properties.text_key); its fields are {sorted(record)!r}. Add the text, "
+                f"or set item_properties.text_key to the field that holds it"
+            )
+        # Potato 2.12 serves such an item with an empty text; it trains as one too.
+        skipped.add((shown, f"item(s) {{listed}} have no {text_key!r} field; they train with an empty "
+                     "text"), str(item_id))
+        record = {**record, text_key: ""}
     text = record[text_key]
     if not isinstance(text, str):
         # Potato displays non-string text (numbers, lists) via str(); do the same.
@@ -323,7 +346,10 @@ def _read_json_array(handle: io.TextIOBase, path: Path, shown: str) -> Iterator[
 
 
 def _read_table(handle: io.TextIOBase, path: Path, shown: str, delimiter: str) -> Iterator[tuple[int, Any]]:
-    reader = csv.DictReader(handle, delimiter=delimiter)
+    # TSV has no quoting (IANA text/tab-separated-values): a '"' is text, as in
+    # Potato 2.12's parser. A short row gets "" for its missing cells.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.DictReader(handle, delimiter=delimiter, quoting=quoting, restval="")
     if reader.fieldnames is None:
         return
     try:
@@ -353,15 +379,19 @@ def _file_kind(path: Path, handle: io.TextIOBase) -> str:
     return "array" if stripped.startswith("[") else "jsonl"
 
 
-def read_items_file(path: Path, id_key: str, text_key: str, base: Path | None = None) -> Iterator[Item]:
+def read_items_file(path: Path, id_key: str, text_key: str, base: Path | None = None, *,
+                    encoding: str = "utf-8", skipped: _Grouped | None = None) -> Iterator[Item]:
     """Yield the items of one data file, streaming.
 
     Raises ``ProjectDataError`` naming the file (relative to *base*) and line
-    for unreadable files, malformed JSON and missing id/text fields.
+    for unreadable files, malformed JSON and missing id/text fields; with
+    *skipped*, records without an id are skipped and counted there instead.
     """
     shown = show_path(path, base)
+    # utf-8-sig: a byte order mark at the start is not part of the first item.
+    codec = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
     try:
-        handle = open(path, "r", encoding="utf-8-sig", newline="")
+        handle = open(path, "r", encoding=codec, newline="")
     except OSError as exc:
         raise ProjectDataError(
             f"{shown}: cannot read the data file: {exc.strerror}. Check data_files in the config"
@@ -378,15 +408,32 @@ def read_items_file(path: Path, id_key: str, text_key: str, base: Path | None = 
             else:
                 records = _read_json_lines(handle, path, shown)
             for line, record in records:
-                yield _item_from_record(record, id_key, text_key, path, line, shown)
+                item = _item_from_record(record, id_key, text_key, path, line, shown, skipped)
+                if item is not None:
+                    yield item
         except UnicodeDecodeError as exc:
-            raise ProjectDataError(f"{shown}: not UTF-8 text ({exc.reason}); save it as UTF-8") from exc
+            name = "UTF-8" if codec == "utf-8-sig" else encoding
+            raise ProjectDataError(
+                f"{shown}: not {name} text ({exc.reason}); save it as {name}, or name its encoding "
+                "in the config (data_files: [{path: ..., encoding: latin-1}])"
+            ) from exc
 
 
-def iter_items(config: ProjectConfig) -> Iterator[Item]:
-    """Yield every item of ``config.data_files`` in order (no duplicate check)."""
+def iter_items(config: ProjectConfig, skipped: _Grouped | None = None) -> Iterator[Item]:
+    """Yield every item of ``config.data_files``, then of ``config.data_directory``, in order.
+
+    No duplicate check. A data_directory file is read as Potato 2.12 reads it
+    (``potato.config.data_directory_files``): its bad records are skipped and
+    counted in *skipped* rather than stopping the run.
+    """
     for path in config.data_files:
-        yield from read_items_file(Path(path), config.id_key, config.text_key, config.task_dir)
+        encoding = config.data_file_encodings.get(path, "utf-8")
+        yield from read_items_file(Path(path), config.id_key, config.text_key, config.task_dir, encoding=encoding)
+    if config.data_directory is not None:
+        skipped = _Grouped() if skipped is None else skipped
+        for path in data_directory_files(config.data_directory):
+            yield from read_items_file(path, config.id_key, config.text_key, config.task_dir,
+                                       encoding=config.data_directory_encoding, skipped=skipped)
 
 
 def _find_first(config: ProjectConfig, item_id: str) -> Item | None:
@@ -397,17 +444,25 @@ def _find_first(config: ProjectConfig, item_id: str) -> Item | None:
     return None
 
 
-def read_items(config: ProjectConfig) -> Iterator[Item]:
+def read_items(config: ProjectConfig, skipped: _Grouped | None = None) -> Iterator[Item]:
     """Yield every item once, in data-file order; raise on a duplicate id.
 
     Keeps only a set of ids seen (the first occurrence is found again by
-    re-reading when a duplicate turns up).
+    re-reading when a duplicate turns up). In a data_directory file a
+    duplicate is skipped and counted in *skipped* instead: Potato 2.12 keeps
+    the first and serves the server it is running.
     """
     seen: set[str] = set()
-    for item in iter_items(config):
+    directory = config.data_directory
+    skipped = _Grouped() if skipped is None else skipped
+    for item in iter_items(config, skipped):
         if item.id in seen:
-            first = _find_first(config, item.id)
             here = f"{show_path(item.file, config.task_dir)} line {item.line}"
+            if directory is not None and item.file.parent == directory:
+                skipped.add((show_path(item.file, config.task_dir), "item(s) {listed} repeat an id read "
+                             "before; skipped (the first was kept)"), item.id)
+                continue
+            first = _find_first(config, item.id)
             there = (
                 f"{show_path(first.file, config.task_dir)} line {first.line}" if first else "an earlier line"
             )
@@ -676,17 +731,47 @@ def read_user_state_labels(path: Path, chunk: int = 1 << 20) -> Iterator[tuple[s
             raise UserStateError(f"not valid JSON: extra data after the object at {stream.where()}")
 
 
+# The members of user_state.json whose keys are items an annotator annotated
+# (Potato 2.12's UserState.get_all_annotations: labels, spans, links, events).
+_ANNOTATED_KEYS = ("instance_id_to_label_to_value", "instance_id_to_span_to_value",
+                   "instance_id_to_link_to_value", "instance_id_to_event_to_value")
+
+
+def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
+    """How many items one annotator annotated, counted as Potato 2.12 counts for ``auto_retrain``.
+
+    2.12's ``maybe_auto_retrain`` sums ``len(get_all_annotations())`` over
+    users: the items with an entry in any of ``_ANNOTATED_KEYS``. Streams the
+    file (values are walked, not kept). Raises ``UserStateError``, ``OSError``
+    or ``UnicodeDecodeError`` for a file that cannot be read.
+    """
+    annotated: set[str] = set()
+    with open(path, "r", encoding="utf-8") as handle:
+        stream = _JsonStream(handle, chunk)
+        if stream.peek() != "{":
+            raise UserStateError("expected a JSON object at the top")
+        for key, member in stream.members():
+            if key in _ANNOTATED_KEYS and member.peek() == "{":
+                annotated.update(item_id for item_id, _ in _decoded_members(member))
+            else:
+                member.value()
+    return len(annotated)
+
+
 def read_votes(
     annotation_dir: Path,
     schemes: Sequence[Scheme],
     base: Path | None = None,
+    *,
+    per_user: bool = False,
 ) -> Votes:
     """Read every annotator's votes for *schemes* from ``user_state.json`` files.
 
     Never raises on a bad file: an unparseable or oddly shaped file is skipped
     with a warning (path and reason), a label not among its schema's labels is
     skipped with a warning (file, item, schema, label). Labels for schemas not
-    in *schemes* are ignored (they are not being trained).
+    in *schemes* are ignored (they are not being trained). With *per_user*,
+    ``by_user`` keeps each annotator's votes too (more memory; for consensus).
     """
     index = {s.name: {label: i for i, label in enumerate(s.labels)} for s in schemes}
     result = Votes(schemes={s.name: tuple(s.labels) for s in schemes}, votes={s.name: {} for s in schemes})
@@ -723,6 +808,8 @@ def read_votes(
             result.warnings.append(f"{shown}: skipped, {exc}")
             continue
         result.users.append(user)
+        if per_user:
+            result.by_user[user] = {schema: dict(per_item) for schema, per_item in staged.items()}
         for schema, per_item in staged.items():
             into = result.votes[schema]
             if not into:
@@ -789,6 +876,30 @@ def aggregate_votes(votes: Votes) -> Aggregated:
     return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
 
 
+def consensus_votes(votes: Votes) -> Aggregated:
+    """Dawid-Skene labels per schema (``potato.consensus``) from ``read_votes(..., per_user=True)``.
+
+    Each label an annotator selected is one observation (a multiselect item
+    gives several). With fewer than two annotators it is majority vote, as in
+    Potato 2.12.
+    """
+    from potato.consensus import dawid_skene
+
+    if len(votes.by_user) < 2:
+        return aggregate_votes(votes)
+    labels: dict[str, dict[str, int]] = {}
+    ties: dict[str, int] = {}
+    for schema, names in votes.schemes.items():
+        observations: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for user, per_schema in votes.by_user.items():
+            for item_id, packed in per_schema.get(schema, {}).items():
+                for index, count in enumerate(unpack_counts(packed, len(names))):
+                    if count:
+                        observations[item_id].append((user, index))
+        labels[schema], ties[schema] = dawid_skene(observations)
+    return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+
+
 # --------------------------------------------------------------------------- holdout
 
 
@@ -807,6 +918,39 @@ def is_holdout(item_id: str, fraction: float) -> bool:
 def split_holdout(item_ids: Iterable[str], fraction: float) -> set[str]:
     """The ids of *item_ids* that are held out (see ``is_holdout``)."""
     return {i for i in item_ids if is_holdout(i, fraction)}
+
+
+def split_of(item_id: str, splits: Mapping[str, float], seed: int) -> str:
+    """The split Potato 2.12 puts *item_id* in (its ``publish/preprocessing._partition_splits``).
+
+    ``sha256(f"{seed}:{id}")``'s first 8 hex digits over 0xFFFFFFFF fall in one
+    of the cumulative bands of *splits* (normalised, in the order given).
+    Same id, same split: on every run, backend and machine, and in 2.12.
+    """
+    total = sum(splits.values()) or 1.0
+    fraction = int(hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    bound = 0.0
+    for name, share in splits.items():
+        bound += share / total
+        if fraction <= bound:
+            return name
+    return name
+
+
+def holdout_rule(config: ProjectConfig, fraction: float | None = None) -> tuple[Callable[[str], bool], dict]:
+    """``(is this id held out?, how the manifest describes the split)`` for *config*.
+
+    Potato 2.12's ``splits``/``split_seed`` hold out its ``test`` split; else
+    ``holdout_fraction`` (or *fraction*, when given) does, by ``is_holdout``.
+    """
+    mt = config.model_training
+    if fraction is None and mt.splits is not None:
+        splits, seed = dict(mt.splits), mt.split_seed or 0
+        return (lambda item_id: split_of(item_id, splits, seed) == "test"), {"splits": splits, "split_seed": seed}
+    fraction = mt.holdout_fraction if fraction is None else fraction
+    if not 0 <= fraction < 1:
+        raise ProjectDataError(f"holdout_fraction must be at least 0 and below 1, got {fraction!r}")
+    return (lambda item_id: is_holdout(item_id, fraction)), {"holdout_fraction": fraction}
 
 
 # --------------------------------------------------------------------------- media
@@ -894,24 +1038,26 @@ def build_bundle(
     ``task_dir``. Label problems become warnings in the returned ``BundleInfo``.
     """
     schemes = _resolve_schemes(config, schemas)
-    fraction = config.model_training.holdout_fraction if holdout_fraction is None else holdout_fraction
-    if not 0 <= fraction < 1:
-        raise ProjectDataError(f"holdout_fraction must be at least 0 and below 1, got {fraction!r}")
+    held_out, split = holdout_rule(config, holdout_fraction)
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
     # A rebuilt bundle must not carry media an earlier build copied.
     shutil.rmtree(dest / "media", ignore_errors=True)
     base = config.task_dir
 
-    votes = read_votes(config.output_annotation_dir, schemes, base)
-    aggregated = aggregate_votes(votes)
+    consensus = config.model_training.aggregation == "consensus"
+    votes = read_votes(config.output_annotation_dir, schemes, base, per_user=consensus)
+    aggregated = consensus_votes(votes) if consensus else aggregate_votes(votes)
     votes.votes.clear()  # the aggregated labels are all we need from here
+    votes.by_user.clear()
     warnings = list(votes.warnings)
     label_maps = [(name, aggregated.labels[name], aggregated.schemes[name]) for name in aggregated.labels]
 
     names = [s.name for s in schemes]
     labeled = {n: 0 for n in names}
     holdout = {n: 0 for n in names}
+    per_label = {s.name: dict.fromkeys(s.labels, 0) for s in schemes}
+    skipped_items = _Grouped()
     n_items = 0
     copied: set[Path] = set()
     missing_media = _Grouped()
@@ -921,7 +1067,7 @@ def build_bundle(
     tmp_items = dest / "items.jsonl.tmp"
     with open(tmp_items, "w", encoding="utf-8", newline="\n") as out:
         write = out.write
-        for item in read_items(config):
+        for item in read_items(config, skipped_items):
             n_items += 1
             # pop: what is left afterwards are labels for ids the data lacks.
             item_labels = {}
@@ -931,9 +1077,10 @@ def build_bundle(
                     item_labels[name] = schema_labels[index]
             record: dict[str, Any] = {"id": item.id, "text": item.text}
             if item_labels:
-                held = is_holdout(item.id, fraction)
-                for schema in item_labels:
+                held = held_out(item.id)
+                for schema, label in item_labels.items():
                     labeled[schema] += 1
+                    per_label[schema][label] += 1
                     if held:
                         holdout[schema] += 1
                 record["labels"] = item_labels
@@ -963,6 +1110,7 @@ def build_bundle(
             f"are not in the data files and were ignored (e.g. {examples}); were items "
             f"removed from data_files, or ids changed?"
         )
+    warnings.extend(skipped_items.render(lambda key, listed: f"{key[0]}: " + key[1].replace("{listed}", listed)))
     warnings.extend(
         missing_media.render(
             lambda key, listed: (
@@ -977,13 +1125,15 @@ def build_bundle(
         "labeled": labeled,
         "holdout": holdout,
         "ties": {n: aggregated.ties[n] for n in names},
+        "labels": per_label,
     }
     manifest = {
         "format": BUNDLE_FORMAT,
         "schemas": {s.name: list(s.labels) for s in schemes},
         "id_key": config.id_key,
         "text_key": config.text_key,
-        "holdout_fraction": fraction,
+        **split,
+        "aggregation": config.model_training.aggregation,
         "counts": counts,
     }
     tmp_manifest = dest / "manifest.json.tmp"
@@ -996,6 +1146,7 @@ def build_bundle(
         labeled=labeled,
         holdout=holdout,
         ties=counts["ties"],
+        label_counts=per_label,
         users=tuple(votes.users),
         media_files=len(copied),
         unknown_item_labels=unknown_ids,

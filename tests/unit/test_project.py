@@ -457,7 +457,9 @@ def test_bundle_contents(tmp_path):
         "id_key": "id",
         "text_key": "text",
         "holdout_fraction": 0.0,
-        "counts": {"items": 5, "labeled": {"sentiment": 3}, "holdout": {"sentiment": 0}, "ties": {"sentiment": 1}},
+        "aggregation": "majority",
+        "counts": {"items": 5, "labeled": {"sentiment": 3}, "holdout": {"sentiment": 0}, "ties": {"sentiment": 1},
+                   "labels": {"sentiment": {"positive": 2, "negative": 1}}},
     }
     items = _items(tmp_path / "bundle" / "items.jsonl")
     assert [i["id"] for i in items] == ["r0", "r1", "r2", "r3", "r4"]
