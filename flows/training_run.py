@@ -113,7 +113,12 @@ def record_results_task(ctx: RunContext) -> dict:
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
-    summary = write_back(ctx.config, ctx.run_id, ctx.run_dir / "predictions.jsonl")
+    predictions = ctx.run_dir / "predictions.jsonl"
+    # The leak guard reads the server's own bundle: it is removed only at clean-up.
+    summary = write_back(ctx.config, ctx.run_id, ctx.run.schemas, predictions, ctx.bundle_dir)
+    bad_lines = summary.describe_bad_lines(predictions)
+    if bad_lines:
+        ctx.log.warning(bad_lines)
     ctx.log.info(summary.describe())
     return scores
 
