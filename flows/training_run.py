@@ -34,6 +34,7 @@ from potato import runs
 from potato.config import ProjectConfig, load_config
 from potato.errors import PotatoError, RunCancelled, RunError
 from potato.project import build_bundle, describe_bundle
+from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
 from potato.store import Store
 from potato.tasks.base import RunContext, backend_module
@@ -204,11 +205,24 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
         runs.finish_run(store, run_id, final_state, error)
+        _prune(cfg, store, ctx)
     if final_state == "cancelled":
         return Cancelled(message=error)
     if final_state != "succeeded":
         raise RunError(error)
     return store.get_run(run_id).scores
+
+
+def _prune(cfg: ProjectConfig, store: Store, ctx: RunContext) -> None:
+    """``retain_runs``: once this run has ended, older finished runs' directories go."""
+    try:
+        removed = prune_run_dirs(cfg, store)
+    except OSError as exc:
+        ctx.log.warning(f"Could not delete old run directories (model_training.retain_runs): {exc}")
+        return
+    if removed:
+        ctx.log.info(f"Deleted the directories of run(s) {', '.join(map(str, removed))} "
+                     f"(model_training.retain_runs: {cfg.model_training.retain_runs})")
 
 
 class _ProgressArtifact:
