@@ -138,11 +138,12 @@ def training_runs(config, limit, as_json) -> None:
     if not listed:
         click.echo("No runs yet. Start one with: potato training run " + config)
         return
-    header = ("ID", "STATE", "RAN ON", "STARTED", "DURATION", "SCORES")
+    header = ("ID", "STATE", "TRIGGER", "RAN ON", "STARTED", "DURATION", "SCORES")
     rows = []
     for r in listed:
         started = _format_time(r.started_at)
-        rows.append((str(r.id), r.state, r.backend, started, format_duration(run_duration(r)), format_scores(r.scores)))
+        rows.append((str(r.id), r.state, r.trigger, r.backend, started, format_duration(run_duration(r)),
+                     format_scores(r.scores)))
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header) - 1)]
     for row in [header] + rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -204,6 +204,13 @@ def check(name: str):
     return jsonify(report.as_dict())
 
 
+@bp.get("/auto-retrain")
+@require_admin
+def auto_retrain():
+    """What the auto-retrain watcher's last check found, and why it did not queue a run."""
+    return jsonify(current_app.extensions["potato.background"].watcher.status())
+
+
 @bp.get("/trainers")
 @require_admin
 def trainers():

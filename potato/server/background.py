@@ -1,10 +1,12 @@
-"""What runs beside the web server for its lifetime: the embedded Prefect API and the dispatcher."""
+"""What runs beside the web server for its lifetime: the embedded Prefect API, the dispatcher and
+the auto-retrain watcher."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+from potato.auto_retrain import AutoRetrainWatcher
 from potato.config import ProjectConfig
 from potato.store import Store
 
@@ -12,13 +14,16 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """Starts the Prefect API (``prefect_api.start_embedded``) and ``runs.Dispatcher``; stops both."""
+    """Starts the Prefect API (``prefect_api.start_embedded``), ``runs.Dispatcher`` and
+    ``auto_retrain.AutoRetrainWatcher``; stops them."""
 
     def __init__(self, config: ProjectConfig, store: Store):
         self.config = config
         self.store = store
         self.prefect = None
         self.dispatcher = None
+        # Built now (it is cheap), so the admin API can show its status; it watches from start().
+        self.watcher = AutoRetrainWatcher(config, store)
         self.prefect_ui_url: str | None = None
         self._stopped = threading.Event()
 
@@ -33,6 +38,7 @@ class Background:
         try:
             self.dispatcher = runs.Dispatcher(self.config, self.store)
             self.dispatcher.start()
+            self.watcher.start()
         except BaseException:
             self.prefect.stop()
             raise
@@ -42,6 +48,7 @@ class Background:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.watcher.stop()
         if self.dispatcher is not None:
             try:
                 self.dispatcher.stop()

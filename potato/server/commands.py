@@ -143,6 +143,10 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
     echo(f"Training page: http://{shown_host}:{wsgi.port}/admin/training")
     if background.prefect_ui_url:
         echo(f"Prefect UI: {background.prefect_ui_url}")
+    auto = config.model_training.auto_retrain
+    if auto.enabled:
+        echo(f"Auto-retrain: a run on {auto.backend or config.model_training.backend} after every "
+             f"{auto.update_frequency} new annotations, {auto.min_interval_s:g} s or more after the last run")
     try:
         wsgi.serve_forever()
     except (KeyboardInterrupt, SystemExit):

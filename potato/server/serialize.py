@@ -52,6 +52,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "id": run.id,
         "trainer": run.trainer,
         "schemas": list(run.schemas),
+        "trigger": run.trigger,
         "backend": run.backend,
         "ran_on": ran_on(config, run),
         "state": state,

@@ -8,7 +8,7 @@ import pytest
 
 from potato.runs import run_dir
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
-from tests.unit.test_server_support import make_config
+from tests.unit.test_server_support import ADMIN, make_config
 
 API = "/admin/training/api"
 UNAUTHORIZED = "Missing or wrong admin key: send the config's admin_api_key in the X-API-Key header"
@@ -101,7 +101,7 @@ def test_training_page_lists_every_backend_as_spec_writes_it(admin):
         assert text in page
     assert '<option value="gpu-server" data-type="ssh" selected>' in page  # model_training.backend
     assert ">Check</button>" in page and ">Start run</button>" in page
-    assert "<th scope=\"col\">Ran on</th>" in page
+    assert "<th scope=\"col\">Ran on</th>" in page and "<th scope=\"col\">Trigger</th>" in page
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # no external asset
 
 
@@ -305,7 +305,24 @@ def test_run_json_fields(admin, store, project):
     assert r["state"] == "running" and r["step"] == "training: step 3 of 10" and r["progress"] == 0.3
     assert r["prefect_url"] == "http://127.0.0.1:4200/runs/flow-run/abc-123"
     assert r["duration_s"] is not None and r["queue_position"] is None
+    assert r["trigger"] == "manual"
     assert data["artifacts"] == [{"path": "sub/model.bin", "bytes": 10}]
+    auto = store.create_run("hf-text-classification", ["sentiment"], "local", trigger="auto", annotation_count=30)
+    assert admin.get(f"{API}/runs/{auto.id}").json["run"]["trigger"] == "auto"
+
+
+def test_auto_retrain_status(tmp_path):
+    from potato.server import create_app
+
+    config = make_config(tmp_path, auto_retrain={"enabled": True, "schemas": ["sentiment"], "update_frequency": 500})
+    app = create_app(config, start_background=False)
+    client = app.test_client()
+    assert client.get(f"{API}/auto-retrain").status_code == 401
+    app.extensions["potato.background"].watcher.check_once()
+    status = client.get(f"{API}/auto-retrain", headers=ADMIN).json
+    assert status["enabled"] is True and status["update_frequency"] == 500
+    assert status["text"] == f"waiting for {500 - status['annotations']} more annotation(s) ({status['annotations']} " \
+                             "of 500 since the last automatic run)"
 
 
 def test_cancel_queued_run(admin, store):

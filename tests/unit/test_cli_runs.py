@@ -1,0 +1,25 @@
+"""``potato training runs``: one line per run, with what started it."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from potato import runs
+from potato.cli import main
+from potato.config import load_config
+from tests.support.potato_project import make_project
+
+
+def test_runs_lists_state_trigger_and_backend(tmp_path):
+    config_path = make_project(tmp_path, n_items=5)
+    config = load_config(config_path)
+    store = runs.open_store(config)
+    runs.create_run(config, store)
+    runs.create_run(config, store, trigger="auto", annotation_count=25)
+    result = CliRunner().invoke(main, ["training", "runs", str(config_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "ID  STATE   TRIGGER  RAN ON  STARTED  DURATION  SCORES",
+        "2   queued  auto     local   -        -         -",
+        "1   queued  manual   local   -        -         -",
+    ]
