@@ -1024,7 +1024,9 @@ DATA_DIRECTORY_EXTENSIONS = (".json", ".jsonl", ".csv", ".tsv")
 
 def data_directory_files(directory: Path) -> list[Path]:
     """The files of *directory* that Potato 2.12 loads items from, in its order (sorted paths)."""
-    return sorted(p for ext in DATA_DIRECTORY_EXTENSIONS for p in directory.glob(f"*{ext}") if p.is_file())
+    # pathlib's glob matches dot files; glob.glob, which 2.12 uses, does not.
+    return sorted(p for ext in DATA_DIRECTORY_EXTENSIONS for p in directory.glob(f"*{ext}")
+                  if p.is_file() and not p.name.startswith("."))
 
 
 def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
