@@ -124,6 +124,7 @@ def test_training_page_end_to_end(browser, server):
     _shot(page, "2-running")
     expect(row.locator(".col-state")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
     expect(row.locator(".col-ran-on")).to_have_text("local")
+    expect(row.locator(".col-trigger")).to_have_text("manual")
     expect(row.locator(".col-scores")).to_contain_text("sentiment: accuracy")
     expect(step).to_be_hidden()
     _shot(page, "3-succeeded")

@@ -56,9 +56,14 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
     assert not (directory / "bundle").exists()  # clean-up removed it
 
     written = [json.loads(line) for line in (config.parent / "annotation_output/training/predictions.jsonl").read_text().splitlines()]
-    assert written and all(w["run_id"] == 1 and w["confidence"] >= 0.5 for w in written)
+    assert written and all(w["predictions"]["sentiment"]["run_id"] == 1 for w in written)
+    assert all(w["predictions"]["sentiment"]["confidence"] >= 0.5 for w in written)
     log = (directory / "run.log").read_text()
-    assert "The worker started: Python" in log and "Wrote back to" in log
+    assert "The worker started: Python" in log
+    trained = sum(1 for p in predictions if p["id"] not in {w["id"] for w in written})
+    assert f"Wrote back to {config.parent / 'annotation_output/training/predictions.jsonl'}: sentiment: " \
+           f"{len(written)} predictions (" in log and "trained on (leak guard)" in log
+    assert trained > 0  # the leak guard kept the items the run trained on out
 
     flow_run, tasks = _flow_run(run.prefect_flow_run_id)
     assert flow_run.name == "run-1" and flow_run.state.is_completed()
