@@ -246,3 +246,16 @@ def test_an_empty_data_directory_warns_unless_watched(tmp_path):
 def test_the_shipped_seed_keys_still_load(tmp_path):
     # A regression guard for the seeds' config: it has no 2.12-only key and must stay quiet.
     assert validate(tmp_path, yaml.safe_load(yaml.safe_dump(seed_dict()))).warnings == ()
+
+
+def test_potato_validate_fails_on_labels_kept_in_mysql(tmp_path):
+    from click.testing import CliRunner
+
+    from potato.cli import main
+
+    raw = _with(database={"type": "mysql", "host": "db", "database": "potato", "username": "u", "password": "p"})
+    path = write_project(tmp_path, raw)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 1
+    assert ("error: database.type is 'mysql': the annotators' labels are in that database (table "
+            "user_state_documents)") in result.output
