@@ -33,6 +33,17 @@ Added here (also public):
 - ``Key`` and the tables ``BACKEND_KEYS`` (type -> keys), ``MODEL_TRAINING_KEYS``,
   ``WRITEBACK_KEYS``, ``AUTO_RETRAIN_KEYS``; ``backend_defaults(type)``.
 - ``parse_slurm_time(value) -> int | None`` (seconds; None = unlimited).
+- Beside Potato 2.12 (one config for both): ``POTATO_212_KEYS`` (each of its
+  ``model_training`` keys and what this project does with it);
+  ``ModelTrainingConfig.splits``/``split_seed`` (None unless set; its ``test``
+  split is then the holdout), ``aggregation`` ("majority" | "consensus"),
+  ``retain_runs`` (None = keep all); ``WritebackConfig.field``;
+  ``AutoRetrainConfig`` ``trainer``, ``schemas``, ``update_frequency``,
+  ``min_interval_s``, ``params``, ``backend``; ``ProjectConfig.data_file_encodings``
+  (path -> encoding), ``data_directory`` (absolute Path or None),
+  ``data_directory_encoding``; ``data_directory_files(directory)`` (the files
+  2.12 reads there). A source or label store this project cannot read is an
+  error here, never an empty bundle later.
 - ``render_backends_doc()``: docs/backends.md, from the tables
   (``python -m potato.config --docs > docs/backends.md``).
 """

@@ -9,8 +9,11 @@ Formats read (mirroring real Potato, ``davidjurgens/potato``):
 
 - items: ``data_files`` in JSON lines (one object per line), a JSON array file
   (any non-CSV/TSV file whose first character is ``[``), ``.csv`` or ``.tsv``
-  with a header row. ``item_properties.id_key`` and ``text_key`` name the
-  fields; ids become strings. All are streamed.
+  with a header row (TSV unquoted, as in Potato 2.12), each in its entry's
+  encoding; then the files of ``data_directory`` that Potato 2.12 reads there
+  (``config.data_directory_files``), whose bad records are skipped with a
+  warning as 2.12 skips them. ``item_properties.id_key`` and ``text_key`` name
+  the fields; ids become strings. All are streamed.
 - labels: ``<output_annotation_dir>/<user>/user_state.json``. Potato's
   ``InMemoryUserState.to_json`` (``potato/user_state_management.py``) writes
   ``instance_id_to_label_to_value`` as ``{item_id: [[{"schema": S, "name": L}, VALUE], ...]}``
@@ -27,11 +30,14 @@ Aggregation: each annotator's selected label is one vote (multiselect: each
 checked label); the label with the
 most votes wins; a tie goes to the label listed first in the schema's
 ``labels`` (deterministic, and it does not depend on which annotator's file was
-read first). Ties are counted per schema.
+read first). Ties are counted per schema. ``aggregation: consensus`` weighs
+annotators by reliability instead (Dawid-Skene, ``potato.consensus``).
 
 Holdout: an item is held out when ``sha256(id)`` read as a fraction of 2**64 is
 below ``holdout_fraction`` — stable across Python processes and machines (unlike
-``hash()``), independent of item order and of every other item.
+``hash()``), independent of item order and of every other item. With Potato
+2.12's ``splits``/``split_seed``, its seeded split decides instead, and its
+``test`` items are held out (``split_of``), as 2.12 would hold them out.
 
 Media: a string field naming a file with a media extension (image, audio,
 video, pdf), relative to ``task_dir`` (or absolute but inside it), is copied to
@@ -449,19 +455,19 @@ def read_items(config: ProjectConfig, skipped: _Grouped | None = None) -> Iterat
 
     Keeps only a set of ids seen (the first occurrence is found again by
     re-reading when a duplicate turns up). In a data_directory file a
-    duplicate is skipped and counted in *skipped* instead: Potato 2.12 keeps
-    the first and serves the server it is running.
+    duplicate is skipped and counted in *skipped* instead, as Potato 2.12
+    keeps the first there.
     """
     seen: set[str] = set()
     directory = config.data_directory
     skipped = _Grouped() if skipped is None else skipped
     for item in iter_items(config, skipped):
         if item.id in seen:
-            here = f"{show_path(item.file, config.task_dir)} line {item.line}"
             if directory is not None and item.file.parent == directory:
                 skipped.add((show_path(item.file, config.task_dir), "item(s) {listed} repeat an id read "
                              "before; skipped (the first was kept)"), item.id)
                 continue
+            here = f"{show_path(item.file, config.task_dir)} line {item.line}"
             first = _find_first(config, item.id)
             there = (
                 f"{show_path(first.file, config.task_dir)} line {first.line}" if first else "an earlier line"

@@ -163,22 +163,37 @@ def parse_prediction(line: str, labels: dict[str, Sequence[str]]) -> tuple[str, 
 class _Table:
     """Predictions per schema, in the bundle's item order: compact arrays, not a dict per item."""
 
-    def __init__(self, n_items: int):
+    def __init__(self, n_items: int, labels: dict[str, Sequence[str]]):
         self.n = n_items
+        self.labels = labels  # schema -> its labels: a prediction is stored as its label's index
+        self._index = {schema: {label: i for i, label in enumerate(names)} for schema, names in labels.items()}
         self.columns: dict[str, tuple[array, array, array]] = {}
 
-    def column(self, schema: str) -> tuple[array, array, array]:
+    def put(self, schema: str, index: int, label: str, confidence: float, run_id: int) -> None:
+        """Store a prediction; ValueError when *label* is not (or no longer) a label of *schema*."""
         if schema not in self.columns:
             self.columns[schema] = (array("l", [-1]) * self.n, array("d", [0.0]) * self.n,
                                     array("q", [0]) * self.n)
-        return self.columns[schema]
-
-    def put(self, schema: str, index: int, label: int, confidence: float, run_id: int) -> None:
-        labels, confidences, runs = self.column(schema)
-        labels[index], confidences[index], runs[index] = label, confidence, run_id
+        labels, confidences, runs = self.columns[schema]
+        if label not in self._index[schema]:
+            raise ValueError(f"{label!r} is not a label of {schema!r}")
+        labels[index] = self._index[schema][label]
+        confidences[index], runs[index] = confidence, run_id
 
     def has(self, schema: str, index: int) -> bool:
         return schema in self.columns and self.columns[schema][0][index] >= 0
+
+    def records(self, ids: Sequence[str]) -> Iterator[tuple[str, dict[str, dict]]]:
+        """``(id, {schema: prediction})`` for each item with a prediction, in item order."""
+        columns = list(self.columns.items())
+        for index, item_id in enumerate(ids):
+            predictions = {}
+            for schema, (labels, confidences, runs) in columns:
+                if labels[index] >= 0:
+                    predictions[schema] = {"label": self.labels[schema][labels[index]],
+                                           "confidence": confidences[index], "run_id": runs[index]}
+            if predictions:
+                yield item_id, predictions
 
 
 class _Bundle:
@@ -208,7 +223,7 @@ class _Bundle:
                 "without it the items the run trained on cannot be kept out"
             ) from exc
 
-    def is_(self, flag: int, schema: str, index: int) -> bool:
+    def has(self, flag: int, schema: str, index: int) -> bool:
         return bool(self.flags[schema][index] & flag)
 
 
@@ -223,10 +238,8 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
             # A file from before this format held one line per item and schema.
             predictions = record[field_name] if field_name in record else {record["schema"]: record}
             for schema, prediction in predictions.items():
-                if schema in keep:
-                    label = bundle.labels[schema].index(prediction["label"])
-                    confidence = prediction.get("confidence")
-                    table.put(schema, index, label, float(confidence) if _is_confidence(confidence) else 0.0,
+                if schema in keep and _is_confidence(prediction.get("confidence")):
+                    table.put(schema, index, prediction["label"], float(prediction["confidence"]),
                               int(prediction.get("run_id") or 0))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # an item no longer in the project, or a label the schema no longer has: dropped
@@ -247,7 +260,9 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     if not written_schemas or not predictions.is_file():
         return summary
     bundle = _Bundle(bundle_dir)
-    table = _Table(len(bundle.ids))
+    # Earlier runs' schemas are not in this run's bundle: their labels come from the config.
+    labels = {s.name: s.labels for s in config.schemes if s.name in wb.schemas} | bundle.labels
+    table = _Table(len(bundle.ids), labels)
     _read_earlier(target, wb.field, set(wb.schemas) - set(written_schemas), bundle, table)
 
     for line_no, line in _lines(predictions):
@@ -262,16 +277,16 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
         index = bundle.index.get(item_id)
         if index is None:
             summary.hold(schema, "not_an_item")
-        elif bundle.is_(bundle.TRAINED, schema, index):
+        elif bundle.has(bundle.TRAINED, schema, index):
             summary.hold(schema, "trained_on")
-        elif not wb.include_unlabeled and not bundle.is_(bundle.LABELLED, schema, index):
+        elif not wb.include_unlabeled and not bundle.has(bundle.LABELLED, schema, index):
             summary.hold(schema, "unlabeled")
         elif confidence < wb.min_confidence:
             summary.hold(schema, "below_confidence")
         elif table.has(schema, index):
             summary.hold(schema, "duplicate")
         else:
-            table.put(schema, index, bundle.labels[schema].index(label), confidence, run_id)
+            table.put(schema, index, label, confidence, run_id)
             summary.written[schema] = summary.written.get(schema, 0) + 1
 
     _write(target, wb.field, bundle, table)
@@ -282,17 +297,10 @@ def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table) -> Non
     """One record per item with a prediction, in item order; replaced atomically."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    columns = list(table.columns.items())
     try:
         with open(tmp, "w", encoding="utf-8") as out:
-            for index, item_id in enumerate(bundle.ids):
-                predictions = {}
-                for schema, (labels, confidences, runs) in columns:
-                    if labels[index] >= 0:
-                        predictions[schema] = {"label": bundle.labels[schema][labels[index]],
-                                               "confidence": confidences[index], "run_id": runs[index]}
-                if predictions:
-                    out.write(json.dumps({"id": item_id, field_name: predictions}, ensure_ascii=False) + "\n")
+            for item_id, predictions in table.records(bundle.ids):
+                out.write(json.dumps({"id": item_id, field_name: predictions}, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)

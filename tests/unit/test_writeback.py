@@ -22,8 +22,8 @@ TRAINED = [i for i in LABELLED if not is_holdout(i, FRACTION)]
 UNLABELLED = [f"r{i}" for i in range(6, 10)]
 
 
-def _project(tmp_path: Path, **writeback):
-    """A two-schema project, its bundle built, and the config with *writeback*."""
+def _project(tmp_path: Path, trained=("sentiment", "topic"), **writeback):
+    """A two-schema project, the bundle of a run that trained *trained*, and the config with *writeback*."""
     write_items(tmp_path / "data" / "items.jsonl", [{"id": f"r{i}", "text": f"text {i}"} for i in range(10)])
     labels = {i: {"sentiment": "positive" if n % 2 else "negative", "topic": "books"} for n, i in enumerate(LABELLED)}
     write_user_state(tmp_path / "annotation_output", "alice", labels)
@@ -36,7 +36,7 @@ def _project(tmp_path: Path, **writeback):
     config = project_config(tmp_path / "config.yaml", holdout_fraction=FRACTION)
     mt = replace(config.model_training, writeback=WritebackConfig(**writeback))
     config = replace(config, model_training=mt)
-    build_bundle(config, ["sentiment", "topic"], tmp_path / "bundle")
+    build_bundle(config, list(trained), tmp_path / "bundle")
     return config
 
 
@@ -117,7 +117,7 @@ def test_bad_lines_are_skipped_counted_and_named_and_leave_no_temporary_file(tmp
 
 
 def test_the_newest_run_replaces_its_schemas_and_takes_down_what_it_trained_on(tmp_path):
-    config = _project(tmp_path, schemas=("sentiment", "topic"), include_unlabeled=True)
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment", "topic"), include_unlabeled=True)
     earlier = {"id": TRAINED[0], "predictions": {"sentiment": {"label": "negative", "confidence": 0.8, "run_id": 1},
                                                  "topic": {"label": "music", "confidence": 0.6, "run_id": 1}}}
     gone = {"id": "r9", "predictions": {"sentiment": {"label": "negative", "confidence": 0.8, "run_id": 1}}}
@@ -130,7 +130,7 @@ def test_the_newest_run_replaces_its_schemas_and_takes_down_what_it_trained_on(t
 
 
 def test_a_file_from_before_this_format_is_carried_over(tmp_path):
-    config = _project(tmp_path, schemas=("sentiment", "topic"), include_unlabeled=True)
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment", "topic"), include_unlabeled=True)
     _write(writeback_path(config), [{"id": "r9", "schema": "topic", "label": "books", "confidence": 0.9, "run_id": 1}])
     write_back(config, 2, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])), tmp_path / "bundle")
     assert _written(config) == {"r9": {"topic": {"label": "books", "confidence": 0.9, "run_id": 1},
