@@ -77,7 +77,7 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
 
 
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
-    config = tiny_project(tmp_path, trainer={"epochs": 3})
+    config = tiny_project(tmp_path, trainer={"epochs": 3}, retain_runs=1)
     cfg = load_config(config)
     store = runs.open_store(cfg)
     first = runs.create_run(cfg, store)
@@ -90,6 +90,10 @@ def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
     a, b, c = (store.get_run(i) for i in (first.id, second.id, 3))
     assert [r.state for r in (a, b, c)] == ["succeeded"] * 3
     assert a.finished_at <= b.started_at and b.finished_at <= c.started_at
+    # retain_runs: 1 — each run, once ended, deleted the directory of the one before.
+    assert sorted(p.name for p in run_dir_of(config, 1).parent.iterdir()) == ["3"]
+    assert "Deleted the directories of run(s) 2 (model_training.retain_runs: 1)" in (
+        run_dir_of(config, 3) / "run.log").read_text()
 
 
 def test_max_wall_seconds_stops_a_run(prefect_api, tmp_path):
