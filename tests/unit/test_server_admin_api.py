@@ -122,6 +122,10 @@ def test_run_page(admin, store):
     page = admin.get(f"/admin/training/runs/{run.id}").get_data(as_text=True)
     assert f"<h1>Run {run.id}</h1>" in page
     assert "lab-workstation (agent)" in page
+    assert '<dd id="run-trigger">manual</dd>' in page
+    auto = store.create_run("hf-text-classification", ["sentiment"], "local", trigger="auto", annotation_count=50)
+    assert ('<dd id="run-trigger">auto (50 annotations)</dd>'
+            in admin.get(f"/admin/training/runs/{auto.id}").get_data(as_text=True))
     assert 'id="loss-chart"' in page and 'role="log"' in page and 'aria-live="polite"' in page
     assert admin.get("/admin/training/runs/999").status_code == 404
     assert admin.get("/admin/training/runs/../etc/passwd").status_code == 404
