@@ -10,8 +10,9 @@ nothing on an item the run trained on; five more annotations queue exactly
 one more auto run, a sixth no second one. The project is made here (support
 tickets, items in a ``data_directory``), not the shipped example.
 
-Cost: two 2.12.1 starts (~3 s each), one ``potato start``, one tiny-model
-training run (~20 s) and one run cancelled at once; about a minute.
+Cost (measured on 2 cores): about 30 s — two 2.12.1 starts (~3 s each), one
+``potato start``, one tiny-model training run (~15 s) and one run cancelled
+at once — plus the session's Prefect API, shared with other tests.
 """
 
 from __future__ import annotations

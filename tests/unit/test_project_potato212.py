@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from potato.config import load_config
 from potato.project import build_bundle, describe_bundle, read_items, split_of
 from tests.support.potato_project import make_project, project_config, write_items, write_user_state
@@ -26,10 +28,10 @@ def _directory_project(tmp_path: Path) -> Path:
     (incoming / "notes.txt").write_text('{"id": "t1", "text": "not read"}\n')
     (incoming / ".hidden.jsonl").write_text('{"id": "h1", "text": "not read"}\n')
     (incoming / "UPPER.JSON").write_text('{"id": "u1", "text": "not read by 2.12 either"}\n')
-    raw = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "config.yaml").read_text())))
+    raw = yaml.safe_load((tmp_path / "config.yaml").read_text())
     del raw["data_files"]
     raw["data_directory"] = "incoming"
-    (tmp_path / "config.yaml").write_text(__import__("yaml").safe_dump(raw))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
     return tmp_path / "config.yaml"
 
 
