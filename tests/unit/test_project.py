@@ -98,6 +98,15 @@ def test_blank_lines_in_json_lines_are_skipped(tmp_path):
     assert [(i.id, i.line) for i in read_items(config)] == [("a", 1), ("b", 4)]
 
 
+def test_json_lines_orjson_refuses_read_as_python_reads_them(tmp_path):
+    # NaN, a 70-bit integer and a lone \r (two lines in a text reader) are Python's JSON, not orjson's.
+    text = ('{"id": "a", "text": "x", "score": NaN}\n{"id": 1180591620717411303424, "text": "y"}\n'
+            '{"id": "c", "text": "z"}\r{"id": "d", "text": "w"}\n{"id": "e", "text": "v"}\n')
+    config = _with_data(tmp_path, text)
+    assert [(i.id, i.line) for i in read_items(config)] == [
+        ("a", 1), ("1180591620717411303424", 2), ("c", 3), ("d", 4), ("e", 5)]
+
+
 def test_malformed_json_line_names_file_and_line(tmp_path):
     lines = [json.dumps({"id": f"r{i}", "text": "ok"}) for i in range(16)] + ['{"id": "r16", "text": "oops}']
     config = _with_data(tmp_path, "\n".join(lines) + "\n")
@@ -312,6 +321,7 @@ def test_user_state_streaming_matches_a_whole_parse(tmp_path, monkeypatch, inden
     config = _config(tmp_path, n_items=60, fmt=["pairs", "dict", "pairs"], indent=indent)
     whole = read_votes(config.output_annotation_dir, _scheme(config)).as_dict()
     monkeypatch.setattr(project, "_USER_STATE_CHUNK", 3)
+    monkeypatch.setattr(project, "_USER_STATE_WINDOW", 16)
     assert read_votes(config.output_annotation_dir, _scheme(config)).as_dict() == whole
     expected: dict = {}
     for user in ("alice", "bob", "carol"):
@@ -321,6 +331,17 @@ def test_user_state_streaming_matches_a_whole_parse(tmp_path, monkeypatch, inden
                 counts = expected.setdefault(item_id, {}).setdefault(schema, {})
                 counts[label] = counts.get(label, 0) + 1
     assert whole == expected
+
+
+def test_user_state_the_fast_reader_gives_up_on_is_read_carefully(tmp_path):
+    # NaN is not JSON, but Python's json (and so the careful reader) reads it: the votes count.
+    config = _config(tmp_path, n_items=3, user_labels={"alice": {"r0": "positive", "r1": "negative"}})
+    path = config.output_annotation_dir / "alice" / "user_state.json"
+    path.write_text(path.read_text().replace('"current_instance_index": 1', '"current_instance_index": NaN'))
+    assert "NaN" in path.read_text()
+    votes = read_votes(config.output_annotation_dir, _scheme(config), config.task_dir)
+    assert votes.warnings == []
+    assert votes.as_dict() == {"r0": {"sentiment": {"positive": 1}}, "r1": {"sentiment": {"negative": 1}}}
 
 
 def test_user_state_of_wrong_shape_is_skipped(tmp_path):

@@ -1,0 +1,85 @@
+"""potato.json_chunks: the fast user_state reader must read exactly what json.loads reads, or give up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from potato.json_chunks import GiveUp, member_chunks
+
+KEY = "instance_id_to_label_to_value"
+
+# Strings that look like member boundaries of every format, inside values and keys.
+_TRICKY = ['}, "x": [1', '], "', ',\n    "', "a\\\"b", "naïve ✓", "", "]]", "{"]
+
+
+def _state(n: int) -> dict:
+    labels = {}
+    for i in range(n):
+        tricky = _TRICKY[i % len(_TRICKY)]
+        if i % 3 == 0:
+            labels[f"r{i}"] = [[{"schema": "sentiment", "name": "positive"}, "positive"]]
+        elif i % 3 == 1:
+            labels[f"r{i}{tricky}"] = {"sentiment": {"negative": "true"}, "topic": {tricky: True}}
+        else:
+            labels[f"r{i}"] = [[{"schema": "topic", "name": tricky}, tricky], [{"schema": "s", "name": "n"}, 1.5]]
+    return {
+        "user_id": "alice",
+        "instance_id_ordering": [f"r{i}" for i in range(n)],
+        "current_instance_index": 3,
+        "completed_phase_and_pages": [["consent", "consent"]],
+        KEY: labels,
+        "instance_id_to_span_to_value": {"r1": {"a": [1, 2, {"b": None}]}},
+        "training_state": {"passed": False, "nested": [[[]], {}]},
+    }
+
+
+def _read(path, window):
+    return [pair for chunk in member_chunks(path, KEY, window=window) for pair in chunk.items()]
+
+
+@pytest.mark.parametrize("dump", [
+    lambda d: json.dumps(d, indent=2),
+    lambda d: json.dumps(d),
+    lambda d: json.dumps(d, separators=(",", ":"), ensure_ascii=False),
+    lambda d: json.dumps(d, indent="\t"),
+    lambda d: "\n " + json.dumps(d, indent=1) + "\r\n",
+], ids=["indent2", "default", "compact", "tabs", "indent1-padded"])
+@pytest.mark.parametrize("window", [16, 100, 1 << 20])
+def test_chunks_read_what_json_loads_reads(tmp_path, dump, window):
+    state = _state(40)
+    path = tmp_path / "user_state.json"
+    path.write_text(dump(state), encoding="utf-8")
+    assert _read(path, window) == list(state[KEY].items())
+
+
+@pytest.mark.parametrize("text", ['{"a": 1}', '{"%s": null}' % KEY, '{"%s": {}}' % KEY, "{}"])
+def test_no_labels_yields_nothing(tmp_path, text):
+    path = tmp_path / "s.json"
+    path.write_text(text)
+    assert _read(path, 16) == []
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "[1, 2]",
+    '{"%s": [1, 2]}' % KEY,
+    '{"user_id": "x", "%s": {"r1": [}' % KEY,
+    '{"%s": {"r1": [1]}} {}' % KEY,
+    '{"%s": {"r1": [1]}' % KEY,
+    '\ufeff{"%s": {}}' % KEY,
+    '{"%s": {"r1": NaN}}' % KEY,
+])
+def test_anything_odd_gives_up(tmp_path, text):
+    path = tmp_path / "s.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(GiveUp):
+        _read(path, 16)
+
+
+def test_invalid_utf8_gives_up(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_bytes(b'{"%s": {"r\xff": 1}}' % KEY.encode())
+    with pytest.raises(GiveUp):
+        _read(path, 1 << 20)
