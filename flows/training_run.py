@@ -30,9 +30,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.states import Cancelled
 
-from potato import runs
+from potato import calibration, runs
 from potato.config import ProjectConfig, load_config
 from potato.errors import PotatoError, RunCancelled, RunError
+from potato.evaluation import record_evaluation
 from potato.project import build_bundle, describe_bundle
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
@@ -60,6 +61,8 @@ def build_bundle_task(ctx: RunContext) -> dict:
     for warning in info.warnings:
         ctx.log.warning(warning)
     ctx.log.info(describe_bundle(info))
+    if ctx.run.trainer == calibration.NAME:
+        calibration.prepare(ctx)
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}
 
 
@@ -104,18 +107,26 @@ def relay_events_task(ctx: RunContext, backend, session, handle) -> int:
 def record_results_task(ctx: RunContext) -> dict:
     scores = runs.read_scores(ctx.run_dir)
     ctx.store.update_run(ctx.run_id, scores=scores)
+    calibrating = ctx.run.trainer == calibration.NAME
     for schema, s in scores.items():
-        ctx.log.info(
-            f"Holdout {schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
-        )
+        if not calibrating:  # decision-calibrate's worker logged its own line per schema
+            ctx.log.info(f"Holdout {schema}: accuracy {s.get('accuracy', 0):.3f}, "
+                         f"macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})")
     if scores:
         create_table_artifact(
             [{"schema": k, **v} for k, v in scores.items()],
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
+    if calibrating:
+        calibration.apply(ctx)
+        return scores
+    # The holdout evaluation and the leak guard read the server's own bundle: it is removed only at clean-up.
+    try:
+        record_evaluation(ctx.run_id, ctx.run_dir, ctx.bundle_dir, ctx.run.schemas)
+    except (OSError, ValueError, KeyError) as exc:  # the pictures and calibration need it; the run does not
+        ctx.log.warning(f"The holdout evaluation could not be kept: {type(exc).__name__}: {exc}")
     predictions = ctx.run_dir / "predictions.jsonl"
-    # The leak guard reads the server's own bundle: it is removed only at clean-up.
     summary = write_back(ctx.config, ctx.run_id, ctx.run.schemas, predictions, ctx.bundle_dir)
     bad_lines = summary.describe_bad_lines(predictions)
     if bad_lines:

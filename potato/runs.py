@@ -50,6 +50,19 @@ class UnknownBackendError(RunRequestError):
         )
 
 
+class LocalOnlyTrainerError(RunRequestError):
+    """Raised when a trainer that runs only locally is asked for on another backend (HTTP 409)."""
+
+    def __init__(self, trainer: str, backend: str, backend_type: str):
+        self.trainer, self.backend = trainer, backend
+        kind = {"ssh": "an ssh", "agent": "an agent"}.get(backend_type, f"a {backend_type}")
+        super().__init__(
+            f"Trainer {trainer!r} runs only on the local backend, and {backend!r} is {kind} "
+            f"backend: it rewrites an earlier run's predictions, which are kept on this server. Start it on "
+            f"'local' (it needs no GPU and takes seconds)"
+        )
+
+
 def open_store(config: ProjectConfig) -> Store:
     config.training_dir.mkdir(parents=True, exist_ok=True)
     return Store(config.training_dir / "runs.db")
@@ -76,7 +89,7 @@ def create_run(
     *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
     (None when *only_when_idle* and a run is queued or running).
     """
-    from potato.trainers import TRAINERS
+    from potato.trainers import LOCAL_ONLY, TRAINERS
 
     trainer = trainer or DEFAULT_TRAINER
     if trainer not in TRAINERS:
@@ -84,6 +97,9 @@ def create_run(
     backend = backend or config.model_training.backend or "local"
     if backend not in config.model_training.backends:
         raise UnknownBackendError(backend, config.model_training.backends)
+    backend_type = config.model_training.backends[backend].type
+    if trainer in LOCAL_ONLY and backend_type != "local":
+        raise LocalOnlyTrainerError(trainer, backend, backend_type)
     known = [s.name for s in config.schemes]
     if not schemas:
         schemas = list(config.model_training.writeback.schemas) or known

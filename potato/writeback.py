@@ -32,14 +32,16 @@ the counts, because a writeback that silently writes nothing looks broken:
    bundle, never what the worker reports) is never written back: a model is
    confident about its own training data for reasons that say nothing about
    new data, and an accepted prelabel would launder that into the next round.
+   When decision-calibrate rewrites an earlier run's predictions, that run's
+   own record of what it trained on (``runs/<id>/labels.jsonl``) decides.
 5. **include_unlabeled.** Without it, items nobody labelled are not written.
 6. **min_confidence.** Below it, a prelabel costs an annotator attention.
 
 Newest run wins, per schema: a run replaces every earlier prediction of the
 schemas it writes back, so a prelabel an earlier run left on an item this run
-trained on is taken down too. Other schemas' predictions stay. The run's own
-``runs/<id>/predictions.jsonl`` is never changed; annotators' files are never
-opened.
+trained on is taken down too. Other schemas' predictions stay. A run's own
+``runs/<id>/predictions.jsonl`` is changed only by decision-calibrate, which
+keeps the worker's original beside it; annotators' files are never opened.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from potato.config import ProjectConfig
 from potato.errors import PotatoError
@@ -201,7 +203,7 @@ class _Bundle:
 
     LABELLED, TRAINED = 1, 2
 
-    def __init__(self, bundle_dir: Path):
+    def __init__(self, bundle_dir: Path, trained_on: Mapping[str, set[str]] | None = None):
         try:
             manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
             self.labels: dict[str, list[str]] = manifest["schemas"]
@@ -216,7 +218,9 @@ class _Bundle:
                     labels = item.get("labels") or {}
                     for schema, flags in self.flags.items():
                         labelled = schema in labels
-                        flags.append(labelled * self.LABELLED | (labelled and not item.get("holdout")) * self.TRAINED)
+                        trained = (labelled and not item.get("holdout")) if trained_on is None \
+                            else item["id"] in trained_on.get(schema, ())
+                        flags.append((labelled or trained) * self.LABELLED | trained * self.TRAINED)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise WritebackError(
                 f"Nothing was written back: the run's bundle ({bundle_dir}) cannot be read ({exc}), and "
@@ -246,12 +250,15 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
 
 
 def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], predictions: Path,
-               bundle_dir: Path) -> WritebackSummary:
+               bundle_dir: Path, *, trained_on: Mapping[str, set[str]] | None = None) -> WritebackSummary:
     """Merge run *run_id*'s *predictions* into the project's writeback file (rules: module docstring).
 
-    *bundle_dir* is the server's own copy of the run's bundle. Raises
-    ``WritebackError`` only when the file cannot be written or the bundle is
-    gone; bad prediction lines are counted in the summary instead.
+    *bundle_dir* is the server's own copy of the run's bundle. *trained_on*
+    (ids per schema) replaces the bundle's word on which items the run trained
+    on, when the bundle is a later one (decision-calibrate rewriting an earlier
+    run's predictions). Raises ``WritebackError`` only when the file cannot be
+    written or the bundle is gone; bad prediction lines are counted in the
+    summary instead.
     """
     wb = config.model_training.writeback
     target = writeback_path(config)
@@ -259,7 +266,7 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     summary = WritebackSummary(path=target, schemas=written_schemas)
     if not written_schemas or not predictions.is_file():
         return summary
-    bundle = _Bundle(bundle_dir)
+    bundle = _Bundle(bundle_dir, trained_on)
     # Earlier runs' schemas are not in this run's bundle: their labels come from the config.
     labels = {s.name: s.labels for s in config.schemes if s.name in wb.schemas} | bundle.labels
     table = _Table(len(bundle.ids), labels)

@@ -92,6 +92,8 @@ def create_run():
                               options=options)
     except runs.UnknownBackendError as exc:
         raise ApiError(409, str(exc), known_backends=exc.known) from None
+    except runs.LocalOnlyTrainerError as exc:
+        raise ApiError(409, str(exc)) from None
     except runs.RunRequestError as exc:
         raise ApiError(400, str(exc)) from None
     response = jsonify({"run": _run_json(run)})

@@ -314,11 +314,13 @@ def train(job: Any, events: Any) -> None:
         )
         predicted = _predict(model, predict_idx, input_ids, collate, events, schema)
         by_item = {}
-        for i, (label_i, confidence) in zip(predict_idx, predicted):
+        held_out = set(holdout_idx)
+        for i, (label_i, confidence, probs) in zip(predict_idx, predicted):
             by_item[i] = labels[label_i]
-            predictions.append(
-                {"id": items[i].get("id"), "schema": schema, "label": labels[label_i], "confidence": round(confidence, 5)}
-            )
+            record = {"id": items[i].get("id"), "schema": schema, "label": labels[label_i], "confidence": round(confidence, 5)}
+            if i in held_out:  # calibration and the reliability diagram need the softmax (labels' order)
+                record["probs"] = [round(p, 5) for p in probs]
+            predictions.append(record)
         scores[schema] = holdout_scores(
             [str(_item_labels(items[i])[schema]) for i in holdout_idx], [by_item[i] for i in holdout_idx]
         )
@@ -413,15 +415,15 @@ def _train_loop(model, train_idx, targets, collate, opts, device, events, schema
                 loss_sum, loss_n = None, 0
 
 
-def _predict(model, indices, input_ids, collate, events, schema) -> List[Tuple[int, float]]:
-    """(label index, softmax confidence) for each of ``indices``, in their order."""
+def _predict(model, indices, input_ids, collate, events, schema) -> List[Tuple[int, float, List[float]]]:
+    """(label index, softmax confidence, softmax) for each of ``indices``, in their order."""
     import torch
 
     if not indices:
         return []
     model.eval()
     order = sorted(range(len(indices)), key=lambda k: len(input_ids[indices[k]]), reverse=True)
-    out = [(0, 0.0)] * len(indices)  # type: List[Tuple[int, float]]
+    out = [(0, 0.0, [])] * len(indices)  # type: List[Tuple[int, float, List[float]]]
     total = (len(order) + PREDICT_BATCH_SIZE - 1) // PREDICT_BATCH_SIZE
     with torch.inference_mode():
         for step, start in enumerate(range(0, len(order), PREDICT_BATCH_SIZE), 1):
@@ -430,8 +432,8 @@ def _predict(model, indices, input_ids, collate, events, schema) -> List[Tuple[i
             ids, mask = collate([indices[k] for k in chunk])
             probs = torch.softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
             conf, label = probs.max(dim=-1)
-            for k, c, l in zip(chunk, conf.tolist(), label.tolist()):
-                out[k] = (l, c)
+            for k, c, l, p in zip(chunk, conf.tolist(), label.tolist(), probs.tolist()):
+                out[k] = (l, c, p)
             events.progress("predict", step, total, schema=schema)
     return out
 

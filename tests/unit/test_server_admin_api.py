@@ -204,6 +204,23 @@ def test_unknown_backend_is_409_naming_the_known_ones(admin, store):
     assert store.count_runs() == 0
 
 
+LOCAL_ONLY = ("Trainer 'decision-calibrate' runs only on the local backend, and {name!r} is {kind} backend: it "
+              "rewrites an earlier run's predictions, which are kept on this server. Start it on 'local' (it needs "
+              "no GPU and takes seconds)")
+
+
+@pytest.mark.parametrize("backend, kind", [("gpu-server", "an ssh"), ("cluster", "a slurm"),
+                                           ("lab-workstation", "an agent"), (None, "an ssh")])
+def test_decision_calibrate_off_local_is_409(admin, store, backend, kind):
+    body = {"trainer": "decision-calibrate", "schemas": ["sentiment"]} | ({"backend": backend} if backend else {})
+    response = admin.post(f"{API}/runs", json=body)
+    assert response.status_code == 409
+    assert response.json == {"error": LOCAL_ONLY.format(name=backend or "gpu-server", kind=kind)}
+    assert store.count_runs() == 0
+    accepted = admin.post(f"{API}/runs", json={**body, "backend": "local"})
+    assert accepted.status_code == 201 and accepted.json["run"]["trainer"] == "decision-calibrate"
+
+
 @pytest.mark.parametrize("body, needle", [
     ({"trainer": "no-such-trainer", "schemas": ["sentiment"]}, "Unknown trainer 'no-such-trainer'"),
     ({"trainer": "hf-text-classification", "schemas": ["topic"]}, "Unknown schema 'topic'"),
