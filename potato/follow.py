@@ -40,9 +40,16 @@ def run_duration(run: Run, now: float | None = None) -> float | None:
 def format_scores(scores: dict | None) -> str:
     if not scores:
         return "-"
-    return "; ".join(
-        f"{schema} acc {s.get('accuracy', 0):.3f} F1 {s.get('macro_f1', 0):.3f}" for schema, s in sorted(scores.items())
-    )
+    return "; ".join(_score_text(schema, s, short=True) for schema, s in sorted(scores.items()))
+
+
+def _score_text(schema: str, s: dict, *, short: bool = False) -> str:
+    if "ece_before" in s:  # decision-calibrate
+        after = "-" if s.get("ece_after") is None else f"{s['ece_after']:.3f}"
+        return f"{schema}: ECE {s['ece_before']:.3f} -> {after} ({'kept' if s.get('kept') else 'backed out'})"
+    if short:
+        return f"{schema} acc {s.get('accuracy', 0):.3f} F1 {s.get('macro_f1', 0):.3f}"
+    return f"{schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
 
 
 class Follower:
@@ -109,9 +116,7 @@ class Follower:
         if run.scores:
             self._emit("Holdout scores:")
             for schema, s in sorted(run.scores.items()):
-                self._emit(
-                    f"  {schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
-                )
+                self._emit("  " + _score_text(schema, s))
 
 
 def follow(store: Store, run_id: int, out: TextIO, *, tty: bool, tick: Callable[[], None] | None = None,

@@ -185,6 +185,19 @@ def predictions(run_id: int):
                     "schemas": schemas, "sample": sample})
 
 
+@bp.get("/runs/<int:run_id>/evaluation")
+@require_admin
+def evaluation(run_id: int):
+    """The run's holdout evaluation (``potato.evaluation``): per schema the confusion matrix and reliability bins."""
+    from potato.evaluation import read_evaluation
+
+    get_store().get_run(run_id)
+    found = read_evaluation(runs.run_dir(get_config(), run_id))
+    if found is None:
+        return jsonify({"available": False, "schemas": {}})
+    return jsonify({"available": True, "schemas": found.get("schemas", {})})
+
+
 @bp.get("/backends")
 @require_admin
 def list_backends():
