@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +111,6 @@ def prepare(ctx: RunContext) -> Run:
 
 
 def _when(t: float | None) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "at an unknown time"
 
 
