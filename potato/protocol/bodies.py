@@ -25,8 +25,7 @@ EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
 LOG_LEVELS = ("info", "warning", "error")
 MAX_NAME_CHARS = 300           # a device, a Python version, a schema, a host: one cell of a table
 MAX_MESSAGE_CHARS = 64 * 1024  # a log line or an error: a traceback fits
-MAX_URI_CHARS = 2000
-EXIT_CODES = range(-255, 256)  # a process's exit status, or minus the signal that killed it
+MAX_PATH_CHARS = 2000          # a directory, an artifact_uri
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -65,10 +64,17 @@ def _number(minimum: float = -math.inf, maximum: float = math.inf) -> Callable[[
     return check
 
 
-def _name(value: Any) -> str | None:
-    if isinstance(value, str) and len(value) <= MAX_NAME_CHARS and not _CONTROL.search(value):
-        return None
-    return f"a string of at most {MAX_NAME_CHARS} characters without control characters"
+def _line(max_chars: int) -> Callable[[Any], str | None]:
+    """A string of one line (a newline in it would forge a line of the run log)."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, str) and len(value) <= max_chars and not _CONTROL.search(value):
+            return None
+        return f"a string of at most {max_chars} characters without control characters"
+    return check
+
+
+_name = _line(MAX_NAME_CHARS)
+_path = _line(MAX_PATH_CHARS)
 
 
 def _message(value: Any) -> str | None:
@@ -102,7 +108,9 @@ _EVENT_FIELDS: Mapping[str, Mapping[str, tuple[Callable[[Any], str | None], bool
     "metrics": {},  # its scores: check_scores
     "done": {"status": (_one_of("succeeded", "failed", "cancelled"), True), "error": (_message, False)},
 }
-_COMMON_FIELDS = {"seq": (_whole(1), True), "t": (_number(0), False)}
+# Without a seq: an agent's own note for the run log (Potato's agent sends its SLURM notes so),
+# stored each time it comes; the worker's events all have one.
+_COMMON_FIELDS = {"seq": (_whole(1), False), "t": (_number(0), False)}
 
 
 def _check_fields(record: Mapping[str, Any], fields: Mapping[str, tuple[Callable[[Any], str | None], bool]]) -> None:
@@ -162,28 +170,22 @@ def check_scores(value: Any) -> dict[str, Any]:
     return value
 
 
+# exit_code: the worker's exit status, or minus the signal that killed it.
+_RESULT_FIELDS = {"exit_code": (_whole(-255, 255), True), "artifact_uri": (_path, False), "error": (_message, False)}
+
+
 def check_result(body: Mapping[str, Any]) -> dict[str, Any]:
     """A result report ``{"exit_code", "scores"?, "artifact_uri"?, "error"?}``, or ``BadField``."""
-    code = body.get("exit_code")
-    if not isinstance(code, int) or isinstance(code, bool) or code not in EXIT_CODES:
-        raise BadField(f"exit_code is {_show(code)}; use a whole number (the worker's exit status, "
-                       f"{EXIT_CODES.start} to {EXIT_CODES.stop - 1})")
-    scores = body.get("scores")
-    if scores is not None:
-        check_scores(scores)
-    uri = body.get("artifact_uri")
-    if uri is not None and (not isinstance(uri, str) or len(uri) > MAX_URI_CHARS or _CONTROL.search(uri)):
-        raise BadField(f"artifact_uri is {_show(uri)}; use a string of at most {MAX_URI_CHARS} characters "
-                       "without control characters")
-    error = body.get("error")
-    if error is not None and _message(error) is not None:
-        raise BadField(f"error is {_show(error)}; use {_message(error)}")
-    return {"exit_code": code, "scores": scores, "artifact_uri": uri, "error": error}
+    _check_fields(body, _RESULT_FIELDS)
+    if body.get("scores") is not None:
+        check_scores(body["scores"])
+    return {key: body.get(key) for key in ("exit_code", "scores", "artifact_uri", "error")}
 
 
 # -- claims ---------------------------------------------------------------------------------------
 
-AGENT_INFO_KEYS = ("host", "python", "version", "workdir")
+_AGENT_INFO_FIELDS = {"host": (_name, False), "python": (_name, False), "version": (_name, False),
+                      "workdir": (_path, False)}
 
 
 def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
@@ -193,15 +195,11 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
         return {}
     if not isinstance(agent, dict):
         raise BadField(f"agent is {_show(agent)}; use a JSON object with host, python, version, workdir")
-    info = {}
-    for key in AGENT_INFO_KEYS:
-        value = agent.get(key)
-        if value is None:
-            continue
-        if _name(value) is not None:
-            raise BadField(f"agent.{key} is {_show(value)}; use {_name(value)}")
-        info[key] = value
-    return info
+    try:
+        _check_fields(agent, _AGENT_INFO_FIELDS)
+    except BadField as exc:
+        raise BadField(f"agent.{exc}") from None
+    return {key: agent[key] for key in _AGENT_INFO_FIELDS if agent.get(key) is not None}
 
 
 # -- predictions ----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from potato.errors import UnknownRun
 from potato.jsonapi import ApiError
 from potato.protocol import PREFIX
 from potato.protocol.state import AgentState
-from potato.store import RUNNING, Run, Store
+from potato.store import END_STATES, Run, Store
 from potato.tokens import backend_of_token, run_of_token, tokens_equal
 
 BAD_TOKEN = "Missing or invalid agent token: send Authorization: Bearer <token>"
@@ -100,7 +100,7 @@ def authorize_run(run_id: int) -> tuple[Run, Caller]:
 
 
 def _refuse_if_ended(run: Run) -> None:
-    if run.state != RUNNING:
+    if run.state in END_STATES:
         raise ApiError(409, f"Run {run.id} has ended ({run.state}); nothing more is taken for it: "
                        "stop its worker", state=run.state)
 

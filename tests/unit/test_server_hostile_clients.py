@@ -114,6 +114,14 @@ def test_each_field_of_each_event_type_is_checked(client, claimed, token, store,
     assert kinds(store, claimed.id) == [] and store.get_run(claimed.id).last_seq == 0
 
 
+def test_an_agents_own_note_without_a_seq_is_taken(client, claimed, token, store):
+    """Potato's agent sends its SLURM notes ("Submitted SLURM job 42 …") as log events without a seq."""
+    note = {"type": "log", "level": "info", "message": "Submitted SLURM job 42 with --gres=gpu:1"}
+    answer = client.post(f"{V1}/runs/{claimed.id}/events", headers=bearer(token), json={"events": [note, started(1)]})
+    assert answer.status_code == 200 and answer.json["accepted"] == 2 and answer.json["last_seq"] == 1
+    assert store.events(claimed.id)[1].data == {"level": "info", "message": note["message"], "source": "worker"}
+
+
 def test_last_seq_survives_a_restart_so_a_resent_batch_is_not_stored_twice(project, running_run, token, client, store):
     run = running_run("lab-workstation")
     client.post(f"{V1}/backends/lab-workstation/claim", headers=bearer(token), json={})
@@ -216,6 +224,12 @@ def test_a_run_token_is_refused_once_its_run_ended(client, running_run, store, p
                                         "stop its worker")
     assert store.get_run(run.id).artifact_uri is None
     assert not (run_dir(project, run.id) / "exit_code").exists()
+
+
+def test_a_run_not_started_yet_has_not_ended(client, store, token):
+    run = store.create_run("hf-text-classification", ["sentiment"], "lab-workstation")
+    answer = client.get(f"{V1}/runs/{run.id}", headers=bearer(token))
+    assert answer.status_code == 403 and "has not been claimed by an agent" in answer.json["error"]
 
 
 # -- item 9: malformed input fails cleanly -----------------------------------------------------------
