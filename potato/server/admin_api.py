@@ -16,9 +16,9 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from potato import runs
+from potato.jsonapi import ApiError, json_body
 from potato.server import get_config, get_store
 from potato.server.auth import require_admin
-from potato.jsonapi import ApiError, json_body
 from potato.server.serialize import backends_json, event_json, run_json
 from potato.store import MAX_RUN_ID
 

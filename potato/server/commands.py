@@ -144,7 +144,11 @@ def _gated_channel(app):
                 environ["wsgi.input"] = io.BytesIO()  # nothing of the body is read here
                 if self.chunked:  # waitress took the header out: say that a body comes
                     environ["HTTP_TRANSFER_ENCODING"] = "chunked"
-                response = refusal_before_body(app, environ)
+                try:
+                    response = refusal_before_body(app, environ)
+                except Exception:  # noqa: BLE001 - the app runs the same check again, with its handlers
+                    log.exception("The before-body check failed on waitress's I/O thread")
+                    response = None
                 if response is not None:
                     self.error = Refused(response)
                     self.completed = True

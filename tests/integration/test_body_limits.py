@@ -38,10 +38,13 @@ def served(request, project, store, running_run):
     thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
     thread.start()
     yield wsgi, token, run
+    # potato start stops either loop with KeyboardInterrupt in its main thread; here, from another:
     if request.param == "werkzeug":
-        wsgi.server.shutdown()  # potato start stops it with KeyboardInterrupt in the main thread
-    wsgi.close()
+        wsgi.server.shutdown()
+    else:
+        wsgi.server._map.clear()  # waitress's loop runs while its map holds a socket
     thread.join(10)
+    wsgi.close()
 
 
 def headers_only(port: int, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict]:
