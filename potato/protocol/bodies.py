@@ -60,7 +60,9 @@ def _number(minimum: float = -math.inf, maximum: float = math.inf) -> Callable[[
     def check(value: Any) -> str | None:
         if _is_number(value) and minimum <= value <= maximum:
             return None
-        return "a number" if math.isinf(minimum) else f"a number from {minimum:g} to {maximum:g}"
+        if math.isinf(minimum):
+            return "a number"
+        return f"a number of at least {minimum:g}" if math.isinf(maximum) else f"a number from {minimum:g} to {maximum:g}"
     return check
 
 

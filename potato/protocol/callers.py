@@ -105,9 +105,18 @@ def _refuse_if_ended(run: Run) -> None:
                        "stop its worker", state=run.state)
 
 
-def admit_caller(**_: object) -> None:
-    """``admits`` check of the routes without a run: a token this server knows."""
-    identify(bearer())
+def claimant(name: str) -> Caller:
+    """The caller, if its token may claim jobs of backend *name*; else 401/403."""
+    caller = identify(bearer())
+    if caller.backend != name:
+        raise ApiError(403, f"This token is backend {caller.backend!r}'s; it cannot claim jobs of "
+                       f"backend {name!r}")
+    return caller
+
+
+def admit_claim(name: str, **_: object) -> None:
+    """``admits`` check of a claim: a token of this backend."""
+    claimant(name)
 
 
 def admit_run(run_id: int, **_: object) -> None:

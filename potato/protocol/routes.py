@@ -26,8 +26,7 @@ from potato import run_events, runs
 from potato.jobs import make_job
 from potato.jsonapi import ApiError, admits, json_body
 from potato.protocol import POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION, bodies, predictions
-from potato.protocol.callers import (admit_caller, admit_run, agent_state, authorize_run, bearer, config,
-                                     identify, store)
+from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
 from potato.protocol.state import CLAIMED, display_state
 from potato.runlog import RunLog
 from potato.store import RUNNING, Run
@@ -115,10 +114,10 @@ def _mark_claimed(run: Run, info: dict[str, Any]) -> None:
 
 
 @bp.post("/backends/<name>/claim")
-@admits(admit_caller)
+@admits(admit_claim)
 def claim(name: str):
     """Give the caller the next job of its backend, or ``{"job": null}`` when there is none."""
-    caller = identify(bearer())
+    caller = claimant(name)
     if caller.run_id is None:
         agent_state().touch_token(store(), caller.backend)
     body = json_body() if request.content_length else {}
@@ -126,9 +125,6 @@ def claim(name: str):
         info = {"address": request.remote_addr, **bodies.check_agent_info(body)}
     except bodies.BadField as exc:
         raise ApiError(400, str(exc)) from None
-    if caller.backend != name:
-        raise ApiError(403, f"This token is backend {caller.backend!r}'s; it cannot claim jobs of "
-                       f"backend {name!r}")
     state = agent_state()
     if caller.run_id is not None:
         # The agent of an ssh or slurm run: its job is its run.
