@@ -219,6 +219,12 @@ def case_strangers_upload(server: Server, run_id: int) -> tuple[int, bool]:
     return answer.status, untouched_predictions(server, run_id)
 
 
+def case_strangers_upload_expecting_continue(server: Server, run_id: int) -> tuple[int, bool]:
+    answer = server.headers_only("PUT", f"{V1}/runs/{run_id}/predictions",
+                                 {"Content-Length": str(600 * MIB), "Expect": "100-continue"})
+    return answer.status, untouched_predictions(server, run_id)
+
+
 def case_strangers_events(server: Server, run_id: int) -> tuple[int, bool]:
     before = server.store.events(run_id)
     answer = server.headers_only("POST", f"{V1}/runs/{run_id}/events",
@@ -350,6 +356,7 @@ def case_busy_store(server: Server, run_id: int) -> tuple[int, bool]:
 CASES: list[tuple[str, int, Callable[[Server, int], tuple[int, bool]]]] = [
     ("600 MiB predictions upload, known agent (headers only)", 413, case_600_mib_upload),
     ("600 MiB predictions upload, no token (headers only)", 401, case_strangers_upload),
+    ("the same, waiting for 100 Continue (as curl does)", 401, case_strangers_upload_expecting_continue),
     ("events from a guessed token (headers only)", 401, case_strangers_events),
     ("2 MiB of JSON events, known agent (headers only)", 413, case_oversized_json),
     ("chunked JSON events, known agent (headers only)", 411, case_chunked_json),

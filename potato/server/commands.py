@@ -152,6 +152,9 @@ def _gated_channel(app):
                 if response is not None:
                     self.error = Refused(response)
                     self.completed = True
+                    # No "100 Continue" for a body that is refused (sending it also marks
+                    # the request incomplete again, and waitress would wait for the body).
+                    self.expect_continue = False
             return consumed
 
     class GatedChannel(HTTPChannel):

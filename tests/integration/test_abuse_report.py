@@ -26,4 +26,4 @@ def test_every_abuse_case_is_refused_and_costs_nothing(prefect_api):
     rows = json.loads(done.stdout)
     failed = [row for row in rows if not row["ok"]]
     assert failed == [], json.dumps(failed, indent=2)
-    assert len(rows) == 17 and done.returncode == 0
+    assert len(rows) == 18 and done.returncode == 0

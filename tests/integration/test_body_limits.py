@@ -91,6 +91,14 @@ def test_a_strangers_body_is_refused_without_being_read(served, method, path, si
     assert status == 401 and body["error"].startswith("Missing or")
 
 
+def test_a_client_that_waits_for_100_continue_gets_the_refusal_instead(served):
+    """curl and other clients send ``Expect: 100-continue`` before a large body."""
+    wsgi, _, run = served
+    status, body = headers_only(wsgi.port, "PUT", f"{V1}/runs/{run.id}/predictions",
+                                {"Content-Length": str(600 * MIB), "Expect": "100-continue"})
+    assert status == 401 and body["error"].startswith("Missing or invalid agent token")
+
+
 def test_a_known_agents_oversized_or_unsized_json_is_refused_unread(served):
     wsgi, token, run = served
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
