@@ -66,6 +66,12 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
+            continue
+        try:
+            json.dumps(options[key], allow_nan=False)
+        except ValueError:  # json.loads reads NaN and 1e999; the store (and a browser) cannot
+            raise click.BadParameter(f"{pair!r} is not a finite number; use a number", param_hint="--option") \
+                from None
     return options
 
 

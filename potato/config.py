@@ -816,8 +816,35 @@ def _build_backend(name: str, entry: Any, mt: Mapping[str, Any], issues: _Issues
     return BackendConfig(name=name, type=type_, options=options)
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _find_control_character(path: str, value: Any) -> tuple[str, str] | None:
+    """(path, string) of the first string at or inside *value* holding a control character, or None."""
+    if isinstance(value, str):
+        return (path, value) if _CONTROL_CHARACTER.search(value) else None
+    if isinstance(value, dict):
+        parts = [(f"{path} (a name)", k) for k in value] + [(f"{path}.{k}", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        parts = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for part_path, part in parts:
+        found = _find_control_character(part_path, part)
+        if found:
+            return found
+    return None
+
+
 def _check_backend_rules(type_: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
     """Rules beyond one key's type (SPEC §2)."""
+    for key, value in options.items():
+        # Every key but the menu's description reaches an ssh/sbatch command line,
+        # job.sh or the remote environment, where a newline starts a command of its own.
+        found = _find_control_character(f"{path}.{key}", value) if key != "description" else None
+        if found:
+            issues.error(f"{path}.{key}", f"{found[0]} is {found[1]!r}; it holds a control character, which "
+                         "would break the command line or job.sh it goes into; remove it")
     host = options.get("host")
     if host == "":
         issues.error(f"{path}.host", f"{path}.host is ''; use the host's name (any name `ssh` accepts)")

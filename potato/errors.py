@@ -5,7 +5,10 @@ Importable without I/O. The tree::
     PotatoError                 anything Potato reports to a user as a message
     ├── ConfigError             the config file is missing, unreadable or invalid
     ├── ProjectDataError        items or labels cannot be read (file and line named)
-    ├── StoreError              the run store refuses an operation (unknown run, bad transition)
+    ├── StoreError              the run store refuses an operation (bad field, bad value, newer schema)
+    │   ├── UnknownRun          no run has that id                         (HTTP 404)
+    │   ├── RunEnded            the run already ended; it takes no more    (HTTP 409)
+    │   └── StoreBusy           another writer held the lock too long      (HTTP 503, retried)
     ├── RunError                a run ends failed with a message meant for the user
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
@@ -40,6 +43,31 @@ class ProjectDataError(PotatoError):
 
 class StoreError(PotatoError):
     """Raised when the run store refuses an operation."""
+
+
+class UnknownRun(StoreError):
+    """Raised when no run has the id asked for."""
+
+    def __init__(self, run_id: object):
+        self.run_id = run_id
+        super().__init__(f"No run with id {run_id!r}")
+
+
+class RunEnded(StoreError):
+    """Raised when something is recorded for a run that has already ended."""
+
+    def __init__(self, run_id: int, state: str):
+        self.run_id = run_id
+        self.state = state
+        super().__init__(f"Run {run_id} already ended ({state}); it takes nothing more")
+
+
+class StoreBusy(StoreError):
+    """Raised when another writer held the store's lock for longer than the busy timeout.
+
+    Transient: the same request succeeds once the other writer is done, so the
+    server answers 503 with Retry-After and agents try again.
+    """
 
 
 class RunError(PotatoError):

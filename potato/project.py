@@ -60,6 +60,7 @@ import os
 import re
 import shutil
 import tarfile
+import tempfile
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -1322,8 +1323,9 @@ def pack_bundle(bundle_dir: str | Path, dest_tar_gz: str | Path, *, compressleve
     """
     src = Path(bundle_dir)
     dest = Path(dest_tar_gz)
-    tmp = dest.with_name(dest.name + ".tmp")
-    with open(tmp, "wb") as raw:
+    # A name of its own per call: the flow and an agent's claim may pack the same bundle at once.
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=_PACK_MTIME) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for rel in _bundle_members(src):

@@ -9,6 +9,7 @@ runs SLURM's commands. Part of the remote half: Python 3.8, standard library.
 """
 
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -39,6 +40,11 @@ END_REASONS = (
 )
 
 
+# A newline in a value would end its line of job.sh and start a shell command
+# of its own (a #SBATCH line is only a comment to bash); no value needs one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class SlurmCommandError(Exception):
     """A SLURM command failed; the message quotes its last line of output."""
 
@@ -47,12 +53,29 @@ def make_sbatch_flags(config: Dict[str, Any]) -> List[str]:
     return ["{}={}".format(flag, config[key]) for key, flag in SBATCH_FLAGS.items() if config.get(key) not in (None, "")]
 
 
+def check_job_values(config: Dict[str, Any], job_dir: str) -> None:
+    """Raise ValueError naming the first value bound for job.sh that holds a control character.
+
+    ``potato validate`` refuses them in a config already; this also covers a
+    hand-started agent's ``--slurm-config``, which no validation has seen.
+    """
+    values = [(key, config.get(key)) for key in list(SBATCH_FLAGS) + ["job_python", "code_dir"]]
+    values += [("prelude[{}]".format(i), line) for i, line in enumerate(config.get("prelude") or [])]
+    values.append(("the job directory", job_dir))
+    for name, value in values:
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise ValueError("The slurm setting {} is {!r}: it holds a control character, which would break "
+                             "job.sh into shell lines of its own; remove it".format(name, value))
+
+
 def make_job_script(config: Dict[str, Any], job_dir: str, run_id: Any) -> str:
     """job.sh: the #SBATCH lines, the prelude, then ``exec`` the worker.
 
     ``exec``: a batch shell that keeps running beside Python dies on
     ``scancel --signal=TERM`` before the worker can stop cleanly (notes).
+    Raises ValueError for a value with a control character (``check_job_values``).
     """
+    check_job_values(config, job_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", "#SBATCH --job-name={}".format(q("potato-run-{}".format(run_id))),
              "#SBATCH --output={}".format(q(os.path.join(job_dir, "slurm.out"))),

@@ -512,6 +512,34 @@ def _pack(tmp_path, config, name):
     return pack_bundle(bundle, tmp_path / f"{name}.tar.gz")
 
 
+def test_concurrent_packs_of_one_bundle_do_not_collide(tmp_path):
+    """The flow and an agent's claim may pack the same bundle at once (issue 9, item 9)."""
+    import threading
+
+    config = project_config(make_project(tmp_path / "proj", n_items=300))
+    bundle = tmp_path / "bundle"
+    build_bundle(config, ["sentiment"], bundle)
+    expected = pack_bundle(bundle, tmp_path / "alone.tar.gz").read_bytes()
+    dest = tmp_path / "bundle.tar.gz"
+    failures = []
+
+    def pack():
+        try:
+            for _ in range(15):
+                pack_bundle(bundle, dest)
+        except Exception as exc:  # noqa: BLE001 - collected, asserted below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=pack) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert dest.read_bytes() == expected
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".bundle")) == []
+
+
 def test_pack_is_deterministic_and_relative(tmp_path):
     (tmp_path / "proj" / "img").mkdir(parents=True)
     (tmp_path / "proj" / "img" / "a.png").write_bytes(b"\x89PNG fake")

@@ -259,7 +259,8 @@ def test_oversized_body_is_413(admin, store):
     response = admin.post(f"{API}/runs", data=b'{"x": "' + b"a" * (2 * 1024 * 1024) + b'"}',
                           content_type="application/json")
     assert response.status_code == 413
-    assert response.json == {"error": "The request body is too large"}
+    assert response.json == {"error": "The body is 2097161 bytes; a JSON body here may have at most 1048576 bytes",
+                             "max_bytes": 1048576}
     assert store.count_runs() == 0
 
 

@@ -440,3 +440,28 @@ def test_json_shape(tmp_path):
         "acknowledged": [],
     }
     assert report.to_json()["ok"] is True
+
+
+@pytest.mark.parametrize("name, key, value, where, bad", [
+    ("cluster", "partition", "gpu\nrm -rf ~", "cluster.partition", "gpu\nrm -rf ~"),
+    ("cluster", "prelude", ["module load cuda/12.4", "source env\r"], "cluster.prelude[1]", "source env\r"),
+    ("cluster", "job_python", "/shared/envs/train/bin/python\x00", "cluster.job_python", "/shared/envs/train/bin/python\x00"),
+    ("gpu-server", "env", {"PATH": "/opt/bin:/usr/bin\n"}, "gpu-server.env.PATH", "/opt/bin:/usr/bin\n"),
+    ("gpu-server", "env", {"PA\tTH": "/opt/bin"}, "gpu-server.env (a name)", "PA\tTH"),
+    ("gpu-server", "host", "gpu.example.org\nProxyCommand x", "gpu-server.host", "gpu.example.org\nProxyCommand x"),
+    ("gpu-server", "packages", ["peft\n--index-url http://evil"], "gpu-server.packages[0]", "peft\n--index-url http://evil"),
+])
+def test_control_characters_are_refused_in_every_key_that_reaches_a_command_or_a_file(tmp_path, name, key, value,
+                                                                                        where, bad):
+    raw = seed_dict()
+    backend(raw, name)[key] = value
+    report = validate(tmp_path, raw)
+    assert [(e.path, e.message) for e in report.errors] == [(
+        f"{B}.{name}.{key}", f"{B}.{where} is {bad!r}; it holds a control character, which would break the "
+        "command line or job.sh it goes into; remove it")]
+
+
+def test_a_description_may_hold_a_newline(tmp_path):
+    raw = seed_dict()
+    backend(raw, "cluster")["description"] = "the cluster\n(ask Ann for an account)"
+    assert validate(tmp_path, raw).ok
