@@ -122,13 +122,17 @@ def build_server_argv(port: int, python: str | None = None) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port)]
 
 
-def build_server_env(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Return the server's environment: *base* (default ``os.environ``) plus our settings."""
+def build_server_env(home: Path, url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Return the environment of the server at *url*: *base* (default ``os.environ``) plus our settings."""
     env = dict(os.environ if base is None else base)
     # The server must not think it is a client of some other API.
     env.pop("PREFECT_API_URL", None)
     env.update({
         "PREFECT_HOME": str(home),
+        # The UI asks /ui-settings where its API is. `prefect server start --port`
+        # does not tell it: left alone, the UI calls 127.0.0.1:4200 and shows
+        # "Can't connect to Server API" (issue 12).
+        "PREFECT_SERVER_UI_API_URL": url,
         # Offline machines: without these the server logs telemetry errors (notes).
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
@@ -285,12 +289,12 @@ def start_embedded(training_dir: str | os.PathLike, *, set_env: bool = True,
 
 def _start(home: Path, deadline_s: float) -> EmbeddedServer:
     log_path = home / "server.log"
-    env = build_server_env(home)
     last_failure = ""
     for _attempt in range(START_ATTEMPTS):
         port = _free_port()
         argv = build_server_argv(port)
         url = api_url(port)
+        env = build_server_env(home, url)
         with open(log_path, "ab") as log_file:
             log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} "
                            f"pid {os.getpid()} starts: {' '.join(argv)}\n".encode())

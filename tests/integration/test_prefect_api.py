@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,11 @@ def _wait_until(predicate, deadline_s: float, interval: float = 0.1) -> bool:
 def test_pure_builders():
     assert build_server_argv(4321, python="/py") == [
         "/py", "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", "4321"]
-    env = build_server_env(Path("/x/prefect"),
+    env = build_server_env(Path("/x/prefect"), "http://127.0.0.1:4321/api",
                            base={"PREFECT_API_URL": "http://elsewhere/api", "PATH": "/bin"})
     assert env["PREFECT_HOME"] == "/x/prefect"
+    # The UI is told where its API is: `--port` alone leaves it calling 127.0.0.1:4200 (issue 12).
+    assert env["PREFECT_SERVER_UI_API_URL"] == "http://127.0.0.1:4321/api"
     assert "PREFECT_API_URL" not in env and env["PATH"] == "/bin"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"
     assert env["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"].endswith("lease_storage.filesystem")
@@ -90,6 +93,9 @@ def test_a_set_prefect_api_url_is_used_and_nothing_started(tmp_path, monkeypatch
 def test_fixture_sets_api_url_and_state_file(prefect_api):
     assert os.environ["PREFECT_API_URL"] == prefect_api.url
     assert is_healthy(prefect_api.url)
+    if prefect_api.home is not None:  # the embedded server's UI asks /ui-settings where its API is
+        with urllib.request.urlopen(prefect_api.url[: -len("/api")] + "/ui-settings", timeout=10) as answer:
+            assert json.loads(answer.read())["api_url"] == prefect_api.url
     if prefect_api.home is None:
         pytest.skip("external PREFECT_API_URL: no state file")
     state = read_state(prefect_api.home)
