@@ -22,7 +22,8 @@ Files under ``<training_dir>/prefect/`` (its ``PREFECT_HOME``):
 Public API: ``embedded_prefect``, ``start_embedded``, ``EmbeddedServer``,
 ``install_sigterm_exit``, ``ensure_concurrency_limit``,
 ``release_leaked_slots``; pure builders ``build_server_argv``,
-``build_server_env``; ``prefect_home``, ``read_state``, ``is_healthy``.
+``build_server_env``, ``ui_url_for``; ``prefect_home``, ``read_state``,
+``is_healthy``.
 
 This module imports ``prefect`` only inside the functions that talk to the
 API, so starting or reusing the server costs no Prefect import.
@@ -150,6 +151,21 @@ def build_server_env(home: Path, url: str, base: dict[str, str] | None = None) -
 
 def api_url(port: int) -> str:
     return f"http://127.0.0.1:{port}/api"
+
+
+def ui_url_for(api: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """Return the Prefect UI's URL for the API at *api*: ``PREFECT_UI_URL`` if set, else *api* less ``/api``.
+
+    ``PREFECT_UI_URL`` is Prefect's own setting, for a UI reached at another
+    address than its API (a reverse proxy).
+    """
+    explicit = (os.environ if environ is None else environ).get("PREFECT_UI_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    if not api:
+        return None
+    url = api.rstrip("/")
+    return url[: -len("/api")] if url.endswith("/api") else url
 
 
 # -- state file, health ---------------------------------------------------------

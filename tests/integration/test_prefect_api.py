@@ -16,7 +16,7 @@ import pytest
 
 from potato.prefect_api import (
     LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, is_healthy,
-    read_state, release_leaked_slots, start_embedded, _lease_ids_for,
+    read_state, release_leaked_slots, start_embedded, ui_url_for, _lease_ids_for,
 )
 
 pytestmark = pytest.mark.prefect
@@ -77,6 +77,17 @@ def test_pure_builders():
     assert "PREFECT_API_URL" not in env and env["PATH"] == "/bin"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"
     assert env["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"].endswith("lease_storage.filesystem")
+
+
+@pytest.mark.parametrize("api, environ, ui", [
+    ("http://127.0.0.1:4321/api", {}, "http://127.0.0.1:4321"),
+    ("http://prefect.lab:4200/api/", {}, "http://prefect.lab:4200"),
+    ("http://127.0.0.1:4321/api", {"PREFECT_UI_URL": "https://prefect.lab.example.org/"},
+     "https://prefect.lab.example.org"),
+    (None, {}, None),
+])
+def test_ui_url_for_an_api(api, environ, ui):
+    assert ui_url_for(api, environ) == ui
 
 
 def test_a_set_prefect_api_url_is_used_and_nothing_started(tmp_path, monkeypatch):
