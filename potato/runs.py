@@ -142,7 +142,10 @@ def describe_worker_failure(ctx, code: int) -> str:
 
 def describe_interruption(config: ProjectConfig, exc: BaseException) -> str:
     """Why the flow stopped when Prefect or a signal interrupted it."""
-    if isinstance(exc, SystemExit):
+    from prefect.exceptions import TerminationSignal  # only a flow calls this: prefect is loaded
+
+    # Inside a flow Prefect's own handler turns SIGTERM into TerminationSignal.
+    if isinstance(exc, (SystemExit, TerminationSignal)):
         return "The flow process was stopped (SIGTERM) while the run was active"
     if isinstance(exc, KeyboardInterrupt):
         return "The flow process was interrupted while the run was active"

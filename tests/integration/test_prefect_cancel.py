@@ -1,12 +1,14 @@
 """Cancel from either side: Prefect's cancel stops a Potato run as Cancel run does, and Potato's shows in Prefect.
 
 The flow here is the dispatcher's child process (the embedded default); the
-deployment path, with a real Prefect worker, is in test_deployment.py.
+deployment path, with a real Prefect worker, is in test_deployment.py, and
+Potato's own cancel showing in Prefect in test_local_runs.py.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +59,19 @@ def test_cancelling_the_flow_run_in_prefect_cancels_the_run(prefect_api, tmp_pat
     assert "Run 1 was cancelled" in (tmp_path / "cli.log").read_text() and cli.returncode == 1
     assert not process_alive(run.worker_pid) and not process_alive(run.flow_pid)
     assert processes_matching(str(tmp_path)) == []
+
+
+def test_sigterm_to_the_dispatchers_flow_fails_the_run_saying_so(prefect_api, tmp_path):
+    """SIGTERM is how the dispatcher stops its flows when the server stops: not a cancel, not the wall clock."""
+    config = tiny_project(tmp_path, grace_seconds=5, max_wall_seconds=600, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
+    store = store_of(config)
+    try:
+        run = wait_for_training(store, 1)
+        os.kill(run.flow_pid, signal.SIGTERM)
+        run = wait_for_state(store, 1, ("cancelled", "failed", "succeeded"), timeout=60)
+    finally:
+        cli.wait(timeout=60)
+    assert (run.state, run.error) == ("failed", "The flow process was stopped (SIGTERM) while the run was active")
+    wait_for(lambda: not process_alive(run.flow_pid), 30, "the flow process to exit")
+    assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
