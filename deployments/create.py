@@ -101,12 +101,10 @@ def deploy(argv: list[str]) -> None:
         raise DeployFailed(f"prefect deploy failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
 
 
-def create_project_deployment(config_path: str, cron: str | None, timezone: str | None) -> str:
-    """Register the deployment of the project at *config_path*; return its name, ``training-run/<project>``."""
+def load_project(config_path: str, cron: str | None, timezone: str | None):
+    """Return the project's config, or raise ``SetupError`` for a bad config or schedule (before any Prefect call)."""
     from potato.config import load_config
     from potato.errors import ConfigError
-    from potato.prefect_api import ensure_concurrency_limit
-    from potato.prefect_runs import limit_name, project_key_of
 
     try:
         config = load_config(config_path)
@@ -114,6 +112,14 @@ def create_project_deployment(config_path: str, cron: str | None, timezone: str 
         raise SetupError(str(exc)) from None
     if cron:
         check_schedule(cron, timezone)
+    return config
+
+
+def deploy_project(config, cron: str | None, timezone: str | None) -> str:
+    """Register the project's own deployment and its concurrency limit; return ``training-run/<project>``."""
+    from potato.prefect_api import ensure_concurrency_limit
+    from potato.prefect_runs import limit_name, project_key_of
+
     key = project_key_of(config)
     ensure_concurrency_limit(limit_name(config), 1)
     deploy(build_project_deploy_argv(key, config.path.resolve(), ["potato", f"project:{key}"], cron, timezone))
@@ -135,11 +141,12 @@ def main(argv: list[str] | None = None) -> int:
               "e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         return 1
     try:
+        project = load_project(args.config, args.cron, args.timezone) if args.config else None
         ensure_work_pool(POOL)
-        if args.config:
-            name = create_project_deployment(args.config, args.cron, args.timezone)
+        if project is not None:
+            name = deploy_project(project, args.cron, args.timezone)
             when = f"on the schedule {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else "when started"
-            print(f"Deployment {name} runs {Path(args.config).resolve()} {when}, on work pool {POOL!r}")
+            print(f"Deployment {name} runs {project.path.resolve()} {when}, on work pool {POOL!r}")
         else:
             deploy([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"])
             print(f"Deployment {FLOW}/{GENERIC} is on work pool {POOL!r}")

@@ -149,3 +149,21 @@ def test_project_deploy_argv_and_schedule_checks():
         "\"0 3 * *\"). Example: --cron \"0 3 * * *\" --timezone Europe/Berlin")
     with pytest.raises(SetupError, match="'Mars/Base' is not a schedule Prefect accepts"):
         check_schedule("0 3 * * *", "Mars/Base")
+
+
+def test_deployments_create_refuses_bad_input_before_calling_prefect(tmp_path, monkeypatch, capsys):
+    from deployments.create import main
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # nothing listens: any Prefect call would fail
+    config = make_project(tmp_path)
+    assert main(["--config", str(config), "--cron", "0 3 * *"]) == 2
+    assert capsys.readouterr().err.startswith("Error: --cron '0 3 * *' --timezone 'UTC' is not a schedule")
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["--cron", "0 3 * * *"])
+    assert usage.value.code == 2
+    assert "--cron and --timezone schedule one project's runs: give its --config too" in capsys.readouterr().err
+    monkeypatch.delenv("PREFECT_API_URL")
+    assert main([]) == 1
+    assert capsys.readouterr().err.startswith("PREFECT_API_URL is not set")
