@@ -75,7 +75,7 @@ def prefect_worker(deployment, tmp_path_factory):
 
 
 def test_prefect_deployment_run_creates_and_runs_a_tagged_run(prefect_worker, tmp_path):
-    config = tiny_project(tmp_path)
+    config = tiny_project(tmp_path, n_items=30, trainer={"epochs": 3})
     started = subprocess.run(
         [PREFECT, "deployment", "run", "training-run/potato", "--param", f"config={config}",
          "--param", "backend=local"],
@@ -196,7 +196,7 @@ def test_cancelling_a_run_no_worker_started_ends_it_at_once(unserved_deployment,
 def test_a_cron_schedule_retrains_a_project_on_its_backend(prefect_worker, tmp_path):
     from prefect.client.orchestration import get_client
 
-    config = tiny_project(tmp_path, n_items=30)
+    config = tiny_project(tmp_path, n_items=30, trainer={"epochs": 3})
     key = project_key_of(load_config(config))
     created = subprocess.run([sys.executable, "-m", "deployments.create", "--config", str(config), "--cron", "* * * * *"],
                              cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
