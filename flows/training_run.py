@@ -10,9 +10,15 @@ and test without Prefect; the tasks here only call them. Clean-up runs in
 
 Started by the dispatcher as ``python -m flows.training_run --config C --run-id N``
 (the flow then owns its process's main thread, so Prefect's timeout interrupts
-blocking calls), by a Prefect work pool through the deployment
-``training-run/potato``, or by ``prefect deployment run`` with ``config`` and
-``backend`` parameters, in which case the flow creates the run record itself.
+blocking calls; its flow run belongs to the deployment
+``training-run/potato-dispatcher`` so that the Prefect UI can cancel it), by a
+Prefect work pool through the deployment ``training-run/potato``, or by
+``prefect deployment run`` or a schedule with ``config`` (and ``backend``)
+parameters, in which case the flow creates the run record itself.
+
+The Prefect side of a run (``potato.prefect_runs``): the flow holds its
+project's concurrency limit, tags its flow run, and turns a cancel in Prefect
+into the store's cancel request, which it then carries out as Cancel run does.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ from potato.errors import PotatoError
 
 log = logging.getLogger(__name__)
 
+# Every project's concurrency limit is named LIMIT_NAME-<project> (potato.prefect_runs).
 LIMIT_NAME = "potato-training"
 
 # Measured here: healthy after 4–10 s on a warm DB, 13–15 s on a fresh one
@@ -422,7 +423,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 # -- the concurrency limit --------------------------------------------------------
 
-def ensure_concurrency_limit(name: str = LIMIT_NAME, limit: int = 1) -> None:
+def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
     """Create the global concurrency limit *name* with *limit* slots if missing (or fix it).
 
     Uses the client API: ``prefect gcl create`` costs seconds more per call.
@@ -448,8 +449,7 @@ def ensure_concurrency_limit(name: str = LIMIT_NAME, limit: int = 1) -> None:
                 name, GlobalConcurrencyLimitUpdate(limit=limit, active=True))
 
 
-def release_leaked_slots(name: str = LIMIT_NAME, *,
-                         home: str | os.PathLike | None = None) -> int:
+def release_leaked_slots(name: str, *, home: str | os.PathLike | None = None) -> int:
     """Set the active slots of limit *name* to 0; return how many were taken.
 
     Only call this when the store says no run is active (reconciliation after

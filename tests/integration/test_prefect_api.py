@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from potato.prefect_api import (
-    LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, is_healthy,
+    LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, ensure_concurrency_limit, is_healthy,
     read_state, release_leaked_slots, start_embedded, ui_url_for, _lease_ids_for,
 )
 
@@ -233,6 +233,8 @@ def test_two_starters_share_one_server_and_sigterm_leaves_no_orphan(tmp_path):
 def test_slot_of_a_killed_holder_is_released(prefect_api):
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
+
+    ensure_concurrency_limit(LIMIT_NAME, 1)
 
     script = textwrap.dedent(f"""
         import time
