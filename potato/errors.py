@@ -12,7 +12,8 @@ Importable without I/O. The tree::
     ├── RunError                a run ends failed with a message meant for the user
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
-    │   └── RunCancelled        a cancel was requested and carried out
+    │   ├── RunCancelled        a cancel was requested and carried out
+    │   └── NoPrefectWorker     no Prefect worker started a deployment's run in time
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
     │   ├── RemoteCommandError  a remote command ran and failed
@@ -100,6 +101,20 @@ class RunCancelled(RunError):
 
     def __init__(self, message: str = "Cancelled"):
         super().__init__(message)
+
+
+class NoPrefectWorker(RunError):
+    """Raised when no Prefect worker started a run handed to a work pool within ``max_wall_seconds``."""
+
+    def __init__(self, run_id: int, pool: str | None, seconds: float):
+        self.run_id = run_id
+        self.pool = pool
+        self.seconds = seconds
+        where = f"work pool {pool!r}" if pool else "its work pool"
+        start = f"prefect worker start --pool {pool}" if pool else "prefect worker start --pool <pool>"
+        super().__init__(
+            f"No Prefect worker started run {run_id} within {seconds:g} seconds of its queueing on {where} "
+            f"(model_training.max_wall_seconds); start one on the annotation server's host: {start}")
 
 
 class BackendError(PotatoError):

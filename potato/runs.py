@@ -5,8 +5,10 @@ starts the oldest queued run when no run is active, by starting the flow in a
 child process (the embedded default) or through ``run_deployment`` when
 ``model_training.prefect_deployment`` names a deployment. Whatever the backend,
 one run executes at a time (SPEC §3): the store's atomic claim decides which
-run starts, and the flow also holds the Prefect concurrency limit
-``potato-training``, so runs started from Prefect directly wait their turn too.
+run starts, and the flow also holds the project's Prefect concurrency limit
+``potato-training-<project>`` (``potato.prefect_runs``), so runs started from
+Prefect directly wait their turn too, and other projects on the same Prefect
+never wait for this one.
 """
 
 from __future__ import annotations
@@ -21,15 +23,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from potato import prefect_runs
 from potato.config import ProjectConfig
 from potato.errors import PotatoError, WallTimeExceeded
-from potato.prefect_api import LIMIT_NAME
 from potato.store import END_STATES, Run, Store
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRAINER = "hf-text-classification"
-CONCURRENCY_LIMIT = LIMIT_NAME  # "potato-training": held by every training flow
 # Added to max_wall_seconds for Prefect's own flow timeout: the relay step's
 # one-second check stops the run first; Prefect's timeout is the backstop.
 FLOW_TIMEOUT_MARGIN_S = 60
@@ -116,13 +117,21 @@ def create_run(
 
 
 def cancel_run(config: ProjectConfig, store: Store, run_id: int) -> Run:
-    """Cancel *run_id*: a queued run ends at once; an active one is stopped by its flow."""
+    """Cancel *run_id*: a queued run ends at once; an active one is stopped by its flow.
+
+    A run handed to a Prefect work pool that no worker has started yet has no
+    flow to stop it: its flow run is cancelled in Prefect and the run ends now.
+    """
     run = store.get_run(run_id)
     if run.state in END_STATES:
         return run
     if store.transition(run_id, "cancelled", from_states=("queued",), error="Cancelled before it started"):
         return store.get_run(run_id)
-    return store.request_cancel(run_id)
+    # Requested first: should a worker start the flow this instant, the flow sees it before spawning.
+    run = store.request_cancel(run_id)
+    if prefect_runs.waits_for_a_worker(run):
+        return prefect_runs.cancel_before_a_worker(store, run)
+    return run
 
 
 def finish_run(store: Store, run_id: int, state: str, error: str | None) -> Run:
@@ -158,7 +167,10 @@ def describe_worker_failure(ctx, code: int) -> str:
 
 def describe_interruption(config: ProjectConfig, exc: BaseException) -> str:
     """Why the flow stopped when Prefect or a signal interrupted it."""
-    if isinstance(exc, SystemExit):
+    from prefect.exceptions import TerminationSignal  # only a flow calls this: prefect is loaded
+
+    # Inside a flow Prefect's own handler turns SIGTERM into TerminationSignal.
+    if isinstance(exc, (SystemExit, TerminationSignal)):
         return "The flow process was stopped (SIGTERM) while the run was active"
     if isinstance(exc, KeyboardInterrupt):
         return "The flow process was interrupted while the run was active"
@@ -183,12 +195,6 @@ def after_flow(config: ProjectConfig, run_id: int, state) -> None:
         return
     message = getattr(state, "message", None) or "the flow ended before the run finished"
     finish_run(store, run_id, "failed", f"The run's flow ended early: {message}")
-
-
-def ensure_prefect_limit() -> None:
-    from potato.prefect_api import ensure_concurrency_limit
-
-    ensure_concurrency_limit(CONCURRENCY_LIMIT, 1)
 
 
 # ---------------------------------------------------------------- dispatching
@@ -245,7 +251,7 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True)
         try:
             from potato.prefect_api import release_leaked_slots
 
-            release_leaked_slots(CONCURRENCY_LIMIT)
+            release_leaked_slots(prefect_runs.limit_name(config))
         except Exception as exc:  # Prefect down: the flow's own lease expiry frees it later
             log.warning("Could not release the Prefect concurrency slot: %s", exc)
     return failed
@@ -273,6 +279,8 @@ class Dispatcher:
                     finish_run(self.store, run_id, "failed",
                                f"The run's flow process exited with code {process.returncode} before the run finished; "
                                f"see {run_dir(self.config, run_id) / 'flow.log'}")
+        if self.config.model_training.prefect_deployment:
+            prefect_runs.fail_runs_no_worker_started(self.config, self.store)
         run = self.store.claim_next_queued(only_when_idle=True, step="starting the run's flow")
         if run is not None:
             self.launch(run)
@@ -304,9 +312,11 @@ class Dispatcher:
             parameters={"config": str(self.config.path), "run_id": run.id},
             timeout=0,
             flow_run_name=f"run-{run.id}",
+            tags=prefect_runs.flow_run_tags(self.config, run),
         )
-        self.store.update_run(run.id, prefect_flow_run_id=str(flow_run.id),
-                              step=f"waiting for a Prefect worker (deployment {deployment})")
+        step = f"waiting for a Prefect worker on pool {flow_run.work_pool_name}"
+        self.store.update_run(run.id, prefect_flow_run_id=str(flow_run.id), step=step)
+        self.store.add_event(run.id, "step", {"text": step})  # as RunContext.set_step keeps step rows
 
     def wait_for_flows(self, timeout: float = 15) -> None:
         """Give flows that recorded their run's end time to exit (Prefect's last API calls)."""

@@ -54,7 +54,8 @@ STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 # the auto-retrain watcher (``auto``). New starters append a value here.
 MANUAL = "manual"
 AUTO = "auto"
-TRIGGERS = (MANUAL, AUTO)
+SCHEDULE = "schedule"  # a Prefect deployment's schedule (deployments.create --cron)
+TRIGGERS = (MANUAL, AUTO, SCHEDULE)
 END_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({RUNNING})
 

@@ -55,6 +55,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     drive the store themselves. *overrides* update ``app.config``.
     """
     from potato import jsonapi, protocol
+    from potato.prefect_api import ui_url_for
     from potato.runs import open_store
     from potato.server import admin_api, page
     from potato.server.background import Background
@@ -69,7 +70,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
         SESSION_COOKIE_SAMESITE="Strict",
         PERMANENT_SESSION_LIFETIME=timedelta(days=7),
         JSON_SORT_KEYS=False,
-        PREFECT_UI_URL=os.environ.get("PREFECT_UI_URL") or _ui_from_api(os.environ.get("PREFECT_API_URL")),
+        PREFECT_UI_URL=ui_url_for(os.environ.get("PREFECT_API_URL")),
     )
     if overrides:
         app.config.update(overrides)
@@ -88,14 +89,6 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
         if background.prefect_ui_url:
             app.config["PREFECT_UI_URL"] = background.prefect_ui_url
     return app
-
-
-def _ui_from_api(api_url: str | None) -> str | None:
-    """The Prefect UI's URL for an API URL (``http://host:port/api`` → ``http://host:port``)."""
-    if not api_url:
-        return None
-    url = api_url.rstrip("/")
-    return url[: -len("/api")] if url.endswith("/api") else url
 
 
 def get_store() -> Store:

@@ -29,11 +29,10 @@ class Background:
 
     def start(self) -> None:
         from potato import runs
-        from potato.prefect_api import start_embedded
-        from potato.server import _ui_from_api
+        from potato.prefect_api import start_embedded, ui_url_for
 
         self.prefect = start_embedded(self.config.training_dir)
-        self.prefect_ui_url = _ui_from_api(self.prefect.url)
+        self.prefect_ui_url = ui_url_for(self.prefect.url)
         log.info("Prefect API at %s", self.prefect.url)
         try:
             self.dispatcher = runs.Dispatcher(self.config, self.store)

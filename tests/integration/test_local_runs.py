@@ -142,6 +142,9 @@ def test_cancel_stops_the_worker_and_leaves_no_process(prefect_api, tmp_path):
     assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
     done = [e for e in store.events(1) if e.kind == "done"]
     assert done and done[-1].data["status"] == "cancelled"  # the worker stopped on SIGTERM, cleanly
+    flow_run, _ = _flow_run(run.prefect_flow_run_id)  # Prefect shows Potato's cancel, with the reason
+    assert (flow_run.state.type.value, flow_run.state.message) == (
+        "CANCELLED", "Run 1 was cancelled in Potato (Cancel run); its worker was stopped")
 
 
 def test_ctrl_c_in_the_cli_cancels_the_run(prefect_api, tmp_path):
