@@ -965,6 +965,20 @@ def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], back
     )
 
 
+def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
+                                backends: Mapping[str, BackendConfig], issues: _Issues) -> None:
+    """A local-only trainer (decision-calibrate) cannot auto-retrain elsewhere: every queued run would be refused."""
+    from potato.trainers import LOCAL_ONLY
+
+    name = auto_retrain.backend or (default if isinstance(default, str) else None) or "local"
+    backend = backends.get(name)
+    if auto_retrain.trainer in LOCAL_ONLY and backend is not None and backend.type != "local":
+        path = "model_training.auto_retrain"
+        issues.error(f"{path}.trainer", f"{path}.trainer is {auto_retrain.trainer!r}, which runs only on the "
+                     f"local backend, but auto-retraining would run it on {name!r} ({backend.type}); set "
+                     f"{path}.backend: local")
+
+
 def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                           issues: _Issues) -> ModelTrainingConfig:
     path = "model_training"
@@ -1003,6 +1017,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     _check_backend_ref(mt_raw.get("backend"), f"{path}.backend", names, issues)
     ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
     auto_retrain = _build_auto_retrain(ar_raw, scheme_names, names, issues)
+    _check_auto_retrain_backend(auto_retrain, mt_raw.get("backend"), backends, issues)
     if mt["enabled"] and auto_retrain.enabled:
         # Potato 2.12 retrains by itself when both are true (its training/manager.py).
         issues.warn(f"{path}.enabled", f"{path}.enabled and {path}.auto_retrain.enabled are both true: "

@@ -114,6 +114,12 @@ ERRORS = {
         {"writeback": {"schemas": ["sentiment"], "field": "id"}},
         "model_training.writeback.field is 'id'; each record names its item under id, so use another key, "
         "e.g. predictions"),
+    "a local-only trainer auto-retraining elsewhere": (
+        {"auto_retrain": {"enabled": True, "trainer": "decision-calibrate", "schemas": ["sentiment"],
+                          "backend": "gpu"},
+         "backends": {"gpu": {"type": "ssh", "host": "gpu.example.org"}}},
+        "model_training.auto_retrain.trainer is 'decision-calibrate', which runs only on the local backend, "
+        "but auto-retraining would run it on 'gpu' (ssh); set model_training.auto_retrain.backend: local"),
     "NaN min_confidence": (
         {"writeback": {"schemas": ["sentiment"], "min_confidence": float("nan")}},
         "model_training.writeback.min_confidence is nan; use a number"),
