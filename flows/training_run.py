@@ -142,6 +142,7 @@ def training_run(
     options: dict | None = None,
 ):
     """Execute training run *run_id* of the project at *config* (or create one first)."""
+    os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     cfg = load_config(config)
     store = runs.open_store(cfg)
     if run_id is None:

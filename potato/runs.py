@@ -51,8 +51,21 @@ class UnknownBackendError(RunRequestError):
 
 
 def open_store(config: ProjectConfig) -> Store:
-    config.training_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.training_dir)
     return Store(config.training_dir / "runs.db")
+
+
+def private_dir(path: Path) -> Path:
+    """Make *path* a directory only its owner can enter (0700), tightening one made wider before.
+
+    Everything training keeps (the store, run logs, bundles of the annotators'
+    labels, models, predictions) lives under such directories; the commands
+    and the flow also run with umask 077, so what they create inside is 0600.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def run_dir(config: ProjectConfig, run_id: int) -> Path:
@@ -86,7 +99,7 @@ def create_run(
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
     run = store.create_run(trainer, list(schemas), backend, options or {})
-    run_dir(config, run.id).mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir(config, run.id))
     return run
 
 
@@ -258,8 +271,7 @@ class Dispatcher:
         if deployment:
             self._launch_deployment(run, deployment)
             return
-        directory = run_dir(self.config, run.id)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir(run_dir(self.config, run.id))
         argv = [self.python, "-m", "flows.training_run", "--config", str(self.config.path), "--run-id", str(run.id)]
         with open(directory / "flow.log", "ab") as out:
             # Its own session: a Ctrl-C in the terminal reaches the CLI, not the flow,

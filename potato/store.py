@@ -211,6 +211,22 @@ def _row_to_event(row: sqlite3.Row) -> Event:
                  data=json.loads(row["data"]))
 
 
+def _make_private(path: Path) -> None:
+    """Create the store file 0600 before SQLite opens it, and tighten one an older version left wider.
+
+    SQLite creates the ``-wal`` and ``-shm`` files with the database file's
+    mode, so all three stay readable by the owner only: they hold token
+    hashes, labels' provenance and every run's log.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except (FileNotFoundError, PermissionError):  # not there yet, or another account's store
+            pass
+
+
 def _check_fields(fields: Mapping[str, Any]) -> None:
     unknown = sorted(set(fields) - _UPDATABLE)
     if unknown:
@@ -236,6 +252,7 @@ class Store:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(self.path)
         self._migrate()
 
     # -- connections -------------------------------------------------------

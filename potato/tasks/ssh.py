@@ -288,7 +288,8 @@ def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
 
 def make_job_dir(session: SshSession, ctx: RunContext) -> str:
     session.job_dir = f"{session.remote_dir}/jobs/{ctx.run_id}-{secrets.token_hex(4)}"
-    session.connection.run(f"mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
+    # 0700: the bundle holds the annotators' labels, and a GPU server is shared.
+    session.connection.run(f"umask 077 && mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
     return session.job_dir
 
 

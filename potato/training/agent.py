@@ -488,6 +488,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = make_parser().parse_args(argv)
+    os.umask(0o077)  # the job's bundle (the annotators' labels), model and predictions are the account's only
     if args.socket:
         return run_for_ssh(args)
     if args.server:

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.potato_project import make_project
 from tests.support.runs import (
-    potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
+    assert_private, potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
 )
 from tests.support.remote_host import assert_host_clean, host_processes
 
@@ -119,6 +119,7 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     leaked = [w for w in seen_cmdlines if hashlib.sha256(w.encode()).hexdigest() == run.run_token_hash]
     assert leaked == [] and run.run_token_hash
     assert_host_clean(sshd_service)
+    assert_private(config.parent / "annotation_output/training")  # the copied model included
 
     # The second run finds the code there and copies none.
     again = potato("training", "run", str(config))
