@@ -143,6 +143,13 @@ def make_remote_command(words: Sequence[str], *, env: Mapping[str, str] | None =
     return command
 
 
+def with_env(command: str, env: Mapping[str, str] | None) -> str:
+    """*command* for the remote shell, after exporting *env* (the backend's ``env``)."""
+    if not env:
+        return command
+    return "export " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + "; " + command
+
+
 def remote_path(path: str) -> str:
     """Quote a remote path for the shell, keeping a leading ``~/`` as the login's home."""
     if path == "~":

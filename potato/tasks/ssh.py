@@ -25,32 +25,26 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tarfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from potato.errors import BackendError, RemoteCommandError, TrainerImportError
+from potato.tasks import fetch
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
 from potato.tasks.gpus import GpuChoice, choose_gpus, mark_kernels, parse_nvidia_smi
-from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path
+from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path, with_env
 from potato.tasks.protocol_server import ProtocolServer
-from potato.training.safe_paths import UnsafeName, create_file, expect_files, extract_tar, name_problem
 
 PROBE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "probe.py"
-LIST_FILES_SOURCE = PROBE_SOURCE.with_name("list_files.py")
 TRAINER_PACKAGES = {"hf-text-classification": ("torch", "transformers", "peft")}
 MIN_PYTHON = (3, 8)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # How long the agent may take to exit on its own after a cancel's grace period, before the
 # connection is closed under it (it then kills its worker itself, on stdin's end).
 STOP_MARGIN_S = 2.0
-STEP_UPDATE_S = 0.5
-# Files at least this large are copied with one `cat` each, the rest in one tar stream.
-CAT_MIN_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -87,7 +81,7 @@ class RemoteAgent:
 def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: list[str],
                        env: dict | None = None) -> str:
     words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages)])
-    return _with_env(f"exec {remote_path(python)} {words}", env)
+    return with_env(f"exec {remote_path(python)} {words}", env)
 
 
 def make_agent_env(session: SshSession, ctx: RunContext) -> dict[str, str]:
@@ -129,12 +123,6 @@ def make_venv_command(python: str, env_dir: str, packages: list[str]) -> str:
         f"{q_tmp}/bin/python -c {rename} {q_tmp} {q_env}; "
         f"status=$?; rm -rf {q_tmp}; [ -x {q_env}/bin/python ] || exit $status; fi"
     )
-
-
-def _with_env(command: str, env: dict | None) -> str:
-    if not env:
-        return command
-    return "export " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + "; " + command
 
 
 def _absolute(path: str, home: str) -> str:
@@ -368,7 +356,7 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
         ctx.store.update_run(ctx.run_id, artifact_uri=f"{session.host}:{remote_artifacts}")
         ctx.log.info(f"fetch_artifacts is false: the model stays on {session.host} in {remote_artifacts}")
         return
-    files, refused = _list_remote_files(session, remote_artifacts)
+    files, refused = fetch.list_remote_files(session, remote_artifacts)
     _refused(ctx, session, refused)
     if not files:
         ctx.log.info("The trainer saved no artifacts")
@@ -380,7 +368,7 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
             session.left_on_host = True
             ctx.log.warning(f"{name} ({size / 1048576:.0f} MB) is larger than max_artifact_mb and stays on "
                             f"{session.host} in {remote_artifacts}")
-    copy_artifacts(ctx, session, take)
+    _refused(ctx, session, fetch.copy_artifacts(ctx, session, take))
     uri = str(ctx.artifacts_dir)
     if session.left_on_host:
         uri += f" (and {session.host}:{remote_artifacts})"
@@ -393,191 +381,6 @@ def _refused(ctx: RunContext, session: SshSession, refused: list[tuple[str, str]
         session.left_on_host = True
         ctx.log.warning(f"Not copied from {session.host}: {name!r} in the artifacts, because {why}; "
                         f"it stays on the host in {session.job_dir}/artifacts")
-
-
-# Why list_files.py's kinds other than "f" (a regular file) are never copied.
-REFUSED_KINDS = {
-    b"l": "it is a symbolic link", b"p": "it is a FIFO", b"c": "it is a device", b"b": "it is a device",
-    b"s": "it is a socket", b"u": "it has the setuid or setgid bit", b"?": "the host could not read it",
-}
-
-
-def parse_listing(data: bytes) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
-    """(files to copy as (size, name), entries refused as (name, why)) from list_files.py's output.
-
-    Records end with NUL, so a name cannot split or forge one; every name
-    must still pass ``safe_paths.name_problem``, and only kind ``f`` is copied.
-    """
-    files, refused = [], []
-    *complete, rest = data.split(b"\0")
-    if rest:
-        refused.append((rest.decode("utf-8", "backslashreplace"), "the listing was cut short"))
-    for record in complete:
-        kind, _, tail = record.partition(b" ")
-        size, _, raw = tail.partition(b" ")
-        try:
-            name = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            refused.append((raw.decode("utf-8", "backslashreplace"), "its name is not valid UTF-8"))
-            continue
-        if kind != b"f":
-            problem = REFUSED_KINDS.get(kind, "the listing did not say what it is")
-        elif not size.isdigit():
-            problem = "the listing gave no size for it"
-        else:
-            problem = name_problem(name)
-        if problem:
-            refused.append((name, problem))
-        else:
-            files.append((int(size), name))
-    return sorted(files, key=lambda f: f[1]), refused
-
-
-def _list_remote_files(session: SshSession, directory: str) -> tuple[list[tuple[int, str]], list[tuple[str, str]]]:
-    command = _with_env(f"exec {remote_path(session.python)} - {shlex.quote(directory)}", session.target.env)
-    done = session.connection.run(command, input=LIST_FILES_SOURCE.read_bytes(), timeout=120)
-    return parse_listing(done.stdout)
-
-
-def copy_artifacts(ctx: RunContext, session: SshSession, files: list[tuple[int, str]]) -> int:
-    """Copy *files* of the remote artifacts into ``artifacts/``; return bytes copied.
-
-    Large files (the weights) come as plain ``cat`` streams through the master
-    connection, straight into a file this side created (``safe_paths``:
-    ``O_EXCL | O_NOFOLLOW``, proven inside ``artifacts.partial/``), so no byte
-    of them passes through Python (bench/ssh_bench.py: a pipe through Python
-    ran at 0.56× ``ssh host cat``). The small rest comes as one tar stream that
-    Python unpacks member by member, taking only the regular files it asked
-    for at the sizes listed: the host's ``tar`` is no more trusted than its
-    listing. Progress and the stall timer read the bytes that have landed; a
-    host sending more than it listed is stopped. The copy lands in
-    ``artifacts.partial/`` and is renamed only when complete, so a partial
-    copy never looks like a model.
-    """
-    partial = ctx.run_dir / "artifacts.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True, mode=0o700)
-    remote_root = session.job_dir + "/artifacts"
-    large = [name for size, name in files if size >= CAT_MIN_BYTES]
-    small = {name: size for size, name in files if size < CAT_MIN_BYTES}
-    processes: list[subprocess.Popen] = []
-    refused: list[tuple[str, str]] = []
-    unpacker = None
-    try:
-        for name in large:
-            try:
-                out = create_file(str(partial), name)
-            except (UnsafeName, FileExistsError) as exc:  # a listing no real directory tree gives
-                refused.append((name, str(exc)))
-                continue
-            with out:
-                processes.append(session.connection.popen(
-                    f"exec cat {shlex.quote(remote_root + '/' + name)}", stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.PIPE))
-        if small:
-            remote = session.connection.popen(f"cd {shlex.quote(remote_root)} && exec tar cf - -T -",
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            processes.append(remote)
-            unpacker = _Unpacker(remote.stdout, partial, small)
-            # "./": a name starting with "-" must not read as one of tar's options.
-            remote.stdin.write("".join(f"./{name}\n" for name in small).encode())
-            remote.stdin.close()
-        copied = _watch_copy(ctx, session, processes, unpacker, partial, sum(size for size, _ in files))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        if unpacker is not None:
-            unpacker.join(timeout=10)
-    _refused(ctx, session, refused + (unpacker.refused if unpacker else []))
-    shutil.rmtree(ctx.artifacts_dir, ignore_errors=True)
-    partial.rename(ctx.artifacts_dir)
-    count = sum(len(names) for _, _, names in os.walk(ctx.artifacts_dir))
-    ctx.log.info(f"Copied {count} artifact files ({copied / 1e6:.1f} MB) from {session.host}")
-    return copied
-
-
-class _Unpacker(threading.Thread):
-    """Unpacks the host's tar stream into ``artifacts.partial/``, taking only the files asked for."""
-
-    def __init__(self, stream, partial: Path, sizes: dict[str, int]):
-        super().__init__(name="potato-unpack", daemon=True)
-        self.stream, self.partial, self.sizes = stream, partial, sizes
-        self.refused: list[tuple[str, str]] = []
-        self.error: str | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            with tarfile.open(fileobj=self.stream, mode="r|") as tar:
-                extract_tar(tar, str(self.partial), accept=expect_files(self.sizes),
-                            refuse=lambda name, why: self.refused.append((name, why)))
-        except (tarfile.TarError, OSError, UnsafeName) as exc:
-            self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.stream.close()
-
-
-def _watch_copy(ctx: RunContext, session: SshSession, processes: list[subprocess.Popen],
-                unpacker: _Unpacker | None, partial: Path, total: int) -> int:
-    """Wait for the copy, showing progress; raise when nothing lands for the stall time or too much does.
-
-    The flow beats the run's heartbeat while it watches: a live flow copying
-    is not an orphaned run (``runs.reconcile``).
-    """
-    stall = float(ctx.backend.get("copy_stall_timeout_s", 180))
-    what = f"copying the model from {session.host}"
-    copied, last_growth = 0, time.monotonic()
-    while True:
-        running = [p for p in processes if p.poll() is None]
-        if running:
-            try:
-                running[0].wait(timeout=STEP_UPDATE_S)  # returns the moment it ends
-            except subprocess.TimeoutExpired:
-                pass
-        elif unpacker is not None and unpacker.is_alive():
-            unpacker.join(timeout=STEP_UPDATE_S)
-        else:
-            break
-        ctx.store.heartbeat(ctx.run_id)
-        landed, now = _bytes_under(partial), time.monotonic()
-        if landed > total:
-            raise BackendError(f"The copy from {session.host} sent more than the {total} bytes its listing "
-                               f"announced; the copy was stopped")
-        if landed > copied:
-            copied, last_growth = landed, now
-            ctx.store.update_run(ctx.run_id, step=f"{what}: {_mb(copied)} of {_mb(total)} MB",
-                                 progress=min(copied / total, 1.0) if total else None)
-        elif now - last_growth > stall:
-            raise BackendError(
-                f"The copy from {session.host} sent nothing for {stall:g} s (the run's predictions are "
-                f"saved; only model files are missing from artifacts/)")
-    for process in processes:
-        if process.returncode != 0:
-            error = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []
-            raise BackendError(f"The copy from {session.host} failed: {error[-1] if error else 'exit status %d' % process.returncode}")
-    if unpacker is not None and unpacker.error:
-        raise BackendError(f"The copy from {session.host} failed: its tar stream could not be read ({unpacker.error})")
-    copied = _bytes_under(partial)
-    ctx.set_step(f"{what}: {_mb(copied)} of {_mb(total)} MB", progress=1.0)
-    return copied
-
-
-def _mb(size: int) -> str:
-    """Megabytes for the step row: whole numbers, but a small model is not "0 of 0 MB"."""
-    return f"{size / 1e6:.0f}" if size >= 10e6 else f"{size / 1e6:.1f}"
-
-
-def _bytes_under(directory: Path) -> int:
-    total = 0
-    for root, _, names in os.walk(directory):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | None) -> None:
@@ -626,7 +429,7 @@ def _remote_clean_up_command(ctx: RunContext, session: SshSession) -> str:
             doomed.append(f"{job}/bundle")  # the model stays where the run log says it is
         else:
             doomed.append(job)
-    return _with_env(kill + "rm -rf " + " ".join(q(p) for p in doomed), session.target.env)
+    return with_env(kill + "rm -rf " + " ".join(q(p) for p in doomed), session.target.env)
 
 
 def _last_line(path: Path) -> str:

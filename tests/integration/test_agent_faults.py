@@ -26,7 +26,7 @@ import pytest
 
 from potato.config import load_config
 from potato.project import build_bundle, pack_bundle
-from tests.support.claims import PREFIX, make_claim
+from tests.support.claims import make_claim
 from tests.support.runs import process_alive, processes_matching, tiny_project, wait_for
 
 pytestmark = [pytest.mark.training]
