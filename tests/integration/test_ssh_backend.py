@@ -259,14 +259,14 @@ def test_a_silent_agent_fails_the_run_and_keeps_its_log(
     store = store_of(config)
     try:
         wait_for_training(store, 1)
-        agents = [line for line in host_processes(sshd_service.user) if "potato.training.agent" in line]
+        agents = [line for line in host_processes(sshd_service) if "potato.training.agent" in line]
         os.kill(int(agents[0].split(":")[0]), signal.SIGSTOP)  # a hung agent: alive, silent
         run = wait_for_state(store, 1, ("failed",), timeout=40)
     finally:
         cli.wait(timeout=60)
     assert run.error == "No word from the agent on gpu-server for 6 seconds"
     assert "potato-agent: worker started (pid" in (run_dir_of(config, 1) / "agent.log").read_text()
-    for line in host_processes(sshd_service.user):  # a stopped process cannot act on its stdin closing
+    for line in host_processes(sshd_service):  # a stopped process cannot act on its stdin closing
         os.kill(int(line.split(":")[0]), signal.SIGCONT)
     assert_host_clean(sshd_service)
 
@@ -279,7 +279,7 @@ def test_a_killed_agent_fails_the_run_at_once_and_its_worker_goes_too(
     store = store_of(config)
     try:
         wait_for_training(store, 1)
-        agents = [line for line in host_processes(sshd_service.user) if "potato.training.agent" in line]
+        agents = [line for line in host_processes(sshd_service) if "potato.training.agent" in line]
         os.kill(int(agents[0].split(":")[0]), signal.SIGKILL)
         run = wait_for_state(store, 1, ("failed",), timeout=30)
     finally:
@@ -306,7 +306,7 @@ def test_a_stalled_copy_fails_with_predictions_saved(
         shutil.chown(artifacts, sshd_service.user)
 
         def stop_the_copy():
-            copies = [line for line in host_processes(sshd_service.user) if "big.bin" in line]
+            copies = [line for line in host_processes(sshd_service) if "big.bin" in line]
             for line in copies:
                 os.kill(int(line.split(":")[0]), signal.SIGSTOP)
                 stopped.append(int(line.split(":")[0]))

@@ -27,9 +27,14 @@ def shared_model():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def host_processes(user: str) -> list[str]:
-    """Command lines of the host user's Potato processes (agent, worker, tar)."""
-    uid = pwd.getpwnam(user).pw_uid
+def host_processes(sshd_service) -> list[str]:
+    """Command lines of this test session's Potato processes on the host (agent, worker, tar, cat).
+
+    Only this session's: its sshd gives every remote process ``POTATO_TEST_SERVICES=<tag>``,
+    and other engineers' sessions run their own runs on the same host user meanwhile.
+    """
+    uid = pwd.getpwnam(sshd_service.user).pw_uid
+    tag = f"\0POTATO_TEST_SERVICES={sshd_service.tag}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -37,6 +42,9 @@ def host_processes(user: str) -> list[str]:
         try:
             if os.stat(f"/proc/{entry}").st_uid != uid:
                 continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if tag not in b"\0" + fh.read():
+                    continue
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -48,10 +56,12 @@ def host_processes(user: str) -> list[str]:
 
 def assert_host_clean(sshd_service, remote_dir: Path | None = None) -> None:
     """No Potato process of the login user, no job directory, no socket left on the host."""
-    wait_for(lambda: not host_processes(sshd_service.user), 15,
-             f"the host to have no Potato processes left: {host_processes(sshd_service.user)}")
+    wait_for(lambda: not host_processes(sshd_service), 15,
+             f"the host to have no Potato processes left: {host_processes(sshd_service)}")
     jobs = (remote_dir or Path(sshd_service.user_home) / ".cache/potato-training") / "jobs"
     assert not jobs.exists() or list(jobs.iterdir()) == []
-    assert not list(Path("/tmp").glob("potato-*.sock"))
+    # Sockets from before this session belong to other sessions (a crashed one leaves its socket file).
+    started = (Path(sshd_service.log).parent.parent / "owner").stat().st_mtime
+    assert not [p for p in Path("/tmp").glob("potato-*.sock") if p.lstat().st_mtime >= started]
 
 
