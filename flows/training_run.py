@@ -96,7 +96,7 @@ def spawn_task(ctx: RunContext, backend, session) -> Any:
 def relay_events_task(ctx: RunContext, backend, session, handle) -> int:
     progress = _ProgressArtifact(ctx)
     ctx.extra["on_progress"] = progress.update
-    return watch(ctx, session, handle, backend, heartbeat_timeout=_heartbeat_timeout(ctx))
+    return watch(ctx, session, handle, backend, heartbeat_timeout=runs.heartbeat_timeout(ctx.config, ctx.run.backend))
 
 
 @_task("record-results")
@@ -194,12 +194,15 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
         ctx.log.error(error)
         raise
     finally:
+        # A sign of life: reconciliation must not take a flow that is cleaning up for a wedged one.
+        store.heartbeat(run_id)
         try:
             if backend is not None:
                 _named(clean_up_task, f"clean up on {where}")(ctx, backend, session, handle)
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
-        runs.finish_run(store, run_id, final_state, error)
+        # Ends the run only once what it started is verified gone; else reconciliation finishes it.
+        runs.end_run(cfg, store, run_id, final_state, error, log=ctx.log)
     if final_state == "cancelled":
         return Cancelled(message=error)
     if final_state != "succeeded":
@@ -227,10 +230,6 @@ class _ProgressArtifact:
                 update_progress_artifact(self.id, progress=100 * fraction, description=text)
         except Exception as exc:  # tracing is a mirror; never fail a run over it
             self.ctx.log.debug(f"Progress artifact not updated: {exc}")
-
-
-def _heartbeat_timeout(ctx: RunContext) -> float:
-    return float(ctx.backend.get("heartbeat_timeout_s") or ctx.config.model_training.heartbeat_timeout_s)
 
 
 def _flow_run_id() -> str | None:

@@ -49,7 +49,7 @@ ACTIVE_STATES = frozenset({RUNNING})
 BUSY_TIMEOUT_S = 30.0
 
 # Columns holding JSON, with the value an absent one decodes to.
-_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict}
+_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict}
 
 # The order of Run's fields and of the runs table's columns.
 RUN_COLUMNS = (
@@ -57,7 +57,7 @@ RUN_COLUMNS = (
     "progress_text", "options", "created_at", "started_at", "finished_at",
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
-    "flow_pid", "worker_pid",
+    "flow_pid", "worker_pid", "remote_job_dir", "remote_socket", "slurm_job_id", "ending",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -114,6 +114,16 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN flow_pid INTEGER;
     ALTER TABLE runs ADD COLUMN worker_pid INTEGER;
     """,
+    # 4: enough to stop what a run started when the flow that started it is gone
+    # (kill -9): an ssh/slurm run's job directory and socket on the host and its
+    # SLURM job id; and ``ending``, the end a run was given while stopping its
+    # worker could not be verified yet (JSON: state, error, since, last_try, why).
+    """
+    ALTER TABLE runs ADD COLUMN remote_job_dir TEXT;
+    ALTER TABLE runs ADD COLUMN remote_socket TEXT;
+    ALTER TABLE runs ADD COLUMN slurm_job_id TEXT;
+    ALTER TABLE runs ADD COLUMN ending TEXT;
+    """,
 )
 
 
@@ -144,6 +154,10 @@ class Run:
     run_token_hash: str | None = None
     flow_pid: int | None = None
     worker_pid: int | None = None
+    remote_job_dir: str | None = None
+    remote_socket: str | None = None
+    slurm_job_id: str | None = None
+    ending: dict = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:

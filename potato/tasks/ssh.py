@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from potato.errors import BackendError, RemoteCommandError, TrainerImportError
-from potato.tasks import fetch
+from potato.tasks import fetch, leftovers
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
 from potato.tasks.gpus import GpuChoice, choose_gpus, mark_kernels, parse_nvidia_smi
@@ -144,10 +144,13 @@ def connect(ctx: RunContext) -> SshSession:
     # a real host's sshd will not unlink it for the next bind (notes).
     remote_socket = f"/tmp/potato-{ctx.run_id}-{secrets.token_hex(6)}.sock"
     connection = Connection(target, forward=(remote_socket, protocol.socket_path))
+    # Recorded first: the master outlives a flow killed with -9, and this is how it is found (leftovers.py).
+    ctx.store.update_run(ctx.run_id, remote_socket=remote_socket)
     try:
         connection.open()
     except BaseException:
         protocol.stop()
+        ctx.store.update_run(ctx.run_id, remote_socket=None)  # no connection, so no socket on the host
         raise
     ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket})")
     return SshSession(target=target, connection=connection, protocol=protocol, remote_socket=remote_socket,
@@ -276,6 +279,7 @@ def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
 
 def make_job_dir(session: SshSession, ctx: RunContext) -> str:
     session.job_dir = f"{session.remote_dir}/jobs/{ctx.run_id}-{secrets.token_hex(4)}"
+    ctx.store.update_run(ctx.run_id, remote_job_dir=session.job_dir)  # before anything runs in it
     # 0700: the bundle holds the annotators' labels, and a GPU server is shared.
     session.connection.run(f"umask 077 && mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
     return session.job_dir
@@ -384,21 +388,26 @@ def _refused(ctx: RunContext, session: SshSession, refused: list[tuple[str, str]
 
 
 def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | None) -> None:
+    """Stop and remove what the run left on the host (leftovers.stop_on_host, verified), then close up here."""
     _end_agent(agent)
     if session is None:
         return
     try:
-        connection = session.connection
-        if not connection.alive() and session.job_dir:
-            # stop() closed the run's connection (cancel, silence): log in once more to tidy up.
-            connection = Connection(session.target)
-            connection.open(timeout=30)
-        if connection.alive():
-            connection.run(_remote_clean_up_command(ctx, session), timeout=120, check=False)
-            if connection is not session.connection:
-                connection.close()
-    except BackendError as exc:
-        ctx.log.warning(f"Could not clean up on {session.host}: {exc}")
+        remove = "all"
+        if ctx.backend.get("keep_remote", False):
+            remove = "none"
+            ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {session.job_dir}")
+        elif session.left_on_host:
+            remove = "bundle"  # the model stays where the run log says it is
+        # Through the run's own connection; after a cancel or silence stop() closed it, a fresh login.
+        stopped = leftovers.stop_on_host(session.target, session.python,
+                                         leftovers.make_stop_spec(ctx.refresh(), remove=remove), session.connection)
+        if stopped.verified:
+            ctx.store.update_run(ctx.run_id, remote_job_dir=None, remote_socket=None, slurm_job_id=None)
+            if stopped.said:
+                ctx.log.info(f"Cleaned up on {session.host}: {stopped.said}")
+        else:
+            ctx.log.warning(f"Could not clean up on {session.host}: {stopped.said}")
     finally:
         session.connection.close()
         if session.protocol is not None:
@@ -406,30 +415,6 @@ def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | N
         shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
         (ctx.run_dir / "bundle.tar.gz").unlink(missing_ok=True)
         shutil.rmtree(ctx.run_dir / "artifacts.partial", ignore_errors=True)
-
-
-def _remote_clean_up_command(ctx: RunContext, session: SshSession) -> str:
-    """Kill what the run left running on the host, then remove its files."""
-    q = shlex.quote
-    job = session.job_dir
-    doomed = [session.remote_socket]
-    kill = ""
-    if job:
-        # The worker runs in its own process group; an agent killed or hung cannot end it. A pid
-        # is only killed while its command line still names this run (pids get reused).
-        kill = "".join(
-            f"p=$(cat {q(job + '/' + name)} 2>/dev/null) && grep -qF -- {q(marker)} /proc/$p/cmdline 2>/dev/null "
-            f"&& kill -KILL -- -$p $p 2>/dev/null; "
-            for name, marker in (("worker.pid", job), ("agent.pid", session.remote_socket)))
-        # A SLURM job the agent could not cancel (it died) must not keep its GPU allocation.
-        kill += f"j=$(cat {q(job + '/slurm_job_id')} 2>/dev/null) && scancel \"$j\" 2>/dev/null; "
-        if ctx.backend.get("keep_remote", False):
-            ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {job}")
-        elif session.left_on_host:
-            doomed.append(f"{job}/bundle")  # the model stays where the run log says it is
-        else:
-            doomed.append(job)
-    return with_env(kill + "rm -rf " + " ".join(q(p) for p in doomed), session.target.env)
 
 
 def _last_line(path: Path) -> str:
