@@ -38,11 +38,10 @@ from pathlib import Path
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError
 from potato.store import Run, Store
-from potato.tasks.openssh import Connection, SshTarget, remote_path, with_env
+from potato.tasks.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.training.stop_job import processes
 
 STOP_JOB_SOURCE = Path(__file__).resolve().parents[1] / "training" / "stop_job.py"
-CONNECT_TIMEOUT_S = 20
 # How long the host may take to show the run's processes and SLURM job gone (a cluster's KillWait is 30 s).
 HOST_WAIT_S = 45
 LOCAL_WAIT_S = 5
@@ -165,30 +164,30 @@ def _stop_on_backend_host(backend: BackendConfig | None, run: Run) -> Stopped:
 
 
 def stop_on_host(target: SshTarget, python: str, spec: dict, connection: Connection | None = None) -> Stopped:
-    """Run stop_job.py on the host (through *connection* if it is alive, else a fresh login); read its report.
+    """Run stop_job.py on the host (through *connection* if it is alive, else over an ssh of its own); read its report.
 
     Without a job directory no agent was started: only the socket file can be
     left, and not being able to remove it leaves nothing running.
     """
-    own = connection is None or not connection.alive()
+    def run(command: str, **kwargs):
+        if connection is not None and connection.alive():
+            return connection.run(command, **kwargs)
+        return run_once(target, command, **kwargs)
+
     try:
-        if own:
-            connection = Connection(target)
-            connection.open(timeout=CONNECT_TIMEOUT_S)
         if not spec["job_dir"] and not spec["slurm_job_id"]:
             if spec["socket"]:
-                connection.run(f"rm -f {shlex.quote(spec['socket'])}", timeout=60, check=False)
+                run(f"rm -f {shlex.quote(spec['socket'])}", timeout=60)
             return Stopped(True)
         command = with_env(f"exec {remote_path(python)} - {shlex.quote(json.dumps(spec))}", target.env)
-        done = connection.run(command, input=STOP_JOB_SOURCE.read_bytes(), timeout=spec["wait_s"] + 60,
-                              check=False)
+        done = run(command, input=STOP_JOB_SOURCE.read_bytes(), timeout=spec["wait_s"] + 60, check=False)
     except BackendError as exc:
         if not spec["job_dir"] and not spec["slurm_job_id"]:
             return Stopped(True)
         return Stopped(False, f"could not reach {target.host} to stop the run's agent and worker ({exc})")
-    finally:
-        if own and connection is not None:
-            connection.close()
+    if done.returncode == 255:
+        return Stopped(False, f"could not reach {target.host} to stop the run's agent and worker "
+                              f"({ssh_error(target.host, done.stderr.decode(errors='replace'))})")
     output = done.stdout.decode(errors="replace").strip().splitlines()
     try:
         report = json.loads(output[-1])
