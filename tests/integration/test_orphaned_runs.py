@@ -138,7 +138,7 @@ def test_a_killed_ssh_flow_leaves_nothing_running_when_the_next_run_starts(
     assert "closed the run's ssh connection on this machine" in log
     assert (first.remote_job_dir, first.remote_socket) == (None, None)
     assert store.get_run(2).state == "succeeded"
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 @pytest.mark.sshd
@@ -161,7 +161,7 @@ def test_a_killed_slurm_flow_has_its_job_cancelled_before_the_run_ends(
             os.killpg(cli.pid, signal.SIGKILL)
     assert failed.state == "failed" and failed.error.startswith("The run's flow process was killed by SIGKILL")
     assert "Stopped what the run left running: " in (run_dir_of(config, 1) / "run.log").read_text()
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_a_stop_that_cannot_be_verified_holds_the_queue_until_the_agent_has_stopped_itself(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -54,14 +55,17 @@ def host_processes(sshd_service) -> list[str]:
     return found
 
 
-def assert_host_clean(sshd_service, remote_dir: Path | None = None) -> None:
-    """No Potato process of the login user, no job directory, no socket left on the host."""
+def assert_host_clean(sshd_service, config: Path, remote_dir: Path | None = None) -> None:
+    """Nothing of the runs of *config* is left on the host: no process, no job directory, no socket.
+
+    Job directories and sockets are the ones the runs' logs name: the default
+    ``remote_dir`` and ``/tmp`` are shared with other sessions' runs. With
+    *remote_dir* (a directory of this session's own), its ``jobs/`` must be empty too.
+    """
     wait_for(lambda: not host_processes(sshd_service), 15,
              f"the host to have no Potato processes left: {host_processes(sshd_service)}")
-    jobs = (remote_dir or Path(sshd_service.user_home) / ".cache/potato-training") / "jobs"
-    assert not jobs.exists() or list(jobs.iterdir()) == []
-    # Sockets from before this session belong to other sessions (a crashed one leaves its socket file).
-    started = (Path(sshd_service.log).parent.parent / "owner").stat().st_mtime
-    assert not [p for p in Path("/tmp").glob("potato-*.sock") if p.lstat().st_mtime >= started]
-
-
+    logs = "".join(p.read_text() for p in (config.parent / "annotation_output/training/runs").glob("*/run.log"))
+    named = re.findall(r"Started the agent in (\S+) on ", logs) + re.findall(r"\(reverse forward (\S+)\)", logs)
+    assert [path for path in named if os.path.lexists(path)] == []
+    if remote_dir is not None:
+        assert not (remote_dir / "jobs").exists() or list((remote_dir / "jobs").iterdir()) == []
