@@ -490,7 +490,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = make_parser().parse_args(argv)
     os.umask(0o077)  # the job's bundle (the annotators' labels), model and predictions are the account's only
     if args.socket:
-        return run_for_ssh(args)
+        code = run_for_ssh(args)
+        # The stdin watcher is blocked in a read: interpreter shutdown would abort on the stdin
+        # buffer's lock ("Fatal Python error: _enter_buffered_busy"), so leave without it.
+        sys.stderr.flush()
+        os._exit(code)
     if args.server:
         return run_polling(args)
     log("give --socket (started by an ssh run) or --server URL")
