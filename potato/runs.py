@@ -27,6 +27,7 @@ from potato.errors import HeartbeatTimeout, PotatoError, WallTimeExceeded
 from potato.prefect_api import LIMIT_NAME
 from potato.runlog import RunLog
 from potato.store import END_STATES, Run, Store
+from potato.tasks import leftovers
 from potato.training.client import UNREACHABLE_LIMIT_S
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,6 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
     from, the run ends anyway, its error saying that stopping was not verified.
     A local worker is always visible to this machine: there is no such limit.
     """
-    from potato.tasks import leftovers
-
     run = store.get_run(run_id)
     if run.state in END_STATES:
         return run

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import tempfile
 import time
@@ -38,6 +39,7 @@ from pathlib import Path
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError
 from potato.store import Run, Store
+from potato.tasks.base import run_dir
 from potato.tasks.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.training.stop_job import processes
 
@@ -61,14 +63,13 @@ def _joined(parts: list[Stopped]) -> Stopped:
 
 def stop(config: ProjectConfig, store: Store, run: Run) -> Stopped:
     """Stop whatever *run* left running, on this machine and on its host; verify it is gone."""
-    parts = [stop_local_worker(run, config)]
-    if run.remote_socket or run.remote_job_dir or run.slurm_job_id:
-        # The host first: killing the local ssh client makes the agent stop its worker gently, but
-        # the host must be checked either way, and a live master is no help to a fresh login.
+    parts = [stop_local_worker(config, run)]
+    remote = run.remote_socket or run.remote_job_dir or run.slurm_job_id
+    if remote:
         backend = config.model_training.backends.get(run.backend)
         parts += [_stop_on_backend_host(backend, run), stop_local_ssh(run.remote_socket)]
     stopped = _joined(parts)
-    if stopped.verified and (run.remote_socket or run.remote_job_dir or run.slurm_job_id):
+    if stopped.verified and remote:  # nothing left to stop there: later ends need not log in again
         store.update_run(run.id, remote_job_dir=None, remote_socket=None, slurm_job_id=None)
     return stopped
 
@@ -90,12 +91,10 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     return left
 
 
-def stop_local_worker(run: Run, config: ProjectConfig) -> Stopped:
+def stop_local_worker(config: ProjectConfig, run: Run) -> Stopped:
     """SIGKILL the local worker's process group, if a process of it still runs this run's worker."""
     if not run.worker_pid:
         return Stopped(True)
-    from potato.tasks.base import run_dir
-
     marker = str(run_dir(config, run.id))  # the worker's argv names its job directory, the run directory
     group = [(pid, cmdline) for pid, pgid, cmdline in processes() if pgid == run.worker_pid]
     if not any("potato.training.worker" in cmdline and marker in cmdline for _, cmdline in group):
@@ -137,8 +136,6 @@ def stop_local_ssh(socket: str | None) -> Stopped:
 
 def _remove_private_dirs(cmdline: str) -> None:
     """The master's control directory and the protocol socket's directory, both made by this machine."""
-    import shutil
-
     for word in cmdline.replace(":", " ").split():
         directory = os.path.dirname(word)
         name = os.path.basename(directory)

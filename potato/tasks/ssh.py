@@ -13,7 +13,9 @@ Steps of a run, as the flow calls them:
 5. ``poll``/``stop``: the agent posts events over the socket; cancel reaches it
    as the answer to its next post; after ``grace_seconds`` the connection closes.
 6. ``fetch_artifacts``: a tar stream back, bytes counted, with a stall timer.
-7. ``clean_up``: the remote job directory and socket go, the master closes.
+7. ``clean_up``: ``stop_job.py`` on the host stops whatever of the run still runs
+   there and checks it is gone (``leftovers``), then removes the job directory
+   and socket; the master closes.
 """
 
 from __future__ import annotations
@@ -399,7 +401,7 @@ def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | N
             ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {session.job_dir}")
         elif session.left_on_host:
             remove = "bundle"  # the model stays where the run log says it is
-        # Through the run's own connection; after a cancel or silence stop() closed it, a fresh login.
+        # Through the run's own connection; after a cancel or silence stop() closed it, an ssh of its own.
         stopped = leftovers.stop_on_host(session.target, session.python,
                                          leftovers.make_stop_spec(ctx.refresh(), remove=remove), session.connection)
         if stopped.verified:

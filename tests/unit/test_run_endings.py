@@ -79,10 +79,10 @@ def test_a_local_worker_left_by_a_dead_flow_is_killed_with_its_group(config):
     worker = subprocess.Popen([sys.executable, "-c", script, "-m", "potato.training.worker", str(directory)],
                               start_new_session=True)
     try:
-        assert stop_local_worker(_run(worker_pid=worker.pid), config) == Stopped(
+        assert stop_local_worker(config, _run(worker_pid=worker.pid)) == Stopped(
             True, f"stopped the worker's process group {worker.pid} on this machine")
         assert worker.wait(timeout=5) == -signal.SIGKILL
-        assert stop_local_worker(_run(worker_pid=worker.pid), config) == Stopped(True, "")  # nothing left
+        assert stop_local_worker(config, _run(worker_pid=worker.pid)) == Stopped(True, "")  # nothing left
     finally:
         try:
             os.killpg(worker.pid, signal.SIGKILL)
@@ -93,7 +93,7 @@ def test_a_local_worker_left_by_a_dead_flow_is_killed_with_its_group(config):
 def test_a_reused_process_group_id_is_left_alone(config):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     try:
-        assert stop_local_worker(_run(worker_pid=other.pid), config) == Stopped(True, "")
+        assert stop_local_worker(config, _run(worker_pid=other.pid)) == Stopped(True, "")
         assert other.poll() is None  # not this run's worker: not killed
     finally:
         other.kill()
