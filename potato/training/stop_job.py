@@ -99,7 +99,7 @@ def marked(markers: List[str]) -> List[Tuple[int, int, str]]:
     return [p for p in processes() if p[0] != me and any(m in p[2] for m in markers)]
 
 
-def kill_all(job_dir: str, socket: str, markers: List[str]) -> List[str]:
+def kill_all(job_dir: str, markers: List[str]) -> List[str]:
     """SIGKILL the run's agent, its worker's group, and whatever else names the job or the socket."""
     named = {pid: cmdline for pid, _, cmdline in marked(markers)} if markers else {}
     for name, group in (("agent.pid", False), ("worker.pid", True)):
@@ -160,7 +160,7 @@ def stop(spec: Dict[str, Any]) -> Dict[str, Any]:
     deadline = time.monotonic() + float(spec.get("wait_s") or 45)
     job_id = str(spec.get("slurm_job_id") or (_read(os.path.join(job_dir, "slurm_job_id")) if job_dir else ""))
     markers = [m for m in (job_dir, socket) if m]
-    killed = kill_all(job_dir, socket, markers)
+    killed = kill_all(job_dir, markers)
     slurm = cancel_slurm_job(job_id, deadline)
     left = marked(markers) if markers else []
     while left and time.monotonic() < deadline:
