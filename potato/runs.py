@@ -156,8 +156,10 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
                             f"{stopped.said}. It stays active (no other run starts) until that is verified"
                             + (f", or until {time.strftime('%H:%M:%S', time.localtime(deadline))}, when its agent "
                                f"will have stopped the worker by itself" if deadline else ""))
+            # The cancel mark makes the server answer the agent's next post with "stop".
             store.update_run(run_id, ending={"state": state, "error": error, "since": run.ending.get("since", now),
                                              "last_try": now, "why": stopped.said},
+                             cancel_requested_at=run.cancel_requested_at or now,
                              step=f"stopping what the run left running: {stopped.said}; trying again")
             return store.get_run(run_id)
         error = (f"{error + '. ' if error else ''}Potato could not verify that the run's agent and worker on its host "

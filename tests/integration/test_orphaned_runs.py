@@ -185,6 +185,7 @@ def test_a_stop_that_cannot_be_verified_holds_the_queue_until_the_agent_has_stop
     assert held.state == "running" and held.ending["state"] == "failed" and held.ending["error"] == reason
     assert held.step.startswith("stopping what the run left running: could not reach 127.0.0.1 to stop the run's "
                                 "agent and worker (ssh to 127.0.0.1 failed: Connection refused.")
+    assert held.cancel_requested_at  # an agent that can still post is told to stop
     assert store.claim_next_queued(only_when_idle=True) is None  # the queue waits
     assert runs.reconcile(cfg, store) == []  # tried again only after RETRY_STOP_S
 
