@@ -297,7 +297,8 @@ def orphan_reason(config: ProjectConfig, run: Run, *, now: float, flow_alive: bo
             f"Potato stopped what the run left running and marked it failed")
 
 
-def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True) -> list[Run]:
+def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True,
+              own_flows: Iterable[int] = ()) -> list[Run]:
     """End the runs nobody drives any more, after stopping what they left running.
 
     Called on every pass of the dispatcher (the server's, and ``potato
@@ -305,12 +306,17 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True)
     restart: a run whose flow process is gone, or whose flow is wedged with a
     stale heartbeat (it is killed), fails with a reason that says which; a run
     whose end waits for a verified stop (``ending``) is tried again every
-    ``RETRY_STOP_S``. A run whose flow lives and acts is left alone.
+    ``RETRY_STOP_S``. A run whose flow lives and acts is left alone, and so is
+    one whose dead flow is a child of the caller (*own_flows*): the caller
+    reaps it and knows how it exited.
     """
     ended = []
     now = time.time()
+    own_flows = set(own_flows)
     for run in store.active_runs():
         flow_alive = _pid_runs(run.flow_pid, *FLOW_MARKERS)
+        if not flow_alive and run.flow_pid in own_flows:
+            continue
         if run.ending:
             if flow_alive or now - float(run.ending.get("last_try") or 0) < RETRY_STOP_S:
                 continue
@@ -389,7 +395,7 @@ class Dispatcher:
                     ended = end_run(self.config, self.store, run_id, "failed", error).state in END_STATES or ended
         if ended:
             release_slot_if_idle(self.store)
-        reconcile(self.config, self.store)
+        reconcile(self.config, self.store, own_flows=[p.pid for p in self.processes.values()])
         run = self.store.claim_next_queued(only_when_idle=True, step="starting the run's flow")
         if run is not None:
             self.launch(run)

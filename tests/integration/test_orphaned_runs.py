@@ -33,10 +33,10 @@ ENDED = ("succeeded", "failed", "cancelled")
 
 
 def _queue_behind_a_long_run(config: Path, tmp_path: Path):
-    """Run 1 trains "forever"; `potato training run` queues run 2 (3 epochs) behind it and dispatches both."""
+    """Run 1 trains "forever"; `potato training run` queues run 2 (one epoch) behind it and dispatches both."""
     cfg = load_config(config)
     runs.create_run(cfg, runs.open_store(cfg), options={"epochs": 100000})
-    return potato_background("training", "run", str(config), "--option", "epochs=3", log=tmp_path / "cli.log")
+    return potato_background("training", "run", str(config), "--option", "epochs=1", log=tmp_path / "cli.log")
 
 
 def test_a_killed_flow_s_worker_is_stopped_before_the_next_run_starts(prefect_api, tmp_path):
@@ -69,7 +69,7 @@ def test_an_orphaned_run_fails_without_a_restart_and_the_queue_moves_on(prefect_
     second_cli = None
     try:
         first = wait_for_training(store, 1)
-        second_cli = potato_background("training", "run", str(config), "--option", "epochs=3",
+        second_cli = potato_background("training", "run", str(config), "--option", "epochs=1",
                                        log=tmp_path / "second.log")
         wait_for(lambda: store.count_runs() == 2, 30, "run 2 to be queued")
         time.sleep(1)  # the second CLI has reconciled once on its start, with run 1's flow alive
@@ -91,15 +91,15 @@ def test_an_orphaned_run_fails_without_a_restart_and_the_queue_moves_on(prefect_
 
 
 def test_a_wedged_flow_is_failed_when_its_heartbeat_is_stale(prefect_api, tmp_path):
-    config = tiny_project(tmp_path, heartbeat_timeout_s=10, grace_seconds=1)
-    cli = _queue_behind_a_long_run(config, tmp_path)
+    config = tiny_project(tmp_path, heartbeat_timeout_s=10, grace_seconds=1, trainer={"epochs": 100000})
+    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
     store = store_of(config)
     try:
         first = wait_for_training(store, 1)
         os.kill(first.flow_pid, signal.SIGSTOP)  # the flow hangs…
         os.kill(first.worker_pid, signal.SIGSTOP)  # …and its worker falls silent
         failed = wait_for_state(store, 1, ENDED, timeout=60)
-        assert cli.wait(timeout=180) == 0, (tmp_path / "cli.log").read_text()
+        assert cli.wait(timeout=60) == 1, (tmp_path / "cli.log").read_text()
     finally:
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
@@ -107,7 +107,6 @@ def test_a_wedged_flow_is_failed_when_its_heartbeat_is_stale(prefect_api, tmp_pa
         f"No word from the worker on local for 10 seconds, and the run's flow (pid {first.flow_pid}) did not end "
         "the run within 16 s more; Potato stopped the flow"))
     assert not process_alive(first.flow_pid) and not process_alive(first.worker_pid)
-    assert store.get_run(2).state == "succeeded"
     assert processes_matching(str(tmp_path)) == []
 
 
