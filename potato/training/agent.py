@@ -223,9 +223,15 @@ def _relay(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, work
             try:
                 answer = client.json("POST", urls["events"], {"events": batch})
             except (ProtocolError, Unreachable) as exc:
-                if _gone_or_offline(link, exc, run_id, len(pending)):
+                if is_transient(exc):
+                    if _offline_after(link, exc, run_id, len(pending)):
+                        return worker.stop(grace)
+                elif is_gone(exc):
+                    log("run {}: the server says the run is over for this agent ({} {}); stopping the "
+                        "worker".format(run_id, exc.status, exc))
                     return worker.stop(grace)
-                if not is_transient(exc):
+                else:
+                    link.reached()
                     pending[:len(batch)] = _after_refusal(run_id, batch, exc)
             else:
                 link.reached()
@@ -248,16 +254,8 @@ def _relay(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, work
     return code
 
 
-def _gone_or_offline(link: Link, exc: Exception, run_id: int, kept: int) -> bool:
-    """Whether a failed post means the worker must stop: the run is over, or the server silent too long."""
-    if is_gone(exc):
-        link.reached()
-        log("run {}: the server says the run is over for this agent ({} {}); stopping the worker".format(
-            run_id, exc.status, exc))
-        return True
-    if not is_transient(exc):
-        link.reached()
-        return False
+def _offline_after(link: Link, exc: Exception, run_id: int, kept: int) -> bool:
+    """Note a post that transient trouble failed; True once the server has been silent past the offline limit."""
     wait = link.missed(exc)
     if link.offline():
         log("run {}: no contact with the server for {:g} s ({}); stopping the worker".format(
