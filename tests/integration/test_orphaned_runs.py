@@ -71,8 +71,8 @@ def test_an_orphaned_run_fails_without_a_restart_and_the_queue_moves_on(prefect_
         first = wait_for_training(store, 1)
         second_cli = potato_background("training", "run", str(config), "--option", "epochs=1",
                                        log=tmp_path / "second.log")
-        wait_for(lambda: store.count_runs() == 2, 30, "run 2 to be queued")
-        time.sleep(1)  # the second CLI has reconciled once on its start, with run 1's flow alive
+        # The second CLI follows run 2: it reconciled once on its start, with run 1's flow alive.
+        wait_for(lambda: "[run 2] queued" in (tmp_path / "second.log").read_text(), 30, "the second CLI to follow")
         # The terminal of the first CLI dies with its flow: nobody is left who owns run 1.
         os.killpg(first_cli.pid, signal.SIGKILL)
         os.kill(first.flow_pid, signal.SIGKILL)
