@@ -114,7 +114,7 @@ def spawn_task(ctx: RunContext, backend, session) -> Any:
 def relay_events_task(ctx: RunContext, backend, session, handle) -> int:
     progress = _ProgressArtifact(ctx)
     ctx.extra["on_progress"] = progress.update
-    return watch(ctx, session, handle, backend, heartbeat_timeout=_heartbeat_timeout(ctx))
+    return watch(ctx, session, handle, backend, heartbeat_timeout=runs.heartbeat_timeout(ctx.config, ctx.run.backend))
 
 
 @_task("record-results")
@@ -173,6 +173,7 @@ def training_run(
     options: dict | None = None,
 ):
     """Execute training run *run_id* of the project at *config* (or create one first)."""
+    os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     cfg = load_config(config)
     store = runs.open_store(cfg)
     if run_id is None:
@@ -269,12 +270,15 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         ctx.log.error(error)
         raise
     finally:
+        # A sign of life: reconciliation must not take a flow that is cleaning up for a wedged one.
+        store.heartbeat(run_id)
         try:
             if backend is not None:
                 _named(clean_up_task, f"clean up on {where}")(ctx, backend, session, handle)
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
-        runs.finish_run(store, run_id, final_state, error)
+        # Ends the run only once what it started is verified gone; else reconciliation finishes it.
+        runs.end_run(cfg, store, run_id, final_state, error, log=ctx.log)
         _prune(cfg, store, ctx)
     if final_state == "cancelled":
         return Cancelled(message=prefect_runs.cancel_message(run_id, in_prefect=cancel.requested))
@@ -368,10 +372,6 @@ class _ProgressArtifact:
                 update_progress_artifact(self.id, progress=100 * fraction, description=text)
         except Exception as exc:  # tracing is a mirror; never fail a run over it
             self.ctx.log.debug(f"Progress artifact not updated: {exc}")
-
-
-def _heartbeat_timeout(ctx: RunContext) -> float:
-    return float(ctx.backend.get("heartbeat_timeout_s") or ctx.config.model_training.heartbeat_timeout_s)
 
 
 def _flow_run_id() -> str | None:

@@ -6,6 +6,7 @@ need them, so ``potato validate`` stays fast.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -15,6 +16,9 @@ import click
 @click.version_option(package_name="potato-annotation")
 def main() -> None:
     """Potato's model training."""
+    # What training writes (the run store, run directories, bundles, models, predictions)
+    # is for the account that runs Potato only: files 0600, directories 0700.
+    os.umask(0o077)
 
 
 @main.command()

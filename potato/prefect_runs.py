@@ -179,16 +179,16 @@ def fail_runs_no_worker_started(config, store, now: float | None = None) -> list
         if no_worker_in_time(config, run, now):
             pool = _give_up_flow_run(run, "No Prefect worker started it in time")
             error = NoPrefectWorker(run.id, pool, config.model_training.max_wall_seconds)
-            failed.append(runs.finish_run(store, run.id, "failed", str(error)))
+            failed.append(runs.end_run(config, store, run.id, "failed", str(error)))
     return failed
 
 
-def cancel_before_a_worker(store, run):
+def cancel_before_a_worker(config, store, run):
     """End *run*, which no Prefect worker has started, as cancelled, and cancel its flow run in Prefect."""
     from potato import runs
 
     _give_up_flow_run(run, "Cancelled in Potato before a Prefect worker started it")
-    return runs.finish_run(store, run.id, "cancelled", "Cancelled before a Prefect worker started it")
+    return runs.end_run(config, store, run.id, "cancelled", "Cancelled before a Prefect worker started it")
 
 
 def _give_up_flow_run(run, message: str) -> str | None:

@@ -67,7 +67,7 @@ BUSY_TIMEOUT_S = 30.0
 MAX_RUN_ID = 2**63 - 1
 
 # Columns holding JSON, with the value an absent one decodes to.
-_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict}
+_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict}
 
 # The order of Run's fields and of the runs table's columns.
 RUN_COLUMNS = (
@@ -76,6 +76,7 @@ RUN_COLUMNS = (
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
     "flow_pid", "worker_pid", "trigger", "annotation_count", "last_seq",
+    "remote_job_dir", "remote_socket", "slurm_job_id", "ending",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -145,6 +146,16 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
     """,
+    # 6: enough to stop what a run started when the flow that started it is gone
+    # (kill -9): an ssh/slurm run's job directory and socket on the host and its
+    # SLURM job id; and ``ending``, the end a run was given while stopping its
+    # worker could not be verified yet (JSON: state, error, since, last_try, why).
+    """
+    ALTER TABLE runs ADD COLUMN remote_job_dir TEXT;
+    ALTER TABLE runs ADD COLUMN remote_socket TEXT;
+    ALTER TABLE runs ADD COLUMN slurm_job_id TEXT;
+    ALTER TABLE runs ADD COLUMN ending TEXT;
+    """,
 )
 
 
@@ -178,6 +189,10 @@ class Run:
     trigger: str = MANUAL
     annotation_count: int | None = None
     last_seq: int = 0
+    remote_job_dir: str | None = None
+    remote_socket: str | None = None
+    slurm_job_id: str | None = None
+    ending: dict = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:
@@ -269,6 +284,22 @@ def _is_run_id(run_id: Any) -> bool:
     return isinstance(run_id, int) and not isinstance(run_id, bool) and 0 < run_id <= MAX_RUN_ID
 
 
+def _make_private(path: Path) -> None:
+    """Create the store file 0600 before SQLite opens it, and tighten one an older version left wider.
+
+    SQLite creates the ``-wal`` and ``-shm`` files with the database file's
+    mode, so all three stay readable by the owner only: they hold token
+    hashes, labels' provenance and every run's log.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except (FileNotFoundError, PermissionError):  # not there yet, or another account's store
+            pass
+
+
 def _check_fields(fields: Mapping[str, Any]) -> None:
     unknown = sorted(set(fields) - _UPDATABLE)
     if unknown:
@@ -296,6 +327,7 @@ class Store:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(self.path)
         self._migrate()
 
     # -- connections -------------------------------------------------------

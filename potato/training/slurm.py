@@ -151,11 +151,12 @@ class SlurmJob:
     """One submitted worker: its queue state, its end, its cancel."""
 
     def __init__(self, config: Dict[str, Any], job_dir: str, run_id: Any, log: Callable[[str], None],
-                 run: Callable[..., "subprocess.CompletedProcess"] = None):
+                 run: Callable[..., "subprocess.CompletedProcess"] = None, env: Optional[Dict[str, str]] = None):
         self.config = config
         self.job_dir = job_dir
         self.log = log
-        self._run = run or _run
+        # sbatch hands the job the environment it runs in (--export=ALL): *env* is what the job may see.
+        self._run = run or (lambda argv: _run(argv, env))
         self.poll_interval = float(config.get("poll_interval_s") or 10)
         script = os.path.join(job_dir, "job.sh")
         with open(script, "w", encoding="utf-8") as fh:
@@ -246,10 +247,10 @@ class SlurmJob:
             self.log("{} failed: {}".format(" ".join(argv), exc))
 
 
-def _run(argv: List[str]) -> "subprocess.CompletedProcess":
+def _run(argv: List[str], env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess":
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=COMMAND_TIMEOUT_S)
+                              universal_newlines=True, timeout=COMMAND_TIMEOUT_S, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmCommandError("{}: {}".format(argv[0], exc)) from exc
     if done.returncode != 0:

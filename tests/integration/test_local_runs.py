@@ -15,7 +15,7 @@ import pytest
 from potato.config import load_config
 from potato import runs
 from tests.support.runs import (
-    potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
+    assert_private, potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
     wait_for, wait_for_state, wait_for_training,
 )
 
@@ -74,6 +74,7 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
         "record results of run 1", "fetch artifacts from this machine", "clean up on this machine",
     ]
     assert processes_matching(str(tmp_path)) == []
+    assert_private(config.parent / "annotation_output/training")  # store, WAL, logs, model, predictions
 
 
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):

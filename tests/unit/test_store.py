@@ -367,3 +367,49 @@ def _open_and_create(path: str) -> None:
     store = Store(path)
     store.create_run("t", [], "local")
     store.close()
+
+
+# -- at rest (issue 9, item 10) -----------------------------------------------
+
+def _mode(path) -> int:
+    import os
+    import stat
+
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_store_its_wal_and_shm_are_readable_by_the_owner_only(tmp_path):
+    import os
+
+    old = os.umask(0o022)  # what a plain shell gives: the store must not depend on the caller's umask
+    try:
+        with Store(tmp_path / "runs.db") as store:
+            store.create_run("t", [], "local")
+            files = [tmp_path / "runs.db", tmp_path / "runs.db-wal", tmp_path / "runs.db-shm"]
+            assert [_mode(f) for f in files] == [0o600] * 3
+    finally:
+        os.umask(old)
+
+
+def test_a_store_left_world_readable_by_an_older_version_is_tightened(tmp_path):
+    with Store(tmp_path / "runs.db") as store:
+        store.create_run("t", [], "local")
+    (tmp_path / "runs.db").chmod(0o644)
+    with Store(tmp_path / "runs.db") as store:
+        assert store.get_run(1).id == 1
+    assert _mode(tmp_path / "runs.db") == 0o600
+
+
+def test_open_store_makes_the_training_directory_private(tmp_path):
+    from tests.support.potato_project import make_project
+    from potato import runs
+    from potato.config import load_config
+
+    cfg = load_config(make_project(tmp_path, n_items=4, model_training={"enabled": True}))
+    cfg.training_dir.mkdir(parents=True, exist_ok=True)
+    cfg.training_dir.chmod(0o755)  # as earlier versions left it
+    store = runs.open_store(cfg)
+    run = runs.create_run(cfg, store)
+    assert _mode(cfg.training_dir) == 0o700
+    assert _mode(runs.run_dir(cfg, run.id)) == 0o700
+    assert _mode(cfg.training_dir / "runs.db") == 0o600
