@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from potato.json_chunks import GiveUp, member_chunks
+from potato.json_chunks import GiveUp, member_batches
 
 KEY = "instance_id_to_label_to_value"
 
@@ -36,7 +36,8 @@ def _state(n: int) -> dict:
 
 
 def _read(path, window):
-    return [pair for chunk in member_chunks(path, KEY, window=window) for pair in chunk.items()]
+    return [(key, values[text]) for keys, texts, values in member_batches(path, KEY, window=window)
+            for key, text in zip(keys, texts)]
 
 
 @pytest.mark.parametrize("dump", [
