@@ -158,11 +158,14 @@ class ChunkReader:
         first_char = b'"' if open_b == b"{" else None
         # One member a line: the only layout whose separator never occurs inside a member.
         split = split and first_char is not None and b"\n" in lead
+        # Where such an object ends: its closing brace on a line less indented than its members.
+        indent = len(lead) - len(lead.rstrip(b" \t"))
+        closing = re.compile(rb"\n[ \t]{0,%d}\}" % (indent - 1)) if split and indent else None
         while True:
             self._fill(self.window)
             start = self.pos
             limit = min(len(self.buf), start + self.window)
-            found = self._cut(start, limit, sep, first_char, open_b, close_b, split)
+            found = self._cut(start, limit, sep, first_char, open_b, close_b, split, closing)
             if found is None:
                 found = self._end(start, limit, open_b)
             if found is None:  # one member is longer than the window: widen it
@@ -176,7 +179,7 @@ class ChunkReader:
                 return
 
     def _cut(self, start: int, limit: int, sep: bytes, first_char: bytes | None, open_b: bytes,
-             close_b: bytes, split: bool = False) -> tuple[Any, int, bool] | None:
+             close_b: bytes, split: bool = False, closing: re.Pattern | None = None) -> tuple[Any, int, bool] | None:
         """``(chunk, next pos, container ended)`` at the last verified boundary before *limit*, or None."""
         hi, tries = limit, 0
         while True:
@@ -187,9 +190,16 @@ class ChunkReader:
             after = self.buf[cut + len(sep):cut + len(sep) + 1]
             if not after or after in b" \t\r\n" or (first_char and after != first_char):
                 continue  # deeper indentation, or not where a member starts
-            batch = self._split(start, cut, sep) if split else None
-            if batch is not None:
-                return batch, cut + 1, False
+            if split:
+                batch = self._split(start, cut, sep)
+                if batch is not None:
+                    return batch, cut + 1, False
+                # The object may have ended before this cut (its last window): split up to its end.
+                end = closing.search(self.buf, start, cut) if closing is not None else None
+                batch = self._split(start, end.start(), sep) if end is not None else None
+                if batch is not None:
+                    return batch, end.end(), True
+                split = False  # not this layout here: orjson decides
             body = open_b + self.buf[start:cut]
             try:
                 return orjson.loads(body + close_b), cut + 1, False

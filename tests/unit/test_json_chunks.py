@@ -95,6 +95,7 @@ _FOOLING = [
     '{"%s": {\n    "r\\"1": 1,\n    "r\\u00e92": 2,\n    "r3" : 3,\n    "r4":4\n}}' % KEY,  # keys with escapes, odd spacing
     '{"%s": {\n    "r1": 1,\n    "r2": 2\n  },\n  "other": {\n    "r9": 9,\n    "r8": 8\n  }\n}' % KEY,  # same layout after it
     '{"%s": {\r\n    "r1": [1,\r\n    2],\r\n    "r2": 2\r\n}}' % KEY,  # CRLF
+    '{"%s": {\n    "r1": {\n"a": 1\n},\n    "r2": 1\n  },\n  "x": {\n    "y": 1,\n    "z": 2\n  }\n}' % KEY,  # a '}' less indented inside
 ]
 
 
@@ -111,10 +112,11 @@ def test_potatos_own_layout_is_split_not_parsed_whole(tmp_path):
     # each distinct one parsed once; a parsed chunk's would be orjson's compact ones.
     state = {"user_id": "u", KEY: {f"r{i}": [[{"schema": "s", "name": "ab"[i % 2]}, "ab"[i % 2]]] for i in range(500)}}
     path = tmp_path / "user_state.json"
-    path.write_text(json.dumps(state, indent=2))
+    whole = json.dumps(state, indent=2)  # then more members laid out the same way, as in Potato's file
+    path.write_text(whole[:-2] + ',\n  "training_state": {\n    "passed": false,\n    "failed": false\n  }\n}')
     batches = list(member_batches(path, KEY, window=2048))
     assert len(batches) > 5
-    for keys, texts, values in batches[:-1]:  # the last one is cut by the container's end
-        assert all(text.startswith(b" [\n      [\n") for text in texts)
+    for keys, texts, values in batches:  # the last one too, though separators follow the object's end
+        assert all(value_text.startswith(b" [\n      [\n") for value_text in texts)
         assert len(values) == 2
     assert _read(path, 2048) == list(state[KEY].items())
