@@ -71,12 +71,11 @@ class Forked:
         chunks = []
         while chunk := os.read(self.read_fd, 1 << 20):
             chunks.append(chunk)
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = None
+        status = self._reap()
         self._close_pipe()
-        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        if status is not None and (not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0):
             raise ForkFailed(f"the child ended with status {status}")
-        try:
+        try:  # a child cut short leaves a pickle that does not load
             return pickle.loads(b"".join(chunks))
         except Exception as exc:  # noqa: BLE001 - any broken result means: do it here
             raise ForkFailed(f"the child's result does not unpickle: {exc}") from exc
@@ -88,9 +87,17 @@ class Forked:
                 os.kill(self.pid, 9)
             except ProcessLookupError:
                 pass
-            os.waitpid(self.pid, 0)
-            self.pid = None
+            self._reap()
         self._close_pipe()
+
+    def _reap(self) -> int | None:
+        """Wait for the child; its status, or None when something else in this process
+        (a ``waitpid(-1)`` child watcher) reaped it first."""
+        pid, self.pid = self.pid, None
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            return None
 
     def _close_pipe(self) -> None:
         if self.read_fd is not None:

@@ -58,3 +58,10 @@ def test_close_kills_and_reaps_a_running_child():
     assert _gone(pid)
     with pytest.raises(ForkFailed):
         child.result()
+
+
+def test_a_result_counts_though_something_else_reaped_the_child():
+    # An asyncio child watcher may waitpid(-1) any child; the complete pickle still counts.
+    child = Forked(int, "7")
+    os.waitpid(child.pid, 0)
+    assert child.result() == 7
