@@ -277,9 +277,9 @@ def member_batches(path, name: str, window: int = WINDOW) -> Iterator[Batch]:
     ``null`` yields nothing; raises ``GiveUp`` for anything the careful reader
     should look at (the top level not an object, the member not an object,
     invalid JSON or UTF-8, content after the object), ``OSError`` when the
-    file cannot be opened or read. A key repeated within one parsed chunk
-    counts once (its last value), as ``json.loads`` reads it; Potato never
-    writes one.
+    file cannot be opened or read. A repeated key (Potato never writes one)
+    comes once with its last value from a parsed chunk, as ``json.loads``
+    reads it, and every time from a split one, as the careful reader yields it.
     """
     with open(path, "rb") as handle:
         reader = ChunkReader(handle, window)

@@ -342,7 +342,9 @@ def _read_utf8_json_lines(path: Path, shown: str, keys: tuple[str, str]) -> Iter
     line_no = 1
     extra = 0  # lines a lone \r made that binary line splitting does not see
     with open(path, "rb") as handle:
-        for block in _line_blocks(handle):
+        for number, block in enumerate(_line_blocks(handle)):
+            if number == 0 and block.startswith(codecs.BOM_UTF8):
+                block = block[len(codecs.BOM_UTF8):]
             lines = block.split(b"\n")
             if not lines[-1]:
                 lines.pop()  # what follows the block's last newline
@@ -367,25 +369,17 @@ def _read_utf8_json_lines(path: Path, shown: str, keys: tuple[str, str]) -> Iter
 
 
 def _line_blocks(handle: BinaryIO) -> Iterator[bytes]:
-    """Whole lines of *handle*, about ``_LINES_BLOCK`` bytes at a time, a byte order mark dropped."""
+    """Whole lines of *handle*, about ``_LINES_BLOCK`` bytes at a time (the last may lack its newline)."""
     pending: list[bytes] = []
-    first = True
     while data := handle.read(_LINES_BLOCK):
         cut = data.rfind(b"\n") + 1
         if not cut:  # a line longer than a block
             pending.append(data)
             continue
         pending.append(data[:cut])
-        block = b"".join(pending)
+        yield b"".join(pending)
         pending = [data[cut:]]
-        if first and block.startswith(codecs.BOM_UTF8):
-            block = block[len(codecs.BOM_UTF8):]
-        first = False
-        yield block
-    tail = b"".join(pending)
-    if first and tail.startswith(codecs.BOM_UTF8):
-        tail = tail[len(codecs.BOM_UTF8):]
-    if tail:
+    if tail := b"".join(pending):
         yield tail
 
 
@@ -1491,7 +1485,6 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
             writer.write(part)
     os.replace(tmp_items, dest / "items.jsonl")
 
-    written, copied = writer.written, writer.copied
     unknown_ids = len(outcome_of)
     if unknown_ids:
         examples = ", ".join(repr(i) for i in heapq.nsmallest(_WARNING_EXAMPLES, outcome_of))
@@ -1514,7 +1507,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
     labeled = {n: 0 for n in names}
     holdout = {n: 0 for n in names}
     per_label = {s.name: dict.fromkeys(s.labels, 0) for s in schemes}
-    for outcome_json, n in written.items():
+    for outcome_json, n in writer.written.items():
         outcome = outcomes[outcome_json]
         for schema, label in outcome.labels.items():
             labeled[schema] += n
@@ -1522,7 +1515,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
             if outcome.holdout:
                 holdout[schema] += n
     counts = {
-        "items": sum(written.values()),
+        "items": sum(writer.written.values()),
         "labeled": labeled,
         "holdout": holdout,
         "ties": {n: aggregated.ties[n] for n in names},
@@ -1549,7 +1542,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         ties=counts["ties"],
         label_counts=per_label,
         users=tuple(votes.users),
-        media_files=len(copied),
+        media_files=len(writer.copied),
         unknown_item_labels=unknown_ids,
         skipped_annotations=votes.skipped_annotations,
         warnings=tuple(warnings),
