@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 from typing import Any, Callable
 
@@ -83,11 +84,13 @@ class Forked:
     def close(self) -> None:
         """Kill the child if it still runs, and reap it."""
         if self.pid is not None:
+            pid, self.pid = self.pid, None
             try:
-                os.kill(self.pid, 9)
-            except ProcessLookupError:
-                pass
-            self._reap()
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:  # still running, and still ours to signal
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass  # reaped elsewhere: its pid may be another process's by now
         self._close_pipe()
 
     def _reap(self) -> int | None:

@@ -65,3 +65,10 @@ def test_a_result_counts_though_something_else_reaped_the_child():
     child = Forked(int, "7")
     os.waitpid(child.pid, 0)
     assert child.result() == 7
+
+
+def test_close_leaves_alone_a_child_someone_else_reaped():
+    child = Forked(int, "7")
+    os.waitpid(child.pid, 0)  # its pid is free now: close() must not signal it
+    child.close()
+    assert child.pid is None and child.read_fd is None
