@@ -43,17 +43,14 @@ def _events(path: Path) -> list[dict]:
 
 def baseline(config_yaml: Path, scratch: Path) -> tuple[float, float]:
     from potato.project import build_bundle
-    from potato.runlog import RunLog
-    from potato.tasks.base import RunContext
-    from potato.tasks.jobs import make_job, write_job
+    from potato.jobs import make_job, write_job
 
     cfg = load_config(config_yaml)
     store = Store(scratch / "baseline.db")
     run = store.create_run("hf-text-classification", ["sentiment"], "local", {})
     job_dir = scratch / f"job-{run.id}"
     build_bundle(cfg, ["sentiment"], job_dir / "bundle")
-    ctx = RunContext(cfg, store, run, cfg.model_training.backends["local"], RunLog(store, run.id, job_dir / "log"))
-    write_job(job_dir, make_job(ctx, bundle=str(job_dir / "bundle")))
+    write_job(job_dir, make_job(cfg, run, bundle=str(job_dir / "bundle")))
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "potato.training.worker", str(job_dir)], env=env, check=True,

@@ -1,65 +1,159 @@
 """Set up the Prefect side of Potato's training: ``python -m deployments.create``.
 
-Creates (or updates) the ``process`` work pool ``potato-training`` with a
-concurrency limit of 1, the global concurrency limit ``potato-training``
-that every training flow holds, and the deployment ``training-run/potato``
-from ``prefect.yaml``. Needs ``PREFECT_API_URL`` to point at the Prefect API
-the annotation server uses. Then start a worker on the annotation server's host:
+    python -m deployments.create
+        the ``process`` work pool ``potato-training`` and the deployment
+        ``training-run/potato`` of prefect.yaml, whose runs name their project
+        in their parameters (``--param config=… --param backend=…``);
+    python -m deployments.create --config config.yaml [--cron "0 3 * * *" [--timezone Europe/Berlin]]
+        the work pool, the project's concurrency limit and the project's own
+        deployment ``training-run/<project>`` (its config as a parameter,
+        its ``model_training.backend``), scheduled by the cron expression:
+        nightly retraining the Prefect way.
 
-    prefect worker start --pool potato-training
+Needs ``PREFECT_API_URL`` to point at the Prefect API the annotation server
+uses. Then start a worker on the annotation server's host
+(``prefect worker start --pool potato-training``); set
+``model_training.prefect_deployment: training-run/potato`` for runs started
+from Potato to go through it too.
 
-and set ``model_training.prefect_deployment: training-run/potato`` so that
-Potato's dispatcher starts runs through the deployment.
+The pool has no concurrency limit of its own: several projects may share it
+(and one Prefect server), and each project's flows hold that project's limit
+``potato-training-<project>`` (``potato.prefect_runs``), so one project's
+queue never waits for another's. Deployments are registered by
+``prefect deploy`` from prefect.yaml, the Prefect way, so this command and a
+hand-edited prefect.yaml make the same deployments.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 POOL = "potato-training"
-DEPLOYMENT = "training-run/potato"
+FLOW = "training-run"
+GENERIC = "potato"  # prefect.yaml's deployment: one for every project
+ENTRYPOINT = "flows/training_run.py:training_run"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEPLOY_TIMEOUT_S = 300
 
 
-def ensure_work_pool(name: str = POOL, concurrency: int = 1) -> None:
+class SetupError(Exception):
+    """Raised when the command line names something that cannot make a deployment (exit status 2)."""
+
+    status = 2
+
+
+class DeployFailed(SetupError):
+    """Raised when ``prefect deploy`` fails; its output is in the message (exit status 1)."""
+
+    status = 1
+
+
+def build_project_deploy_argv(name: str, config: Path, tags: list[str], cron: str | None,
+                              timezone: str | None, python: str | None = None) -> list[str]:
+    """Return the ``prefect deploy`` argv that registers one project's deployment *name*."""
+    argv = [python or sys.executable, "-m", "prefect", "--no-prompt", "deploy", ENTRYPOINT,
+            "--name", name, "--pool", POOL, "--params", json.dumps({"config": str(config)})]
+    for tag in tags:
+        argv += ["--tag", tag]
+    if cron:  # the zone always explicit, so that the Prefect UI shows it
+        argv += ["--cron", cron, "--timezone", timezone or "UTC"]
+    return argv
+
+
+def check_schedule(cron: str, timezone: str | None) -> None:
+    """Raise ``SetupError`` naming the value when *cron* or *timezone* would not make a schedule."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone or "UTC")
+    except ValidationError as exc:
+        why = "; ".join(error["msg"] for error in exc.errors())
+        raise SetupError(f"--cron {cron!r} --timezone {timezone or 'UTC'!r} is not a schedule Prefect accepts ({why}). "
+                         f"Example: --cron \"0 3 * * *\" --timezone Europe/Berlin") from None
+
+
+def ensure_work_pool(name: str = POOL) -> None:
+    """Create the ``process`` work pool *name*, or lift a concurrency limit an older Potato gave it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectAlreadyExists
 
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process", concurrency_limit=concurrency))
+            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
         except ObjectAlreadyExists:
-            client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=concurrency))
+            if client.read_work_pool(name).concurrency_limit is not None:
+                client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=None))
 
 
-def deploy(project_root: Path = PROJECT_ROOT) -> None:
-    """Register every deployment of prefect.yaml (``prefect --no-prompt deploy --all``)."""
-    env = dict(os.environ, PWD=str(project_root))
-    subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
-        cwd=project_root, env=env, check=True, timeout=300,
-    )
+def deploy(argv: list[str]) -> None:
+    """Run ``prefect deploy`` in the project root (prefect.yaml's pull step names it as ``$PWD``)."""
+    env = dict(os.environ, PWD=str(PROJECT_ROOT))
+    done = subprocess.run(argv, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
+    if done.returncode != 0:
+        raise DeployFailed(f"prefect deploy failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def load_project(config_path: str, cron: str | None, timezone: str | None):
+    """Return the project's config, or raise ``SetupError`` for a bad config or schedule (before any Prefect call)."""
+    from potato.config import load_config
+    from potato.errors import ConfigError
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise SetupError(str(exc)) from None
+    if cron:
+        check_schedule(cron, timezone)
+    return config
+
+
+def deploy_project(config, cron: str | None, timezone: str | None) -> str:
+    """Register the project's own deployment and its concurrency limit; return ``training-run/<project>``."""
+    from potato.prefect_api import ensure_concurrency_limit
+    from potato.prefect_runs import limit_name, project_key_of
+
+    key = project_key_of(config)
+    ensure_concurrency_limit(limit_name(config), 1)
+    deploy(build_project_deploy_argv(key, config.path.resolve(), ["potato", f"project:{key}"], cron, timezone))
+    return f"{FLOW}/{key}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.create", description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", default=POOL)
+    parser.add_argument("--config", help="a project's config.yaml: create that project's own deployment")
+    parser.add_argument("--cron", help='with --config: retrain on this cron schedule, e.g. "0 3 * * *"')
+    parser.add_argument("--timezone", help="the cron schedule's time zone, e.g. Europe/Berlin (default UTC)")
     args = parser.parse_args(argv)
+    if (args.cron or args.timezone) and not args.config:
+        parser.error("--cron and --timezone schedule one project's runs: give its --config too")
+    if args.timezone and not args.cron:
+        parser.error("--timezone needs --cron")
     if not os.environ.get("PREFECT_API_URL"):
-        print("PREFECT_API_URL is not set: point it at the Prefect API the annotation server uses", file=sys.stderr)
+        print("PREFECT_API_URL is not set: point it at the Prefect API the annotation server uses, "
+              "e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api", file=sys.stderr)
         return 1
-    from potato.prefect_api import ensure_concurrency_limit
-
-    ensure_work_pool(args.pool)
-    ensure_concurrency_limit("potato-training", 1)
-    deploy()
-    print(f"Deployment {DEPLOYMENT} is on work pool {args.pool!r}; start a worker with:")
-    print(f"  prefect worker start --pool {args.pool}")
+    try:
+        project = load_project(args.config, args.cron, args.timezone) if args.config else None
+        ensure_work_pool(POOL)
+        if project is not None:
+            name = deploy_project(project, args.cron, args.timezone)
+            when = f"on the schedule {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else "when started"
+            print(f"Deployment {name} runs {project.path.resolve()} {when}, on work pool {POOL!r}")
+        else:
+            deploy([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"])
+            print(f"Deployment {FLOW}/{GENERIC} is on work pool {POOL!r}")
+    except SetupError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return exc.status
+    print(f"Start a worker on the annotation server's host with:\n  prefect worker start --pool {POOL}")
     return 0
 
 

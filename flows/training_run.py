@@ -10,32 +10,46 @@ and test without Prefect; the tasks here only call them. Clean-up runs in
 
 Started by the dispatcher as ``python -m flows.training_run --config C --run-id N``
 (the flow then owns its process's main thread, so Prefect's timeout interrupts
-blocking calls), by a Prefect work pool through the deployment
-``training-run/potato``, or by ``prefect deployment run`` with ``config`` and
-``backend`` parameters, in which case the flow creates the run record itself.
+blocking calls; its flow run belongs to the deployment
+``training-run/potato-dispatcher`` so that the Prefect UI can cancel it), by a
+Prefect work pool through the deployment ``training-run/potato``, or by
+``prefect deployment run`` or a schedule with ``config`` (and ``backend``)
+parameters, in which case the flow creates the run record itself.
+
+The Prefect side of a run (``potato.prefect_runs``): the flow holds its
+project's concurrency limit, tags its flow run, and turns a cancel in Prefect
+into the store's cancel request, which it then carries out as Cancel run does.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from prefect import flow, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.flow_engine import run_flow
 from prefect.states import Cancelled
 
-from potato import runs
+from potato import calibration, prefect_runs, runs
 from potato.config import ProjectConfig, load_config
-from potato.errors import PotatoError, RunCancelled, RunError
+from potato.errors import PotatoError, RunCancelled, RunError, WallTimeExceeded
+from potato.evaluation import record_evaluation
+from potato.prefect_api import ensure_concurrency_limit
+from potato.prefect_runs import CancelWatch
 from potato.project import build_bundle, describe_bundle
+from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
-from potato.store import Store
+from potato.store import MANUAL, SCHEDULE, Store
 from potato.tasks.base import RunContext, backend_module
 from potato.tasks.openssh import is_transient
 from potato.tasks.relay import watch
@@ -44,6 +58,8 @@ from potato.writeback import write_back
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (notes/prefect-3.md).
 LEASE_SECONDS = 60
+# True in a process that main() started, i.e. the dispatcher's child.
+_DISPATCHED = False
 
 
 def _task(name: str):
@@ -59,6 +75,8 @@ def build_bundle_task(ctx: RunContext) -> dict:
     for warning in info.warnings:
         ctx.log.warning(warning)
     ctx.log.info(describe_bundle(info))
+    if ctx.run.trainer == calibration.NAME:
+        calibration.prepare(ctx)
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}
 
 
@@ -96,24 +114,37 @@ def spawn_task(ctx: RunContext, backend, session) -> Any:
 def relay_events_task(ctx: RunContext, backend, session, handle) -> int:
     progress = _ProgressArtifact(ctx)
     ctx.extra["on_progress"] = progress.update
-    return watch(ctx, session, handle, backend, heartbeat_timeout=_heartbeat_timeout(ctx))
+    return watch(ctx, session, handle, backend, heartbeat_timeout=runs.heartbeat_timeout(ctx.config, ctx.run.backend))
 
 
 @_task("record-results")
 def record_results_task(ctx: RunContext) -> dict:
     scores = runs.read_scores(ctx.run_dir)
     ctx.store.update_run(ctx.run_id, scores=scores)
+    calibrating = ctx.run.trainer == calibration.NAME
     for schema, s in scores.items():
-        ctx.log.info(
-            f"Holdout {schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
-        )
+        if not calibrating:  # decision-calibrate's worker logged its own line per schema
+            ctx.log.info(f"Holdout {schema}: accuracy {s.get('accuracy', 0):.3f}, "
+                         f"macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})")
     if scores:
         create_table_artifact(
             [{"schema": k, **v} for k, v in scores.items()],
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
-    summary = write_back(ctx.config, ctx.run_id, ctx.run_dir / "predictions.jsonl")
+    if calibrating:
+        calibration.apply(ctx)
+        return scores
+    # The holdout evaluation and the leak guard read the server's own bundle: it is removed only at clean-up.
+    try:
+        record_evaluation(ctx.run_id, ctx.run_dir, ctx.bundle_dir, ctx.run.schemas)
+    except (OSError, ValueError, KeyError) as exc:  # the pictures and calibration need it; the run does not
+        ctx.log.warning(f"The holdout evaluation could not be kept: {type(exc).__name__}: {exc}")
+    predictions = ctx.run_dir / "predictions.jsonl"
+    summary = write_back(ctx.config, ctx.run_id, ctx.run.schemas, predictions, ctx.bundle_dir)
+    bad_lines = summary.describe_bad_lines(predictions)
+    if bad_lines:
+        ctx.log.warning(bad_lines)
     ctx.log.info(summary.describe())
     return scores
 
@@ -142,45 +173,91 @@ def training_run(
     options: dict | None = None,
 ):
     """Execute training run *run_id* of the project at *config* (or create one first)."""
+    os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     cfg = load_config(config)
     store = runs.open_store(cfg)
     if run_id is None:
-        run_id = runs.create_run(cfg, store, trainer=trainer, schemas=schemas, backend=backend, options=options).id
-        _rename_flow_run(f"run-{run_id}")
-    store.update_run(run_id, prefect_flow_run_id=_flow_run_id(), flow_pid=os.getpid())
-    runs.ensure_prefect_limit()
-    with concurrency(runs.CONCURRENCY_LIMIT, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
-        run = store.get_run(run_id)
-        if run.state not in ("queued", "running"):
-            return Cancelled(message=f"Run {run_id} is {run.state}; nothing to do")
-        if run.state == "queued":
-            store.transition(run_id, "running", from_states=("queued",))
-        return _execute(cfg, store, run_id)
+        run_id = _create_own_run(cfg, store, trainer=trainer, schemas=schemas, backend=backend, options=options)
+        if run_id is None:
+            return Cancelled(message="Potato's dispatcher took this run first; its own flow run executes it")
+    flow_run_id = _flow_run_id()
+    store.update_run(run_id, prefect_flow_run_id=flow_run_id, flow_pid=os.getpid())
+    if flow_run_id:
+        prefect_runs.label_flow_run(flow_run_id, f"run-{run_id}", prefect_runs.flow_run_tags(cfg, store.get_run(run_id)))
+    limit = prefect_runs.limit_name(cfg)
+    ensure_concurrency_limit(limit, 1)
+    cancel = _CancelFromPrefect(cfg, store, run_id)
+    with CancelWatch(flow_run_id, cancel.request) as watch, _sigterm_cancels_under_a_worker(watch):
+        with concurrency(limit, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
+            run = store.get_run(run_id)
+            if run.state not in ("queued", "running"):
+                return Cancelled(message=f"Run {run_id} is {run.state}; nothing to do")
+            if run.state == "queued":
+                store.transition(run_id, "running", from_states=("queued",))
+            return _execute(cfg, store, run_id, cancel)
 
 
-def _execute(cfg: ProjectConfig, store: Store, run_id: int):
+def _create_own_run(cfg: ProjectConfig, store: Store, **request) -> int | None:
+    """Create the run a ``prefect deployment run`` (or a schedule) asked for, and claim it at once.
+
+    Claimed (``running``) from the start, so that Potato's dispatcher, which
+    starts the oldest queued run, does not start a second flow for it. If the
+    dispatcher won the claim in the instant between, its flow executes the
+    run and this one has nothing to do (None).
+    """
+    scheduled = _started_by_a_schedule()
+    run = runs.create_run(cfg, store, trigger=SCHEDULE if scheduled else MANUAL, **request)
+    if not store.transition(run.id, "running", from_states=("queued",), step="waiting for this project's turn"):
+        return None
+    from prefect.runtime import deployment
+
+    source = f"deployment {training_run.name}/{deployment.name}" if deployment.id else f"flow {training_run.name}"
+    how = "by a schedule of the" if scheduled else "in Prefect, from the"
+    RunLog(store, run.id, runs.run_dir(cfg, run.id) / "run.log").info(f"Run {run.id} was started {how} {source}")
+    return run.id
+
+
+def _started_by_a_schedule() -> bool:
+    """Whether this flow run was created by one of its deployment's schedules."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return bool(client.read_flow_run(_flow_run_id()).auto_scheduled)
+
+
+def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFromPrefect"):
     run = store.get_run(run_id)
     backend_cfg = cfg.model_training.backends[run.backend]
     ctx = RunContext(cfg, store, run, backend_cfg, RunLog(store, run_id, runs.run_dir(cfg, run_id) / "run.log"))
     where = backend_cfg.host or "this machine"
     backend = session = handle = None
     final_state, error = "failed", None
+
+    def step(t, name: str, *args):
+        # Until the worker is spawned, a cancel (from Potato or Prefect) or the
+        # wall-clock limit stops the run before its next step; from then on the
+        # relay step watches both and stops the worker with its grace period.
+        if handle is None:
+            _check_limits(ctx)
+        return _named(t, name)(ctx, *args)
+
     try:
         ctx.log.info(f"Run {run_id}: {run.trainer} on {', '.join(run.schemas)}, on backend {backend_cfg.describe()}")
         backend = backend_module(backend_cfg)
-        _named(build_bundle_task, f"build the bundle of run {run_id}")(ctx)
-        session = _named(connect_task, f"connect to {where}")(ctx, backend)
-        _named(pick_gpu_task, f"pick GPU on {where}")(ctx, backend, session)
-        _named(sync_code_task, f"sync code to {where}")(ctx, backend, session)
-        handle = _named(spawn_task, f"spawn the worker on {where}")(ctx, backend, session)
-        code = _named(relay_events_task, f"relay events from {where}")(ctx, backend, session, handle)
+        step(build_bundle_task, f"build the bundle of run {run_id}")
+        session = step(connect_task, f"connect to {where}", backend)
+        step(pick_gpu_task, f"pick GPU on {where}", backend, session)
+        step(sync_code_task, f"sync code to {where}", backend, session)
+        handle = step(spawn_task, f"spawn the worker on {where}", backend, session)
+        code = step(relay_events_task, f"relay events from {where}", backend, session, handle)
         if code != 0:
             raise RunError(runs.describe_worker_failure(ctx, code))
-        _named(record_results_task, f"record results of run {run_id}")(ctx)
-        _named(fetch_artifacts_task, f"fetch artifacts from {where}")(ctx, backend, session, handle)
+        step(record_results_task, f"record results of run {run_id}")
+        step(fetch_artifacts_task, f"fetch artifacts from {where}", backend, session, handle)
         final_state = "succeeded"
     except RunCancelled as exc:
-        final_state, error = "cancelled", str(exc)
+        final_state = "cancelled"
+        error = prefect_runs.CANCELLED_IN_PREFECT if cancel.requested else str(exc)
     except PotatoError as exc:
         error = str(exc)
         ctx.log.error(error)
@@ -193,17 +270,86 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int):
         ctx.log.error(error)
         raise
     finally:
+        # A sign of life: reconciliation must not take a flow that is cleaning up for a wedged one.
+        store.heartbeat(run_id)
         try:
             if backend is not None:
                 _named(clean_up_task, f"clean up on {where}")(ctx, backend, session, handle)
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
-        runs.finish_run(store, run_id, final_state, error)
+        # Ends the run only once what it started is verified gone; else reconciliation finishes it.
+        runs.end_run(cfg, store, run_id, final_state, error, log=ctx.log)
+        _prune(cfg, store, ctx)
     if final_state == "cancelled":
-        return Cancelled(message=error)
+        return Cancelled(message=prefect_runs.cancel_message(run_id, in_prefect=cancel.requested))
     if final_state != "succeeded":
         raise RunError(error)
     return store.get_run(run_id).scores
+
+
+def _prune(cfg: ProjectConfig, store: Store, ctx: RunContext) -> None:
+    """``retain_runs``: once this run has ended, older finished runs' directories go."""
+    try:
+        removed = prune_run_dirs(cfg, store)
+    except OSError as exc:
+        ctx.log.warning(f"Could not delete old run directories (model_training.retain_runs): {exc}")
+        return
+    if removed:
+        ctx.log.info(f"Deleted the directories of run(s) {', '.join(map(str, removed))} "
+                     f"(model_training.retain_runs: {cfg.model_training.retain_runs})")
+
+
+def _check_limits(ctx: RunContext) -> None:
+    run = ctx.refresh()
+    if run.cancel_requested_at:
+        raise RunCancelled("Cancelled by request")
+    limit = ctx.config.model_training.max_wall_seconds
+    if limit and run.started_at and time.time() - run.started_at > limit:
+        raise WallTimeExceeded(limit)
+
+
+class _CancelFromPrefect:
+    """Turns a cancel in Prefect into the store's cancel request, which the flow then carries out."""
+
+    def __init__(self, cfg: ProjectConfig, store: Store, run_id: int):
+        self.store = store
+        self.run_id = run_id
+        self.grace = cfg.model_training.grace_seconds
+        self.log = RunLog(store, run_id, runs.run_dir(cfg, run_id) / "run.log")
+        self.requested = False
+
+    def request(self) -> None:
+        run = self.store.get_run(self.run_id)
+        if run.is_finished or run.cancel_requested_at:
+            return
+        self.requested = True
+        self.store.request_cancel(self.run_id)
+        self.log.warning(f"The flow run was cancelled in Prefect: cancelling run {self.run_id} as Cancel run does "
+                         f"(SIGTERM, then SIGKILL after {self.grace:g} s)")
+
+
+@contextmanager
+def _sigterm_cancels_under_a_worker(watch: CancelWatch) -> Iterator[None]:
+    """Under a Prefect worker, make SIGTERM request the run's cancel instead of interrupting the flow.
+
+    A process worker cancels a flow run by sending its process SIGTERM, then
+    SIGKILL 30 s later. Prefect's own handler would raise in the middle of
+    whatever step runs, and the worker (in a session of its own) would be
+    killed by clean-up without its grace period; as a cancel request, the
+    relay step stops it the way Cancel run does (TERM, grace_seconds, KILL).
+    The dispatcher's child flows keep SIGTERM as "the server is stopping"
+    (``Dispatcher.stop``).
+    """
+    from prefect.runtime import deployment
+
+    if _DISPATCHED or not deployment.id or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: watch.trigger())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _ProgressArtifact:
@@ -228,23 +374,10 @@ class _ProgressArtifact:
             self.ctx.log.debug(f"Progress artifact not updated: {exc}")
 
 
-def _heartbeat_timeout(ctx: RunContext) -> float:
-    return float(ctx.backend.get("heartbeat_timeout_s") or ctx.config.model_training.heartbeat_timeout_s)
-
-
 def _flow_run_id() -> str | None:
     from prefect.runtime import flow_run
 
     return str(flow_run.id) if flow_run.id else None
-
-
-def _rename_flow_run(name: str) -> None:
-    from prefect.client.orchestration import get_client
-
-    flow_run_id = _flow_run_id()
-    if flow_run_id:
-        with get_client(sync_client=True) as client:
-            client.update_flow_run(flow_run_id, name=name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,11 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     from potato.prefect_api import install_sigterm_exit
 
     install_sigterm_exit()
+    global _DISPATCHED
+    _DISPATCHED = True
     cfg = load_config(args.config)
-    timeout = runs.flow_timeout_seconds(cfg)
-    state = training_run.with_options(timeout_seconds=timeout)(
-        config=str(cfg.path), run_id=args.run_id, return_state=True
-    )
+    flow = training_run.with_options(timeout_seconds=runs.flow_timeout_seconds(cfg))
+    parameters = {"config": str(cfg.path), "run_id": args.run_id}
+    run = runs.open_store(cfg).get_run(args.run_id)
+    flow_run = prefect_runs.create_dispatched_flow_run(flow, parameters, f"run-{run.id}",
+                                                       prefect_runs.flow_run_tags(cfg, run))
+    state = run_flow(flow, flow_run=flow_run, parameters=parameters, return_type="state")
     runs.after_flow(cfg, args.run_id, state)
     return 0 if state.is_completed() else 1
 

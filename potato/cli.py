@@ -6,6 +6,7 @@ need them, so ``potato validate`` stays fast.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -15,6 +16,9 @@ import click
 @click.version_option(package_name="potato-annotation")
 def main() -> None:
     """Potato's model training."""
+    # What training writes (the run store, run directories, bundles, models, predictions)
+    # is for the account that runs Potato only: files 0600, directories 0700.
+    os.umask(0o077)
 
 
 @main.command()
@@ -66,6 +70,12 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
+            continue
+        try:
+            json.dumps(options[key], allow_nan=False)
+        except ValueError:  # json.loads reads NaN and 1e999; the store (and a browser) cannot
+            raise click.BadParameter(f"{pair!r} is not a finite number; use a number", param_hint="--option") \
+                from None
     return options
 
 
@@ -138,11 +148,12 @@ def training_runs(config, limit, as_json) -> None:
     if not listed:
         click.echo("No runs yet. Start one with: potato training run " + config)
         return
-    header = ("ID", "STATE", "RAN ON", "STARTED", "DURATION", "SCORES")
+    header = ("ID", "STATE", "TRIGGER", "RAN ON", "STARTED", "DURATION", "SCORES")
     rows = []
     for r in listed:
         started = _format_time(r.started_at)
-        rows.append((str(r.id), r.state, r.backend, started, format_duration(run_duration(r)), format_scores(r.scores)))
+        rows.append((str(r.id), r.state, r.trigger, r.backend, started, format_duration(run_duration(r)),
+                     format_scores(r.scores)))
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header) - 1)]
     for row in [header] + rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -33,14 +33,28 @@ Added here (also public):
 - ``Key`` and the tables ``BACKEND_KEYS`` (type -> keys), ``MODEL_TRAINING_KEYS``,
   ``WRITEBACK_KEYS``, ``AUTO_RETRAIN_KEYS``; ``backend_defaults(type)``.
 - ``parse_slurm_time(value) -> int | None`` (seconds; None = unlimited).
+- Beside Potato 2.12 (one config for both): ``POTATO_212_KEYS`` (each of its
+  ``model_training`` keys and what this project does with it);
+  ``ModelTrainingConfig.splits``/``split_seed`` (None unless set; its ``test``
+  split is then the holdout), ``aggregation`` ("majority" | "consensus"),
+  ``retain_runs`` (None = keep all); ``WritebackConfig.field``;
+  ``AutoRetrainConfig`` ``trainer``, ``schemas``, ``update_frequency``,
+  ``min_interval_s``, ``params``, ``backend``; ``ProjectConfig.data_file_encodings``
+  (path -> encoding), ``data_directory`` (absolute Path or None),
+  ``data_directory_encoding``; ``data_directory_files(directory)`` (the files
+  2.12 reads there). A source or label store this project cannot read is an
+  error here, never an empty bundle later.
 - ``render_backends_doc()``: docs/backends.md, from the tables
   (``python -m potato.config --docs > docs/backends.md``).
 """
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import importlib
+import math
+import os
 import posixpath
 import re
 import sys
@@ -78,13 +92,20 @@ class WritebackConfig:
     schemas: tuple[str, ...] = ()
     include_unlabeled: bool = False
     min_confidence: float = 0.0
+    field: str = "predictions"
 
 
 @dataclass(frozen=True)
 class AutoRetrainConfig:
+    """``model_training.auto_retrain``: Potato 2.12's keys plus ``backend`` (None = the default backend)."""
+
     enabled: bool = False
+    trainer: str = "hf-text-classification"
+    schemas: tuple[str, ...] = ()
+    update_frequency: int = 25
+    min_interval_s: float = 600
+    params: Mapping[str, Any] = field(default_factory=dict)
     backend: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,6 +148,11 @@ class ModelTrainingConfig:
     max_ram_mb: int | None = None
     max_predictions_mb: int = 512
     holdout_fraction: float = 0.2
+    # Potato 2.12's split: when either is set, its `test` split is the holdout.
+    splits: Mapping[str, float] | None = None
+    split_seed: int | None = None
+    aggregation: str = "majority"
+    retain_runs: int | None = None
     writeback: WritebackConfig = field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = field(default_factory=AutoRetrainConfig)
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -151,6 +177,10 @@ class ProjectConfig:
     annotation_task_name: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[Issue, ...] = ()
+    # Encodings of data files whose entry names one (`{path: ..., encoding: latin-1}`).
+    data_file_encodings: Mapping[Path, str] = field(default_factory=dict)
+    data_directory: Path | None = None
+    data_directory_encoding: str = "utf-8"
 
     @property
     def training_dir(self) -> Path:
@@ -218,7 +248,7 @@ def _check_int(value: Any) -> int:
 
 
 def _check_float(value: Any) -> float:
-    if _is_number(value):
+    if _is_number(value) and math.isfinite(value):
         return value
     raise ValueError("a number")
 
@@ -266,9 +296,33 @@ def _check_slurm_time(value: Any) -> str:
 
 
 def _check_device(value: Any) -> str:
-    if isinstance(value, str) and re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+    # `gpu` is what Potato 2.12 configs say: any GPU torch can use, CUDA first.
+    if isinstance(value, str) and re.fullmatch(r"auto|cpu|gpu|mps|cuda(:\d+)?", value):
         return value
-    raise ValueError("auto, cpu, cuda, cuda:N (e.g. cuda:1) or mps")
+    raise ValueError("auto, cpu, gpu, cuda, cuda:N (e.g. cuda:1) or mps")
+
+
+SPLIT_NAMES = ("train", "val", "test")
+# Potato 2.12's default split (its training/dataset.py DEFAULT_SPLITS).
+DEFAULT_SPLITS: Mapping[str, float] = {"train": 0.7, "val": 0.15, "test": 0.15}
+
+
+def _check_splits(value: Any) -> dict[str, float]:
+    # Potato 2.12's `splits`; bands are cut in the order written, so keep it.
+    if (isinstance(value, dict) and value and set(value) <= set(SPLIT_NAMES)
+            and all(_is_number(v) and 0 <= v < float("inf") for v in value.values())
+            and sum(value.values()) > 0):
+        return {str(k): float(v) for k, v in value.items()}
+    raise ValueError("a mapping of train, val and test to fractions, e.g. {train: 0.8, val: 0.1, test: 0.1}")
+
+
+AGGREGATIONS = ("majority", "consensus")
+
+
+def _check_aggregation(value: Any) -> str:
+    if value in AGGREGATIONS:
+        return value
+    raise ValueError("majority (most votes) or consensus (Dawid-Skene, weighs annotators by reliability)")
 
 
 # kind name (as the docs show it) -> checker
@@ -283,6 +337,8 @@ KINDS: Mapping[str, Callable[[Any], Any]] = {
     "`gpus` spec": _check_gpus,
     "SLURM time": _check_slurm_time,
     "device": _check_device,
+    "splits": _check_splits,
+    "aggregation": _check_aggregation,
 }
 
 
@@ -447,7 +503,9 @@ UNSUPPORTED: Mapping[tuple[str, str], str] = {
 CONFIGURABLE_TYPES = ("ssh", "slurm", "agent")
 
 MODEL_TRAINING_KEYS: tuple[Key, ...] = (
-    Key("enabled", "bool", "turn model training on", default=False),
+    Key("enabled", "bool", "Potato 2.12's switch for its own in-process training; this project trains "
+        "either way. In a config shared with a Potato 2.12 server set it `false`, so that only this "
+        "project trains (README, \"Beside Potato 2.12\")", default=False),
     Key("backend", "str", "the backend runs use by default (the Runs on menu's first choice)",
         default="local"),
     Key("max_wall_seconds", "float", "stop any run not finished within this many seconds",
@@ -455,14 +513,25 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("grace_seconds", "float", "after SIGTERM, wait this long before SIGKILL", default=20, minimum=0),
     Key("heartbeat_timeout_s", "float", "default for each backend's `heartbeat_timeout_s`",
         default=120, minimum=1),
-    Key("device", "device", "local runs: `auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda:N`, `mps`",
+    Key("device", "device", "local runs: `auto` (CUDA, then Apple Metal, then CPU), `cpu`, `gpu` (CUDA, "
+        "then Apple Metal; the CPU with a warning when neither is there), `cuda`, `cuda:N`, `mps`",
         default="auto"),
     Key("num_threads", "int", "local runs: torch threads and `OMP_NUM_THREADS`", minimum=1),
     Key("max_ram_mb", "int", "local runs: the worker stops when its memory passes this", minimum=1),
     Key("max_predictions_mb", "int", "the server answers 413 to a larger predictions upload",
         default=512, minimum=1),
-    Key("holdout_fraction", "float", "share of labelled items held out for scoring",
-        default=0.2, minimum=0, maximum=1),
+    Key("holdout_fraction", "float", "share of labelled items held out for scoring (unless `splits` "
+        "or `split_seed` is set)", default=0.2, minimum=0, maximum=1),
+    Key("splits", "splits", "Potato 2.12's split: fractions of `train`, `val`, `test`; the `test` items "
+        "are held out for scoring, the rest are trained on", default_text="— (`holdout_fraction`); "
+        "with only `split_seed` set, `{train: 0.7, val: 0.15, test: 0.15}`"),
+    Key("split_seed", "int", "seeds Potato 2.12's split (the same item lands in the same split on every "
+        "run and backend)", default_text="— (`holdout_fraction`); `0` when `splits` is set"),
+    Key("aggregation", "aggregation", "how several annotators' labels become one: `majority` (most votes, "
+        "ties to the label listed first) or `consensus` (Dawid-Skene)", default="majority"),
+    Key("retain_runs", "int", "keep the directories of the newest this many finished runs; older ones "
+        "are deleted (their records stay; a queued or running run is never touched)", minimum=1,
+        default_text="— (keep all)"),
     Key("writeback", "mapping", "which predictions are written back (table below)", default={}),
     Key("auto_retrain", "mapping", "retrain automatically (table below)", default={}),
     Key("backends", "mapping", "backend name -> backend (tables below); `local` always exists",
@@ -478,11 +547,57 @@ WRITEBACK_KEYS: tuple[Key, ...] = (
     Key("include_unlabeled", "bool", "also predict items nobody has labelled yet", default=False),
     Key("min_confidence", "float", "keep only predictions at or above this confidence",
         default=0.0, minimum=0, maximum=1),
+    Key("field", "str", "the key each written-back record holds its predictions under; Potato 2.12 "
+        "reads the one its `pre_annotation.field` names", default="predictions"),
 )
 
 AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
-    Key("enabled", "bool", "retrain automatically as labels arrive", default=False),
+    Key("enabled", "bool", "`potato start` queues a run as annotations arrive", default=False),
+    Key("trainer", "str", "the trainer of automatic runs", default="hf-text-classification"),
+    Key("schemas", "list of str", "the schemas automatic runs train (names in `annotation_schemes`)",
+        default=(), default_text="**required** when `enabled`"),
+    Key("update_frequency", "int", "queue a run once this many annotations (one item labelled by one "
+        "annotator) were made since the last automatic run", default=25, minimum=1),
+    Key("min_interval_s", "float", "and at least this many seconds have passed since the last run ended",
+        default=600, minimum=0),
+    Key("params", "mapping", "the trainer's options for automatic runs (as under `trainers`)", default={}),
     Key("backend", "str", "where automatic runs go", default_text="`model_training.backend`"),
+)
+
+# Potato 2.12.1's own `model_training` keys (its config_module.KNOWN_CONFIG_KEYS
+# and training/manager.py), each with what this project does with it. Every one
+# is accepted without a warning; docs/backends.md shows this table.
+POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
+    ("enabled", "accepted; not needed here (this project trains whenever its `potato start` or CLI "
+     "is asked to). Set it `false` in a shared config: Potato 2.12 then neither trains nor "
+     "auto-retrains, so the two never both train on one trigger; `potato validate` warns when it "
+     "is `true` together with `auto_retrain.enabled`"),
+    ("retain_runs", "honoured: run directories beyond the newest N finished runs are deleted "
+     "(2.12 keeps its directories and trims its ledger); unset keeps all"),
+    ("grace_seconds", "honoured: SIGTERM, then SIGKILL after this many seconds"),
+    ("split_seed", "honoured: 2.12's seeded split of item ids"),
+    ("splits", "honoured: the `test` fraction is held out for scoring; `train` and `val` are trained on"),
+    ("aggregation", "honoured: `majority` or `consensus` (Dawid-Skene); unset is `majority` here "
+     "(2.12: `consensus`)"),
+    ("auto_retrain", "honoured by `potato start` (keys below), plus `backend`"),
+    ("auto_retrain.enabled", "honoured"),
+    ("auto_retrain.trainer", "honoured; must be a trainer of this project (`hf-text-classification`), "
+     "not 2.12's `sklearn-text`; default `hf-text-classification`"),
+    ("auto_retrain.schemas", "honoured; required when enabled"),
+    ("auto_retrain.update_frequency", "honoured (default 25), counted as 2.12 counts"),
+    ("auto_retrain.min_interval_s", "honoured (default 600)"),
+    ("auto_retrain.params", "honoured: the trainer's options, checked at validate time"),
+    ("max_wall_seconds", "honoured: the run is stopped"),
+    ("max_ram_mb", "honoured for local runs"),
+    ("device", "honoured for local runs; 2.12's `gpu` means a GPU if there is one (CUDA, then "
+     "Apple Metal), else the CPU with a warning in the run log"),
+    ("num_threads", "honoured for local runs (ssh and slurm backends have their own)"),
+    ("writeback", "honoured (keys below); predictions go to a file that 2.12 reads through "
+     "`pre_annotation.predictions_file`, not into its item data"),
+    ("writeback.schemas", "honoured; empty writes nothing back"),
+    ("writeback.min_confidence", "honoured"),
+    ("writeback.field", "honoured: the key of each record's predictions (match `pre_annotation.field`)"),
+    ("writeback.include_unlabeled", "honoured: items nobody labelled are predicted and written back"),
 )
 
 _BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -710,8 +825,35 @@ def _build_backend(name: str, entry: Any, mt: Mapping[str, Any], issues: _Issues
     return BackendConfig(name=name, type=type_, options=options)
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _find_control_character(path: str, value: Any) -> tuple[str, str] | None:
+    """(path, string) of the first string at or inside *value* holding a control character, or None."""
+    if isinstance(value, str):
+        return (path, value) if _CONTROL_CHARACTER.search(value) else None
+    if isinstance(value, dict):
+        parts = [(f"{path} (a name)", k) for k in value] + [(f"{path}.{k}", v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        parts = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for part_path, part in parts:
+        found = _find_control_character(part_path, part)
+        if found:
+            return found
+    return None
+
+
 def _check_backend_rules(type_: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
     """Rules beyond one key's type (SPEC §2)."""
+    for key, value in options.items():
+        # Every key but the menu's description reaches an ssh/sbatch command line,
+        # job.sh or the remote environment, where a newline starts a command of its own.
+        found = _find_control_character(f"{path}.{key}", value) if key != "description" else None
+        if found:
+            issues.error(f"{path}.{key}", f"{found[0]} is {found[1]!r}; it holds a control character, which "
+                         "would break the command line or job.sh it goes into; remove it")
     host = options.get("host")
     if host == "":
         issues.error(f"{path}.host", f"{path}.host is ''; use the host's name (any name `ssh` accepts)")
@@ -753,17 +895,22 @@ def _check_trainers(trainers: Mapping[str, Any], issues: _Issues) -> dict[str, d
                          f"Trainers: {', '.join(TRAINERS)}")
             continue
         options = _mapping_at(options, path, issues, "epochs: 2")
-        # The trainer module's own option checks, when it has them; it imports
-        # its ML packages lazily, so importing it here is cheap.
-        try:
-            module = importlib.import_module(TRAINERS[name])
-        except ImportError:
-            module = None
-        check = getattr(module, "check_options", None)
-        for problem in (check(options) if check else []):
-            issues.error(path, f"{path}: {problem}")
+        _check_trainer_options(name, options, path, issues)
         result[name] = dict(options)
     return result
+
+
+def _check_trainer_options(trainer: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
+    """The trainer module's own option checks, when it has them (it imports its ML packages lazily)."""
+    from potato.trainers import TRAINERS
+
+    try:
+        module = importlib.import_module(TRAINERS[trainer])
+    except ImportError:
+        return
+    check = getattr(module, "check_options", None)
+    for problem in (check(options) if check else []):
+        issues.error(path, f"{path}: {problem}")
 
 
 def _build_schemes(raw: Any, issues: _Issues) -> tuple[Scheme, ...]:
@@ -791,6 +938,56 @@ def _build_schemes(raw: Any, issues: _Issues) -> tuple[Scheme, ...]:
     return tuple(schemes)
 
 
+def _check_schema_names(names: Any, path: str, scheme_names: list[str], issues: _Issues) -> None:
+    for i, name in enumerate(names or ()):
+        if name not in scheme_names:
+            p = f"{path}[{i}]"
+            have = ", ".join(scheme_names) or "none"
+            issues.error(p, f"{p} is {name!r}, which is not a schema in annotation_schemes "
+                         f"(it has: {have}){did_you_mean(name, scheme_names)}")
+
+
+def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], backends: list[str],
+                        issues: _Issues) -> AutoRetrainConfig:
+    """``model_training.auto_retrain``: checked as the server would use it, so a bad block stops it at start."""
+    from potato.trainers import TRAINERS
+
+    path = "model_training.auto_retrain"
+    ar = _check_table(AUTO_RETRAIN_KEYS, ar_raw, path, path, issues, unknown="warn")
+    _check_schema_names(ar["schemas"], f"{path}.schemas", scheme_names, issues)
+    _check_backend_ref(ar_raw.get("backend"), f"{path}.backend", backends, issues)
+    trainer = ar["trainer"]
+    if isinstance(ar_raw.get("trainer"), str) and trainer not in TRAINERS:
+        hint = (" (that is Potato 2.12's own trainer)" if trainer == "sklearn-text"
+                else did_you_mean(trainer, TRAINERS))
+        issues.error(f"{path}.trainer", f"{path}.trainer is {trainer!r}{hint}; this project's trainers "
+                     f"are: {', '.join(TRAINERS)}")
+    elif trainer in TRAINERS:
+        _check_trainer_options(trainer, ar["params"], f"{path}.params", issues)
+    if ar["enabled"] and not ar["schemas"]:
+        issues.error(f"{path}.schemas", f"{path}.schemas is missing; auto-retraining needs the schemas "
+                     f"to train, e.g. schemas: [{(scheme_names or ['sentiment'])[0]}]")
+    return AutoRetrainConfig(
+        enabled=ar["enabled"], trainer=trainer, schemas=tuple(ar["schemas"] or ()),
+        update_frequency=ar["update_frequency"], min_interval_s=ar["min_interval_s"],
+        params=dict(ar["params"] or {}), backend=ar["backend"],
+    )
+
+
+def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
+                                backends: Mapping[str, BackendConfig], issues: _Issues) -> None:
+    """A local-only trainer (decision-calibrate) cannot auto-retrain elsewhere: every queued run would be refused."""
+    from potato.trainers import LOCAL_ONLY
+
+    name = auto_retrain.backend or (default if isinstance(default, str) else None) or "local"
+    backend = backends.get(name)
+    if auto_retrain.trainer in LOCAL_ONLY and backend is not None and backend.type != "local":
+        path = "model_training.auto_retrain"
+        issues.error(f"{path}.trainer", f"{path}.trainer is {auto_retrain.trainer!r}, which runs only on the "
+                     f"local backend, but auto-retraining would run it on {name!r} ({backend.type}); set "
+                     f"{path}.backend: local")
+
+
 def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                           issues: _Issues) -> ModelTrainingConfig:
     path = "model_training"
@@ -799,21 +996,20 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     # Potato reads should not stop an older one.
     mt = _check_table(MODEL_TRAINING_KEYS, mt_raw, path, "model_training", issues,
                       unknown="warn", skip=("writeback", "auto_retrain", "backends", "trainers"))
+    if mt_raw.get("holdout_fraction") is not None and (
+            mt_raw.get("splits") is not None or mt_raw.get("split_seed") is not None):
+        issues.error(f"{path}.holdout_fraction", f"{path}.holdout_fraction and {path}.splits/split_seed "
+                     "both decide which items are held out; keep one (splits and split_seed are "
+                     "Potato 2.12's, holdout_fraction this project's)")
 
     wb_raw = _mapping_at(mt_raw.get("writeback"), f"{path}.writeback", issues, 'schemas: ["sentiment"]')
     wb = _check_table(WRITEBACK_KEYS, wb_raw, f"{path}.writeback", "model_training.writeback",
                       issues, unknown="warn")
     scheme_names = [s.name for s in schemes]
-    for i, name in enumerate(wb["schemas"] or ()):
-        if name not in scheme_names:
-            p = f"{path}.writeback.schemas[{i}]"
-            have = ", ".join(scheme_names) or "none"
-            issues.error(p, f"{p} is {name!r}, which is not a schema in annotation_schemes "
-                         f"(it has: {have}){did_you_mean(name, scheme_names)}")
-
-    ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
-    ar = _check_table(AUTO_RETRAIN_KEYS, ar_raw, f"{path}.auto_retrain", "model_training.auto_retrain",
-                      issues, unknown="keep")
+    _check_schema_names(wb["schemas"], f"{path}.writeback.schemas", scheme_names, issues)
+    if wb["field"] in ("", "id", "instance_id"):
+        issues.error(f"{path}.writeback.field", f"{path}.writeback.field is {wb['field']!r}; each record "
+                     "names its item under id, so use another key, e.g. predictions")
 
     backends: dict[str, BackendConfig] = {}
     backends_raw = _mapping_at(mt_raw.get("backends"), f"{path}.backends", issues,
@@ -828,7 +1024,15 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     backends = {"local": backends.pop("local", LOCAL_BACKEND), **backends}
 
     _check_backend_ref(mt_raw.get("backend"), f"{path}.backend", names, issues)
-    _check_backend_ref(ar_raw.get("backend"), f"{path}.auto_retrain.backend", names, issues)
+    ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
+    auto_retrain = _build_auto_retrain(ar_raw, scheme_names, names, issues)
+    _check_auto_retrain_backend(auto_retrain, mt_raw.get("backend"), backends, issues)
+    if mt["enabled"] and auto_retrain.enabled:
+        # Potato 2.12 retrains by itself when both are true (its training/manager.py).
+        issues.warn(f"{path}.enabled", f"{path}.enabled and {path}.auto_retrain.enabled are both true: "
+                    "a Potato 2.12 server reading this config would also retrain on its own, on the same "
+                    f"annotations as this project's potato start; set {path}.enabled: false (this project "
+                    "trains either way)")
 
     if debug:
         for b in backends.values():
@@ -842,6 +1046,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                                "hf-text-classification: {epochs: 2}")
     trainers = _check_trainers(trainers_raw, issues)
 
+    split_set = mt["splits"] is not None or mt["split_seed"] is not None
     return ModelTrainingConfig(
         enabled=mt["enabled"],
         backend=mt["backend"] if mt["backend"] in names else "local",
@@ -853,27 +1058,154 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
         max_ram_mb=mt["max_ram_mb"],
         max_predictions_mb=mt["max_predictions_mb"],
         holdout_fraction=mt["holdout_fraction"],
+        splits=(mt["splits"] or dict(DEFAULT_SPLITS)) if split_set else None,
+        split_seed=(mt["split_seed"] or 0) if split_set else None,
+        aggregation=mt["aggregation"],
+        retain_runs=mt["retain_runs"],
         writeback=WritebackConfig(
             schemas=tuple(wb["schemas"] or ()),
             include_unlabeled=wb["include_unlabeled"],
             min_confidence=wb["min_confidence"],
+            field=wb["field"],
         ),
-        auto_retrain=AutoRetrainConfig(
-            enabled=ar.pop("enabled"),
-            backend=ar.pop("backend"),
-            options=ar,
-        ),
+        auto_retrain=auto_retrain,
         trainers=trainers,
         prefect_deployment=mt["prefect_deployment"],
         backends=backends,
     )
 
 
+# ---------------------------------------------------------------------------
+# Where items come from, and where Potato 2.12 looks for our predictions
+# ---------------------------------------------------------------------------
+
+# What Potato 2.12's data_directory loader reads (its directory_watcher.py):
+# these extensions, lower case, directly in the directory, hidden files excluded.
+DATA_DIRECTORY_EXTENSIONS = (".json", ".jsonl", ".csv", ".tsv")
+
+
+def data_directory_files(directory: Path) -> list[Path]:
+    """The files of *directory* that Potato 2.12 loads items from, in its order (sorted paths)."""
+    # pathlib's glob matches dot files; glob.glob, which 2.12 uses, does not.
+    return sorted(p for ext in DATA_DIRECTORY_EXTENSIONS for p in directory.glob(f"*{ext}")
+                  if p.is_file() and not p.name.startswith("."))
+
+
+def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
+    try:
+        if isinstance(value, str):
+            return codecs.lookup(value).name
+    except LookupError:
+        pass
+    issues.error(path, f"{path} is {value!r}, which is not a text encoding Python knows; use e.g. "
+                 "utf-8 or latin-1")
+    return "utf-8"
+
+
+def _build_data_files(entries: Any, task_dir: Path, issues: _Issues) -> tuple[tuple[Path, ...], dict]:
+    """``data_files``: paths, or Potato 2.12's ``{path, encoding, filter_by_prior_annotation}`` entries."""
+    if entries is None:
+        return (), {}
+    if not isinstance(entries, list):
+        issues.error("data_files", f"data_files is {entries!r}; use a list of files, e.g. [data/items.jsonl]")
+        return (), {}
+    files, encodings = [], {}
+    for i, entry in enumerate(entries):
+        path = f"data_files[{i}]"
+        name, encoding = entry, None
+        if isinstance(entry, dict):
+            name, encoding = entry.get("path"), entry.get("encoding")
+            path = f"{path}.path"
+        if not isinstance(name, str) or not name:
+            issues.error(path, f"{path} is {name!r}; name a data file (a path relative to task_dir)")
+            continue
+        file = task_dir / Path(name).expanduser()
+        if file.suffix.lower() == ".parquet":
+            # 2.12 reads Parquet only with its optional [export] extra (pyarrow).
+            issues.error(path, f"{path} is {name!r}, a Parquet file, which this feature cannot read; "
+                         "convert it to JSON lines (e.g. pandas.read_parquet(f).to_json(out, "
+                         "orient='records', lines=True)) and list that file instead")
+            continue
+        if not file.is_file():
+            issues.error(path, f"{path} is {name!r}, which does not exist (looked for {str(file)!r}); "
+                         "data_files are relative to task_dir")
+            continue
+        if encoding is not None:
+            encodings[file] = _check_encoding(encoding, f"data_files[{i}].encoding", issues)
+        files.append(file)
+    return tuple(files), encodings
+
+
+def _build_item_sources(raw: Mapping[str, Any], task_dir: Path, issues: _Issues) -> dict[str, Any]:
+    """``data_files`` and ``data_directory`` as ProjectConfig fields; a source we cannot read is an error.
+
+    A project whose items or labels this feature cannot read must fail here,
+    by name, rather than train on an empty bundle.
+    """
+    files, encodings = _build_data_files(raw.get("data_files"), task_dir, issues)
+    fields: dict[str, Any] = {"data_files": files, "data_file_encodings": encodings}
+    directory = raw.get("data_directory")
+    if directory is not None:
+        if not isinstance(directory, str) or not directory.strip():
+            issues.error("data_directory", f"data_directory is {directory!r}; name a directory of data "
+                         "files (relative to task_dir)")
+        else:
+            where = task_dir / Path(directory).expanduser()
+            if not where.is_dir():
+                issues.error("data_directory", f"data_directory is {directory!r}, which is not a directory "
+                             f"(looked for {str(where)!r}); it is relative to task_dir")
+            elif not data_directory_files(where) and not raw.get("watch_data_directory"):
+                issues.warn("data_directory", f"data_directory {directory!r} holds no "
+                            f"{', '.join(DATA_DIRECTORY_EXTENSIONS)} files, so runs have no items")
+            fields["data_directory"] = where
+            fields["data_directory_encoding"] = _check_encoding(
+                raw.get("data_directory_encoding", "utf-8"), "data_directory_encoding", issues)
+    if raw.get("data_sources"):
+        issues.error("data_sources", "data_sources is set, and this feature does not read data_sources "
+                     "(URLs, cloud storage, databases); list the items' files under data_files or put "
+                     "them in a data_directory")
+    groups = (raw.get("batch_assignment") or {}).get("groups") if isinstance(raw.get("batch_assignment"), dict) else None
+    if isinstance(groups, list) and any(isinstance(g, dict) and (g.get("data_file") or g.get(
+            "input_data_file") or g.get("input_file")) for g in groups):
+        issues.error("batch_assignment.groups", "batch_assignment.groups name data files, which this "
+                     "feature does not read; list those files under data_files too")
+    database = raw.get("database")
+    if isinstance(database, dict) and database.get("type") == "mysql":
+        # 2.12 then keeps every annotator's user_state.json in MySQL
+        # (table user_state_documents), not in output_annotation_dir.
+        issues.error("database", "database.type is 'mysql': the annotators' labels are in that database "
+                     "(table user_state_documents), and this feature reads labels only from "
+                     "<output_annotation_dir>/<user>/user_state.json; use Potato's default file "
+                     "storage (remove the database block) to train on this project")
+    if not raw.get("data_files") and directory is None and not raw.get("data_sources"):
+        issues.error("data_files", "data_files is missing; list the items' files under data_files (or "
+                     "name a data_directory), relative to task_dir")
+    return fields
+
+
+def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Path,
+                          writeback: WritebackConfig, issues: _Issues) -> None:
+    """Warn when Potato 2.12's ``pre_annotation`` block would not show our written-back predictions."""
+    pre = raw.get("pre_annotation")
+    if not isinstance(pre, dict) or not pre.get("enabled") or not writeback.schemas:
+        return
+    ours = output_dir / "training" / "predictions.jsonl"
+    named = pre.get("predictions_file")
+    if not isinstance(named, str) or (task_dir / named).resolve() != ours.resolve():
+        issues.warn("pre_annotation.predictions_file", f"pre_annotation.predictions_file is {named!r}, but "
+                    f"this project writes its predictions to {os.path.relpath(ours, task_dir)!r}; point "
+                    "predictions_file there (relative to task_dir) so that Potato 2.12 shows them")
+    field_name = pre.get("field", "predictions")
+    if field_name != writeback.field:
+        issues.warn("pre_annotation.field", f"pre_annotation.field is {field_name!r} and "
+                    f"model_training.writeback.field is {writeback.field!r}; Potato 2.12 reads "
+                    "predictions under pre_annotation.field, so make the two the same")
+
+
 # Top-level keys this feature reads: name -> (kind, default). Others are ignored.
 _TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
     "annotation_task_name": ("str", ""),
     "task_dir": ("str", "."),
-    "data_files": ("list of str", ()),
     "output_annotation_dir": ("str", "annotation_output"),
     "debug": ("bool", False),
 }
@@ -897,11 +1229,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
         admin_api_key = None
 
     task_dir = (path.parent / Path(top["task_dir"]).expanduser()).resolve()
-    data_files = tuple(task_dir / Path(f).expanduser() for f in top["data_files"])
-    for i, (name, file) in enumerate(zip(top["data_files"], data_files)):
-        if not file.is_file():
-            issues.error(f"data_files[{i}]", f"data_files[{i}] is {name!r}, which does not exist "
-                         f"(looked for {str(file)!r}); data_files are relative to task_dir")
+    sources = _build_item_sources(raw, task_dir, issues)
     output_dir = task_dir / Path(top["output_annotation_dir"]).expanduser()
 
     props = _mapping_at(raw.get("item_properties"), "item_properties", issues, 'id_key: "id"')
@@ -915,6 +1243,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
 
     schemes = _build_schemes(raw.get("annotation_schemes"), issues)
     model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
+    _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues)
 
     warnings = tuple(issues.warnings)
     config = None
@@ -922,7 +1251,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
         config = ProjectConfig(
             path=path,
             task_dir=task_dir,
-            data_files=data_files,
+            **sources,
             id_key=keys["id_key"],
             text_key=keys["text_key"],
             output_annotation_dir=output_dir,
@@ -1001,9 +1330,25 @@ def render_backends_doc() -> str:
         "",
         "### `model_training.auto_retrain`",
         "",
-        "Other keys are accepted and passed to auto-retraining.",
+        "`potato start` watches the annotators' files and queues a run (trigger `auto`) when all hold:",
+        "`update_frequency` annotations were made since the last automatic run, `min_interval_s` have",
+        "passed since the last run ended, and no run is queued or running. An unknown trainer or",
+        "schema, or `enabled` without `schemas`, stops the server at start.",
         "",
         *_render_table(AUTO_RETRAIN_KEYS),
+        "",
+        "### Potato 2.12's keys",
+        "",
+        "Every `model_training` key that Potato 2.12.1's own training feature reads is accepted",
+        "without a warning. What this project does with each:",
+        "",
+        "| key | here |",
+        "|---|---|",
+        *(f"| `{key}` | {meaning} |" for key, meaning in POTATO_212_KEYS),
+        "",
+        "Keys that only this project has: `backend`, `heartbeat_timeout_s`, `max_predictions_mb`,",
+        "`holdout_fraction`, `backends`, `trainers`, `prefect_deployment`, `auto_retrain.backend`.",
+        "Potato 2.12 ignores them with one warning each at its start.",
         "",
     ]
     sections = (

@@ -5,11 +5,15 @@ Importable without I/O. The tree::
     PotatoError                 anything Potato reports to a user as a message
     ├── ConfigError             the config file is missing, unreadable or invalid
     ├── ProjectDataError        items or labels cannot be read (file and line named)
-    ├── StoreError              the run store refuses an operation (unknown run, bad transition)
+    ├── StoreError              the run store refuses an operation (bad field, bad value, newer schema)
+    │   ├── UnknownRun          no run has that id                         (HTTP 404)
+    │   ├── RunEnded            the run already ended; it takes no more    (HTTP 409)
+    │   └── StoreBusy           another writer held the lock too long      (HTTP 503, retried)
     ├── RunError                a run ends failed with a message meant for the user
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
-    │   └── RunCancelled        a cancel was requested and carried out
+    │   ├── RunCancelled        a cancel was requested and carried out
+    │   └── NoPrefectWorker     no Prefect worker started a deployment's run in time
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
     │   ├── RemoteCommandError  a remote command ran and failed
@@ -42,6 +46,31 @@ class StoreError(PotatoError):
     """Raised when the run store refuses an operation."""
 
 
+class UnknownRun(StoreError):
+    """Raised when no run has the id asked for."""
+
+    def __init__(self, run_id: object):
+        self.run_id = run_id
+        super().__init__(f"No run with id {run_id!r}")
+
+
+class RunEnded(StoreError):
+    """Raised when something is recorded for a run that has already ended."""
+
+    def __init__(self, run_id: int, state: str):
+        self.run_id = run_id
+        self.state = state
+        super().__init__(f"Run {run_id} already ended ({state}); it takes nothing more")
+
+
+class StoreBusy(StoreError):
+    """Raised when another writer held the store's lock for longer than the busy timeout.
+
+    Transient: the same request succeeds once the other writer is done, so the
+    server answers 503 with Retry-After and agents try again.
+    """
+
+
 class RunError(PotatoError):
     """Raised when a run ends failed with a message meant for its user."""
 
@@ -72,6 +101,20 @@ class RunCancelled(RunError):
 
     def __init__(self, message: str = "Cancelled"):
         super().__init__(message)
+
+
+class NoPrefectWorker(RunError):
+    """Raised when no Prefect worker started a run handed to a work pool within ``max_wall_seconds``."""
+
+    def __init__(self, run_id: int, pool: str | None, seconds: float):
+        self.run_id = run_id
+        self.pool = pool
+        self.seconds = seconds
+        where = f"work pool {pool!r}" if pool else "its work pool"
+        start = f"prefect worker start --pool {pool}" if pool else "prefect worker start --pool <pool>"
+        super().__init__(
+            f"No Prefect worker started run {run_id} within {seconds:g} seconds of its queueing on {where} "
+            f"(model_training.max_wall_seconds); start one on the annotation server's host: {start}")
 
 
 class BackendError(PotatoError):

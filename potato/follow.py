@@ -1,4 +1,10 @@
-"""Following a run in a terminal: a live step line, a progress bar, its warnings, its scores."""
+"""Following a run in a terminal: a live step line, a progress bar, its warnings, its scores.
+
+Scores are shown as stored, and a store may hold what an older server let
+in (a score that is not a mapping, a null accuracy when a schema had no
+holdout items): such a value shows as ``?`` or ``-`` and never stops
+``potato training runs`` from listing every run.
+"""
 
 from __future__ import annotations
 
@@ -37,12 +43,31 @@ def run_duration(run: Run, now: float | None = None) -> float | None:
     return (run.finished_at or now or time.time()) - run.started_at
 
 
+def _number(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def _schema_scores(scores: object) -> list[tuple[str, dict | None]]:
+    """(schema, its scores or None when they are not a mapping), sorted; nothing for a non-mapping."""
+    if not isinstance(scores, dict):
+        return []
+    return [(str(k), v if isinstance(v, dict) else None) for k, v in sorted(scores.items(), key=lambda kv: str(kv[0]))]
+
+
 def format_scores(scores: dict | None) -> str:
-    if not scores:
-        return "-"
-    return "; ".join(
-        f"{schema} acc {s.get('accuracy', 0):.3f} F1 {s.get('macro_f1', 0):.3f}" for schema, s in sorted(scores.items())
-    )
+    parts = [f"{schema} ?" if s is None else _score_text(schema, s, short=True)
+             for schema, s in _schema_scores(scores)]
+    return "; ".join(parts) or "-"
+
+
+def _score_text(schema: str, s: dict, *, short: bool = False) -> str:
+    if "ece_before" in s:  # decision-calibrate
+        kept = "kept" if s.get("kept") else "backed out"
+        return f"{schema}: ECE {_number(s.get('ece_before'))} -> {_number(s.get('ece_after'))} ({kept})"
+    if short:
+        return f"{schema} acc {_number(s.get('accuracy'))} F1 {_number(s.get('macro_f1'))}"
+    return (f"{schema}: accuracy {_number(s.get('accuracy'))}, macro-F1 {_number(s.get('macro_f1'))} "
+            f"(n={s.get('n', 0)})")
 
 
 class Follower:
@@ -106,12 +131,14 @@ class Follower:
             self._emit(f"Run {run.id} was cancelled")
         else:
             self._emit(f"Run {run.id} failed: {run.error}")
-        if run.scores:
+        shown = _schema_scores(run.scores)
+        if shown:
             self._emit("Holdout scores:")
-            for schema, s in sorted(run.scores.items()):
-                self._emit(
-                    f"  {schema}: accuracy {s.get('accuracy', 0):.3f}, macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})"
-                )
+            for schema, s in shown:
+                if s is None:
+                    self._emit(f"  {schema}: ? (not a score: {run.scores[schema]!r})")
+                else:
+                    self._emit("  " + _score_text(schema, s))
 
 
 def follow(store: Store, run_id: int, out: TextIO, *, tty: bool, tick: Callable[[], None] | None = None,

@@ -22,7 +22,8 @@ Files under ``<training_dir>/prefect/`` (its ``PREFECT_HOME``):
 Public API: ``embedded_prefect``, ``start_embedded``, ``EmbeddedServer``,
 ``install_sigterm_exit``, ``ensure_concurrency_limit``,
 ``release_leaked_slots``; pure builders ``build_server_argv``,
-``build_server_env``; ``prefect_home``, ``read_state``, ``is_healthy``.
+``build_server_env``, ``ui_url_for``; ``prefect_home``, ``read_state``,
+``is_healthy``.
 
 This module imports ``prefect`` only inside the functions that talk to the
 API, so starting or reusing the server costs no Prefect import.
@@ -52,6 +53,7 @@ from potato.errors import PotatoError
 
 log = logging.getLogger(__name__)
 
+# Every project's concurrency limit is named LIMIT_NAME-<project> (potato.prefect_runs).
 LIMIT_NAME = "potato-training"
 
 # Measured here: healthy after 4–10 s on a warm DB, 13–15 s on a fresh one
@@ -122,13 +124,17 @@ def build_server_argv(port: int, python: str | None = None) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port)]
 
 
-def build_server_env(home: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Return the server's environment: *base* (default ``os.environ``) plus our settings."""
+def build_server_env(home: Path, url: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Return the environment of the server at *url*: *base* (default ``os.environ``) plus our settings."""
     env = dict(os.environ if base is None else base)
     # The server must not think it is a client of some other API.
     env.pop("PREFECT_API_URL", None)
     env.update({
         "PREFECT_HOME": str(home),
+        # The UI asks /ui-settings where its API is. `prefect server start --port`
+        # does not tell it: left alone, the UI calls 127.0.0.1:4200 and shows
+        # "Can't connect to Server API" (issue 12).
+        "PREFECT_SERVER_UI_API_URL": url,
         # Offline machines: without these the server logs telemetry errors (notes).
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
@@ -146,6 +152,21 @@ def build_server_env(home: Path, base: dict[str, str] | None = None) -> dict[str
 
 def api_url(port: int) -> str:
     return f"http://127.0.0.1:{port}/api"
+
+
+def ui_url_for(api: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """Return the Prefect UI's URL for the API at *api*: ``PREFECT_UI_URL`` if set, else *api* less ``/api``.
+
+    ``PREFECT_UI_URL`` is Prefect's own setting, for a UI reached at another
+    address than its API (a reverse proxy).
+    """
+    explicit = (os.environ if environ is None else environ).get("PREFECT_UI_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    if not api:
+        return None
+    url = api.rstrip("/")
+    return url[: -len("/api")] if url.endswith("/api") else url
 
 
 # -- state file, health ---------------------------------------------------------
@@ -285,12 +306,12 @@ def start_embedded(training_dir: str | os.PathLike, *, set_env: bool = True,
 
 def _start(home: Path, deadline_s: float) -> EmbeddedServer:
     log_path = home / "server.log"
-    env = build_server_env(home)
     last_failure = ""
     for _attempt in range(START_ATTEMPTS):
         port = _free_port()
         argv = build_server_argv(port)
         url = api_url(port)
+        env = build_server_env(home, url)
         with open(log_path, "ab") as log_file:
             log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} "
                            f"pid {os.getpid()} starts: {' '.join(argv)}\n".encode())
@@ -402,7 +423,7 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 # -- the concurrency limit --------------------------------------------------------
 
-def ensure_concurrency_limit(name: str = LIMIT_NAME, limit: int = 1) -> None:
+def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
     """Create the global concurrency limit *name* with *limit* slots if missing (or fix it).
 
     Uses the client API: ``prefect gcl create`` costs seconds more per call.
@@ -428,8 +449,7 @@ def ensure_concurrency_limit(name: str = LIMIT_NAME, limit: int = 1) -> None:
                 name, GlobalConcurrencyLimitUpdate(limit=limit, active=True))
 
 
-def release_leaked_slots(name: str = LIMIT_NAME, *,
-                         home: str | os.PathLike | None = None) -> int:
+def release_leaked_slots(name: str, *, home: str | os.PathLike | None = None) -> int:
     """Set the active slots of limit *name* to 0; return how many were taken.
 
     Only call this when the store says no run is active (reconciliation after

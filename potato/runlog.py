@@ -43,6 +43,11 @@ class RunLog:
         level = level if level in self.LEVELS else "info"
         if level != "debug":
             self.store.add_event(self.run_id, "log", {"level": level, "message": message, "source": source})
+        self.echo(level, message)
+
+    def echo(self, level: str, message: str) -> None:
+        """Write the line to ``run.log`` and Prefect only: its store event is written by the caller."""
+        level = level if level in self.LEVELS else "info"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"

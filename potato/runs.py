@@ -5,8 +5,10 @@ starts the oldest queued run when no run is active, by starting the flow in a
 child process (the embedded default) or through ``run_deployment`` when
 ``model_training.prefect_deployment`` names a deployment. Whatever the backend,
 one run executes at a time (SPEC §3): the store's atomic claim decides which
-run starts, and the flow also holds the Prefect concurrency limit
-``potato-training``, so runs started from Prefect directly wait their turn too.
+run starts, and the flow also holds the project's Prefect concurrency limit
+``potato-training-<project>`` (``potato.prefect_runs``), so runs started from
+Prefect directly wait their turn too, and other projects on the same Prefect
+never wait for this one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -21,18 +24,31 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from potato import prefect_runs
 from potato.config import ProjectConfig
-from potato.errors import PotatoError, WallTimeExceeded
-from potato.prefect_api import LIMIT_NAME
+from potato.errors import HeartbeatTimeout, PotatoError, WallTimeExceeded
+from potato.runlog import RunLog
 from potato.store import END_STATES, Run, Store
+from potato.tasks import leftovers
+from potato.training.client import UNREACHABLE_LIMIT_S
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRAINER = "hf-text-classification"
-CONCURRENCY_LIMIT = LIMIT_NAME  # "potato-training": held by every training flow
 # Added to max_wall_seconds for Prefect's own flow timeout: the relay step's
 # one-second check stops the run first; Prefect's timeout is the backstop.
 FLOW_TIMEOUT_MARGIN_S = 60
+# The dispatcher's child runs flows.training_run; a Prefect process worker's runs prefect.engine.
+FLOW_MARKERS = ("flows.training_run", "prefect.engine")
+# A run claimed this recently may not have recorded its flow's pid yet.
+CLAIM_GRACE_S = 30
+# Beyond heartbeat_timeout_s + grace_seconds: the time a live flow gets to act on a silent worker
+# itself (stop it, clean up on the host) before reconciliation takes the flow for wedged.
+HEARTBEAT_MARGIN_S = 15
+# How often reconciliation tries again to stop what a run left on a host it could not reach.
+RETRY_STOP_S = 15
+# Beyond UNREACHABLE_LIMIT_S and grace_seconds: when an unreachable agent has surely stopped its worker.
+SELF_STOP_MARGIN_S = 30
 
 
 class RunRequestError(PotatoError):
@@ -50,9 +66,35 @@ class UnknownBackendError(RunRequestError):
         )
 
 
+class LocalOnlyTrainerError(RunRequestError):
+    """Raised when a trainer that runs only locally is asked for on another backend (HTTP 409)."""
+
+    def __init__(self, trainer: str, backend: str, backend_type: str):
+        self.trainer, self.backend = trainer, backend
+        kind = {"ssh": "an ssh", "agent": "an agent"}.get(backend_type, f"a {backend_type}")
+        super().__init__(
+            f"Trainer {trainer!r} runs only on the local backend, and {backend!r} is {kind} "
+            f"backend: it rewrites an earlier run's predictions, which are kept on this server. Start it on "
+            f"'local' (it needs no GPU and takes seconds)"
+        )
+
+
 def open_store(config: ProjectConfig) -> Store:
-    config.training_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.training_dir)
     return Store(config.training_dir / "runs.db")
+
+
+def private_dir(path: Path) -> Path:
+    """Make *path* a directory only its owner can enter (0700), tightening one made wider before.
+
+    Everything training keeps (the store, run logs, bundles of the annotators'
+    labels, models, predictions) lives under such directories; the commands
+    and the flow also run with umask 077, so what they create inside is 0600.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def run_dir(config: ProjectConfig, run_id: int) -> Path:
@@ -67,9 +109,16 @@ def create_run(
     schemas: list[str] | None = None,
     backend: str | None = None,
     options: dict | None = None,
-) -> Run:
-    """Queue a run after checking trainer, schemas and backend against the config."""
-    from potato.trainers import TRAINERS
+    trigger: str = "manual",
+    annotation_count: int | None = None,
+    only_when_idle: bool = False,
+) -> Run | None:
+    """Queue a run after checking trainer, schemas and backend against the config.
+
+    *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
+    (None when *only_when_idle* and a run is queued or running).
+    """
+    from potato.trainers import LOCAL_ONLY, TRAINERS
 
     trainer = trainer or DEFAULT_TRAINER
     if trainer not in TRAINERS:
@@ -77,6 +126,9 @@ def create_run(
     backend = backend or config.model_training.backend or "local"
     if backend not in config.model_training.backends:
         raise UnknownBackendError(backend, config.model_training.backends)
+    backend_type = config.model_training.backends[backend].type
+    if trainer in LOCAL_ONLY and backend_type != "local":
+        raise LocalOnlyTrainerError(trainer, backend, backend_type)
     known = [s.name for s in config.schemes]
     if not schemas:
         schemas = list(config.model_training.writeback.schemas) or known
@@ -85,27 +137,85 @@ def create_run(
             raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
-    run = store.create_run(trainer, list(schemas), backend, options or {})
-    run_dir(config, run.id).mkdir(parents=True, exist_ok=True)
+    run = store.create_run(trainer, list(schemas), backend, options or {}, trigger=trigger,
+                           annotation_count=annotation_count, only_when_idle=only_when_idle)
+    if run is not None:
+        private_dir(run_dir(config, run.id))
     return run
 
 
 def cancel_run(config: ProjectConfig, store: Store, run_id: int) -> Run:
-    """Cancel *run_id*: a queued run ends at once; an active one is stopped by its flow."""
+    """Cancel *run_id*: a queued run ends at once; an active one is stopped by its flow.
+
+    A run handed to a Prefect work pool that no worker has started yet has no
+    flow to stop it: its flow run is cancelled in Prefect and the run ends now.
+    """
     run = store.get_run(run_id)
     if run.state in END_STATES:
         return run
     if store.transition(run_id, "cancelled", from_states=("queued",), error="Cancelled before it started"):
         return store.get_run(run_id)
-    return store.request_cancel(run_id)
+    # Requested first: should a worker start the flow this instant, the flow sees it before spawning.
+    run = store.request_cancel(run_id)
+    if prefect_runs.waits_for_a_worker(run):
+        return prefect_runs.cancel_before_a_worker(config, store, run)
+    return run
 
 
-def finish_run(store: Store, run_id: int, state: str, error: str | None) -> Run:
+def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error: str | None, *,
+            log: RunLog | None = None) -> Run:
+    """End run *run_id* as *state*, once nothing it started can still run: the one way a run ends.
+
+    What the run left running is stopped and checked first (``leftovers.stop``).
+    When that cannot be verified (its host is unreachable) the run stays
+    ``running``, its step row says why and ``ending`` keeps the end it will get,
+    so the dispatcher starts no run beside a worker that may still train;
+    ``reconcile`` tries again every ``RETRY_STOP_S``. An agent that has not heard
+    from the server for ``UNREACHABLE_LIMIT_S`` stops its worker by itself
+    (SPEC §7), so once that long has passed since the agent was last heard
+    from, the run ends anyway, its error saying that stopping was not verified.
+    A local worker is always visible to this machine: there is no such limit.
+    """
+    run = store.get_run(run_id)
+    if run.state in END_STATES:
+        return run
+    log = log or RunLog(store, run_id, run_dir(config, run_id) / "run.log")
+    stopped = leftovers.stop(config, store, run)
+    if not stopped.verified:
+        now = time.time()
+        deadline = _self_stop_deadline(config, run)
+        if deadline is None or now < deadline:
+            if not run.ending:
+                log.warning(f"The run ends {state}, but Potato could not verify that its worker stopped: "
+                            f"{stopped.said}. It stays active (no other run starts) until that is verified"
+                            + (f", or until {time.strftime('%H:%M:%S', time.localtime(deadline))}, when its agent "
+                               f"will have stopped the worker by itself" if deadline else ""))
+            # The cancel mark makes the server answer the agent's next post with "stop".
+            store.update_run(run_id, ending={"state": state, "error": error, "since": run.ending.get("since", now),
+                                             "last_try": now, "why": stopped.said},
+                             cancel_requested_at=run.cancel_requested_at or now,
+                             step=f"stopping what the run left running: {stopped.said}; trying again")
+            return store.get_run(run_id)
+        error = (f"{error + '. ' if error else ''}Potato could not verify that the run's agent and worker on its host "
+                 f"stopped ({stopped.said}); an agent stops its worker by itself after {UNREACHABLE_LIMIT_S} s "
+                 f"without the server, and that time has passed")
+        log.error(error)
+    elif stopped.said:
+        log.info(f"Stopped what the run left running: {stopped.said}")
     store.transition(
-        run_id, state, from_states=("queued", "running"), error=error,
+        run_id, state, from_states=("queued", "running"), error=error, ending=None,
         step={"succeeded": "finished", "cancelled": "cancelled"}.get(state, "failed"),
     )
     return store.get_run(run_id)
+
+
+def _self_stop_deadline(config: ProjectConfig, run: Run) -> float | None:
+    """When a remote run's agent will have stopped its worker by itself; None for a local run."""
+    backend = config.model_training.backends.get(run.backend)
+    if not run.remote_job_dir and not run.slurm_job_id and (backend is None or backend.type == "local"):
+        return None
+    last_word = run.heartbeat_at or run.started_at or time.time()
+    return last_word + UNREACHABLE_LIMIT_S + config.model_training.grace_seconds + SELF_STOP_MARGIN_S
 
 
 def read_scores(directory: Path) -> dict[str, Any]:
@@ -133,7 +243,10 @@ def describe_worker_failure(ctx, code: int) -> str:
 
 def describe_interruption(config: ProjectConfig, exc: BaseException) -> str:
     """Why the flow stopped when Prefect or a signal interrupted it."""
-    if isinstance(exc, SystemExit):
+    from prefect.exceptions import TerminationSignal  # only a flow calls this: prefect is loaded
+
+    # Inside a flow Prefect's own handler turns SIGTERM into TerminationSignal.
+    if isinstance(exc, (SystemExit, TerminationSignal)):
         return "The flow process was stopped (SIGTERM) while the run was active"
     if isinstance(exc, KeyboardInterrupt):
         return "The flow process was interrupted while the run was active"
@@ -154,16 +267,17 @@ def after_flow(config: ProjectConfig, run_id: int, state) -> None:
     """Make sure a run whose flow ended is not left active (the flow may have died early)."""
     store = open_store(config)
     run = store.get_run(run_id)
-    if run.state in END_STATES:
+    if run.state in END_STATES or run.ending:  # ended, or its end waits for a verified stop (reconcile)
         return
     message = getattr(state, "message", None) or "the flow ended before the run finished"
-    finish_run(store, run_id, "failed", f"The run's flow ended early: {message}")
+    end_run(config, store, run_id, "failed", f"The run's flow ended early: {message}")
 
 
-def ensure_prefect_limit() -> None:
-    from potato.prefect_api import ensure_concurrency_limit
-
-    ensure_concurrency_limit(CONCURRENCY_LIMIT, 1)
+def heartbeat_timeout(config: ProjectConfig, backend_name: str) -> float:
+    """How long the worker or agent of a run on *backend_name* may say nothing (SPEC §1, default 120)."""
+    backend = config.model_training.backends.get(backend_name)
+    value = backend.get("heartbeat_timeout_s") if backend is not None else None
+    return float(value or config.model_training.heartbeat_timeout_s)
 
 
 # ---------------------------------------------------------------- dispatching
@@ -187,43 +301,105 @@ def _pid_runs(pid: int | None, *markers: str) -> bool:
     return any(marker in cmdline for marker in markers)
 
 
-def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True) -> list[Run]:
-    """Fail runs left active by a process that is gone; free what they held.
+def orphan_reason(config: ProjectConfig, run: Run, *, now: float, flow_alive: bool) -> str | None:
+    """Why nobody drives running *run* any more, or None while its flow does.
 
-    A run whose flow process still lives is left alone (it finishes and
-    records its own end). Otherwise its worker's process group is killed and
-    the run is failed with a reason that says what happened.
+    Its flow process is gone; or it lives but the worker's heartbeat is older
+    than the run's timeout plus the time the flow needs to act on that itself
+    (then the flow is wedged). A run claimed moments ago, or handed to a
+    Prefect work pool that has not started its flow yet, has no flow to check.
     """
-    failed = []
-    for run in store.active_runs():
-        if run.state != "running":
-            continue
-        # The dispatcher's child runs flows.training_run; a Prefect process worker's runs prefect.engine.
-        if _pid_runs(run.flow_pid, "flows.training_run", "prefect.engine"):
-            continue
-        if run.flow_pid is None and (run.prefect_flow_run_id or time.time() - (run.started_at or 0) < 30):
-            continue  # handed to a Prefect work pool and not started yet, or just claimed: its flow is coming
-        if _pid_runs(run.worker_pid, "potato.training.worker"):
-            try:
-                os.killpg(run.worker_pid, 9)
-            except OSError:
-                pass
-        store.transition(
-            run.id, "failed", from_states=("running",), step="failed",
-            error="The run's flow process is gone (the annotation server or machine stopped during the run); "
-            "the run was marked failed when Potato restarted",
-        )
-        failed.append(store.get_run(run.id))
-    # A slot leaks only when its holder died, i.e. when a run was just failed here; checking
-    # Prefect on every start would cost each CLI command the import of prefect (~1 s).
-    if release_slot and failed and not any(r.state == "running" for r in store.active_runs()):
-        try:
-            from potato.prefect_api import release_leaked_slots
+    if run.state != "running":
+        return None
+    if flow_alive:
+        timeout = heartbeat_timeout(config, run.backend)
+        limit = timeout + config.model_training.grace_seconds + HEARTBEAT_MARGIN_S
+        if run.heartbeat_at and now - run.heartbeat_at > limit:
+            backend = config.model_training.backends.get(run.backend)
+            silence = HeartbeatTimeout(run.backend, timeout, agent=backend is not None and backend.type != "local")
+            return (f"{silence}, and the run's flow (pid {run.flow_pid}) did not end the run within "
+                    f"{limit - timeout:g} s more; Potato stopped the flow")
+        return None
+    if run.flow_pid is None:
+        if run.prefect_flow_run_id or now - (run.started_at or 0) < CLAIM_GRACE_S:
+            return None
+        return "The run's flow process is gone (it never started); Potato marked the run failed"
+    return (f"The run's flow process is gone (pid {run.flow_pid} ended without recording the run's end); "
+            f"Potato stopped what the run left running and marked it failed")
 
-            release_leaked_slots(CONCURRENCY_LIMIT)
-        except Exception as exc:  # Prefect down: the flow's own lease expiry frees it later
-            log.warning("Could not release the Prefect concurrency slot: %s", exc)
-    return failed
+
+def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True,
+              own_flows: Iterable[int] = ()) -> list[Run]:
+    """End the runs nobody drives any more, after stopping what they left running.
+
+    Called on every pass of the dispatcher (the server's, and ``potato
+    training run``'s), so an orphaned run never holds the queue until a
+    restart: a run whose flow process is gone, or whose flow is wedged with a
+    stale heartbeat (it is killed), fails with a reason that says which; a run
+    whose end waits for a verified stop (``ending``) is tried again every
+    ``RETRY_STOP_S``. A run whose flow lives and acts is left alone, and so is
+    one whose dead flow is a child of the caller (*own_flows*): the caller
+    reaps it and knows how it exited.
+    """
+    ended = []
+    now = time.time()
+    own_flows = set(own_flows)
+    for run in store.active_runs():
+        flow_alive = _pid_runs(run.flow_pid, *FLOW_MARKERS)
+        if not flow_alive and run.flow_pid in own_flows:
+            continue
+        if run.ending:
+            if flow_alive or now - float(run.ending.get("last_try") or 0) < RETRY_STOP_S:
+                continue
+            state, error = run.ending.get("state", "failed"), run.ending.get("error")
+        else:
+            error = orphan_reason(config, run, now=now, flow_alive=flow_alive)
+            if error is None:
+                continue
+            state = "failed"
+            if flow_alive:
+                _kill_flow(run.flow_pid)
+        run = end_run(config, store, run.id, state, error)
+        if run.state in END_STATES:
+            ended.append(run)
+    if release_slot and ended:
+        release_slot_if_idle(config, store)
+    return ended
+
+
+def release_slot_if_idle(config: ProjectConfig, store: Store) -> None:
+    """Free the Prefect slot a dead flow held (its lease would expire only after LEASE_SECONDS), if no run is active.
+
+    Checking Prefect on every start would cost each CLI command the import of
+    prefect (~1 s); a slot leaks only when its holder died, i.e. when a run was
+    just ended here.
+    """
+    if any(r.state == "running" for r in store.active_runs()):
+        return
+    try:
+        from potato.prefect_api import release_leaked_slots
+
+        release_leaked_slots(prefect_runs.limit_name(config))
+    except Exception as exc:  # Prefect down: the flow's own lease expiry frees it later
+        log.warning("Could not release the Prefect concurrency slot: %s", exc)
+
+
+def _kill_flow(pid: int) -> None:
+    """SIGKILL a wedged flow (with the ssh client it started, when it leads its own process group)."""
+    try:
+        os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return
+    deadline = time.monotonic() + 5
+    while _pid_runs(pid, *FLOW_MARKERS) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def describe_flow_exit(config: ProjectConfig, run_id: int, returncode: int) -> str:
+    how = (f"was killed by {signal.Signals(-returncode).name}" if returncode < 0 and -returncode in
+           signal.valid_signals() else f"exited with code {returncode}")
+    return (f"The run's flow process {how} before the run finished; Potato stopped what the run left running "
+            f"(see {run_dir(config, run_id) / 'flow.log'})")
 
 
 class Dispatcher:
@@ -239,15 +415,20 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
 
     def dispatch_once(self) -> Run | None:
-        """Reap finished flows; start the oldest queued run if none is active."""
+        """Reap finished flows, reconcile orphaned runs; start the oldest queued run if none is active."""
+        ended = False
         for run_id, process in list(self.processes.items()):
             if process.poll() is not None:
                 del self.processes[run_id]
                 run = self.store.get_run(run_id)
-                if run.state not in END_STATES:
-                    finish_run(self.store, run_id, "failed",
-                               f"The run's flow process exited with code {process.returncode} before the run finished; "
-                               f"see {run_dir(self.config, run_id) / 'flow.log'}")
+                if run.state not in END_STATES and not run.ending:
+                    error = describe_flow_exit(self.config, run_id, process.returncode)
+                    ended = end_run(self.config, self.store, run_id, "failed", error).state in END_STATES or ended
+        if ended:
+            release_slot_if_idle(self.config, self.store)
+        reconcile(self.config, self.store, own_flows=[p.pid for p in self.processes.values()])
+        if self.config.model_training.prefect_deployment:
+            prefect_runs.fail_runs_no_worker_started(self.config, self.store)
         run = self.store.claim_next_queued(only_when_idle=True, step="starting the run's flow")
         if run is not None:
             self.launch(run)
@@ -258,8 +439,7 @@ class Dispatcher:
         if deployment:
             self._launch_deployment(run, deployment)
             return
-        directory = run_dir(self.config, run.id)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir(run_dir(self.config, run.id))
         argv = [self.python, "-m", "flows.training_run", "--config", str(self.config.path), "--run-id", str(run.id)]
         with open(directory / "flow.log", "ab") as out:
             # Its own session: a Ctrl-C in the terminal reaches the CLI, not the flow,
@@ -279,9 +459,11 @@ class Dispatcher:
             parameters={"config": str(self.config.path), "run_id": run.id},
             timeout=0,
             flow_run_name=f"run-{run.id}",
+            tags=prefect_runs.flow_run_tags(self.config, run),
         )
-        self.store.update_run(run.id, prefect_flow_run_id=str(flow_run.id),
-                              step=f"waiting for a Prefect worker (deployment {deployment})")
+        step = f"waiting for a Prefect worker on pool {flow_run.work_pool_name}"
+        self.store.update_run(run.id, prefect_flow_run_id=str(flow_run.id), step=step)
+        self.store.add_event(run.id, "step", {"text": step})  # as RunContext.set_step keeps step rows
 
     def wait_for_flows(self, timeout: float = 15) -> None:
         """Give flows that recorded their run's end time to exit (Prefect's last API calls)."""

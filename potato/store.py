@@ -16,6 +16,14 @@ Schema changes: ``MIGRATIONS`` is applied in order at open; ``PRAGMA
 user_version`` holds how many have run. Only ever append to it.
 
 Timestamps are unix floats (``time.time()``).
+
+JSON columns hold strict JSON: NaN and Infinity are refused on write (a
+``StoreError`` naming the column), because a browser's ``JSON.parse`` rejects a
+whole answer that holds one. Rows written before that rule read back with
+null in their place.
+
+Run ids are SQLite integers: an id outside ``1..MAX_RUN_ID`` names no run
+(``UnknownRun``), never an ``OverflowError``.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from potato.errors import StoreError
+from potato.errors import RunEnded, StoreBusy, StoreError, UnknownRun
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -41,6 +49,13 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 
 STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+
+# What started a run: the Training page, the admin API or the CLI (``manual``),
+# the auto-retrain watcher (``auto``). New starters append a value here.
+MANUAL = "manual"
+AUTO = "auto"
+SCHEDULE = "schedule"  # a Prefect deployment's schedule (deployments.create --cron)
+TRIGGERS = (MANUAL, AUTO, SCHEDULE)
 END_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({RUNNING})
 
@@ -48,8 +63,11 @@ ACTIVE_STATES = frozenset({RUNNING})
 # handful of rows); short enough that a wedged process shows up as an error.
 BUSY_TIMEOUT_S = 30.0
 
+# The largest INTEGER SQLite stores; a larger Python int cannot even be bound.
+MAX_RUN_ID = 2**63 - 1
+
 # Columns holding JSON, with the value an absent one decodes to.
-_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict}
+_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict}
 
 # The order of Run's fields and of the runs table's columns.
 RUN_COLUMNS = (
@@ -57,7 +75,8 @@ RUN_COLUMNS = (
     "progress_text", "options", "created_at", "started_at", "finished_at",
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
-    "flow_pid", "worker_pid",
+    "flow_pid", "worker_pid", "trigger", "annotation_count", "last_seq",
+    "remote_job_dir", "remote_socket", "slurm_job_id", "ending",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -114,6 +133,29 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN flow_pid INTEGER;
     ALTER TABLE runs ADD COLUMN worker_pid INTEGER;
     """,
+    # 4: what started each run, and for auto runs the annotation count that
+    # triggered it: the next auto run counts new annotations from there, so a
+    # restart neither loses nor repeats a trigger (potato/auto_retrain.py).
+    """
+    ALTER TABLE runs ADD COLUMN trigger TEXT NOT NULL DEFAULT 'manual';
+    ALTER TABLE runs ADD COLUMN annotation_count INTEGER;
+    """,
+    # 5: the highest worker-event seq recorded for the run, written in the same
+    # transaction as the event, so a batch re-sent after a lost answer or a
+    # server restart is not stored twice (issue 9, item 6).
+    """
+    ALTER TABLE runs ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 6: enough to stop what a run started when the flow that started it is gone
+    # (kill -9): an ssh/slurm run's job directory and socket on the host and its
+    # SLURM job id; and ``ending``, the end a run was given while stopping its
+    # worker could not be verified yet (JSON: state, error, since, last_try, why).
+    """
+    ALTER TABLE runs ADD COLUMN remote_job_dir TEXT;
+    ALTER TABLE runs ADD COLUMN remote_socket TEXT;
+    ALTER TABLE runs ADD COLUMN slurm_job_id TEXT;
+    ALTER TABLE runs ADD COLUMN ending TEXT;
+    """,
 )
 
 
@@ -144,6 +186,13 @@ class Run:
     run_token_hash: str | None = None
     flow_pid: int | None = None
     worker_pid: int | None = None
+    trigger: str = MANUAL
+    annotation_count: int | None = None
+    last_seq: int = 0
+    remote_job_dir: str | None = None
+    remote_socket: str | None = None
+    slurm_job_id: str | None = None
+    ending: dict = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:
@@ -190,9 +239,24 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def dump_json(what: str, value: Any) -> str:
+    """*value* as strict JSON; a ``StoreError`` naming *what* for NaN or Infinity."""
+    try:
+        return json.dumps(value, sort_keys=True, allow_nan=False)
+    except ValueError:
+        raise StoreError(f"{what} holds NaN or Infinity, which JSON cannot carry; "
+                         "refuse it where it enters (send null instead)") from None
+
+
+def _load_json(text: str) -> Any:
+    # NaN/Infinity in rows from before the rule read as null, so one old row
+    # cannot make every answer that lists it invalid JSON.
+    return json.loads(text, parse_constant=lambda _: None)
+
+
 def _encode(column: str, value: Any) -> Any:
     if column in _JSON_COLUMNS:
-        return None if value is None else json.dumps(value, sort_keys=True)
+        return None if value is None else dump_json(f"The run's {column}", value)
     return value
 
 
@@ -201,14 +265,51 @@ def _row_to_run(row: sqlite3.Row) -> Run:
     for column in RUN_COLUMNS:
         value = row[column]
         if column in _JSON_COLUMNS:
-            value = _JSON_COLUMNS[column]() if value is None else json.loads(value)
+            value = _JSON_COLUMNS[column]() if value is None else _load_json(value)
         values[column] = value
     return Run(**values)
 
 
 def _row_to_event(row: sqlite3.Row) -> Event:
     return Event(run_id=row["run_id"], seq=row["seq"], t=row["t"], kind=row["kind"],
-                 data=json.loads(row["data"]))
+                 data=_load_json(row["data"]))
+
+
+def _is_lock_error(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _is_run_id(run_id: Any) -> bool:
+    return isinstance(run_id, int) and not isinstance(run_id, bool) and 0 < run_id <= MAX_RUN_ID
+
+
+def _make_private(path: Path) -> None:
+    """Create the store file 0600 before SQLite opens it, and tighten one an older version left wider.
+
+    SQLite creates the ``-wal`` and ``-shm`` files with the database file's
+    mode, so all three stay readable by the owner only: they hold token
+    hashes, labels' provenance and every run's log.
+
+    An existing file is never opened here: closing any descriptor of a
+    database file drops every POSIX lock this process holds on it, those of
+    its SQLite connections included (https://www.sqlite.org/howtocorrupt.html,
+    section 2.2). A second ``Store`` on the same file in one process then let
+    another connection take the file for its own, checkpoint and delete the
+    WAL under the others, which went on reading a deleted WAL and saw no new
+    rows. Only a file that does not exist yet, which no connection of ours can
+    hold, is created (``O_EXCL``) and closed.
+    """
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except (FileNotFoundError, PermissionError):  # not there yet, or another account's store
+            pass
 
 
 def _check_fields(fields: Mapping[str, Any]) -> None:
@@ -220,6 +321,8 @@ def _check_fields(fields: Mapping[str, Any]) -> None:
         )
     if "state" in fields and fields["state"] not in STATES:
         raise StoreError(f"Unknown run state {fields['state']!r}; valid states: {', '.join(STATES)}")
+    if "trigger" in fields and fields["trigger"] not in TRIGGERS:
+        raise StoreError(f"Unknown run trigger {fields['trigger']!r}; valid triggers: {', '.join(TRIGGERS)}")
 
 
 class Store:
@@ -236,6 +339,7 @@ class Store:
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(self.path)
         self._migrate()
 
     # -- connections -------------------------------------------------------
@@ -287,16 +391,23 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """A read-modify-write transaction holding the write lock from its start."""
+        """A read-modify-write transaction holding the write lock from its start.
+
+        Raises ``StoreBusy`` when the lock stays taken for ``busy_timeout_s``.
+        """
         conn = self._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise StoreError(f"The run store {str(self.path)!r} is busy: {exc}") from exc
+            if _is_lock_error(exc):
+                raise StoreBusy(f"The run store {str(self.path)!r} is busy: {exc}") from exc
+            raise StoreError(f"The run store {str(self.path)!r} cannot be written: {exc}") from exc
         try:
             yield conn
-        except BaseException:
+        except BaseException as exc:
             conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _is_lock_error(exc):
+                raise StoreBusy(f"The run store {str(self.path)!r} is busy: {exc}") from exc
             raise
         else:
             conn.execute("COMMIT")
@@ -329,21 +440,47 @@ class Store:
     # -- runs --------------------------------------------------------------
 
     def create_run(self, trainer: str, schemas: Sequence[str], backend: str,
-                   options: Mapping[str, Any] | None = None) -> Run:
-        """Add a run in state ``queued`` and return it."""
+                   options: Mapping[str, Any] | None = None, *, trigger: str = MANUAL,
+                   annotation_count: int | None = None, only_when_idle: bool = False) -> Run | None:
+        """Add a run in state ``queued`` and return it.
+
+        *trigger* says what started it (``TRIGGERS``). With *only_when_idle*
+        nothing is added, and None returned, while a run is queued or running:
+        decided inside the write lock, so two watchers never queue two runs.
+        """
+        _check_fields({"trigger": trigger})
         with self._write() as conn:
+            if only_when_idle and conn.execute(
+                "SELECT 1 FROM runs WHERE state IN (?, ?) LIMIT 1", (QUEUED, RUNNING)
+            ).fetchone():
+                return None
             cursor = conn.execute(
-                "INSERT INTO runs (trainer, schemas, backend, state, options, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (trainer, json.dumps(list(schemas)), backend, QUEUED,
-                 json.dumps(dict(options or {}), sort_keys=True), time.time()),
+                "INSERT INTO runs (trainer, schemas, backend, state, options, created_at, trigger,"
+                " annotation_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (trainer, dump_json("The run's schemas", list(schemas)), backend, QUEUED,
+                 dump_json("The run's options", dict(options or {})), time.time(), trigger,
+                 annotation_count),
             )
             return self._get(conn, cursor.lastrowid)
 
+    def latest_run(self, trigger: str | None = None) -> Run | None:
+        """The newest run (started by *trigger*, if given), or None."""
+        sql, args = "SELECT * FROM runs", ()
+        if trigger is not None:
+            sql, args = sql + " WHERE trigger = ?", (trigger,)
+        row = self._conn().execute(sql + " ORDER BY id DESC LIMIT 1", args).fetchone()
+        return None if row is None else _row_to_run(row)
+
+    def last_finished_at(self) -> float | None:
+        """When the most recently ended run ended (None before any run ended)."""
+        return self._conn().execute("SELECT max(finished_at) FROM runs").fetchone()[0]
+
     def _get(self, conn: sqlite3.Connection, run_id: int) -> Run:
-        row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = None
+        if _is_run_id(run_id):
+            row = conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise StoreError(f"No run with id {run_id!r}")
+            raise UnknownRun(run_id)
         return _row_to_run(row)
 
     def get_run(self, run_id: int) -> Run:
@@ -354,7 +491,7 @@ class Store:
         """Return runs newest first (at most *limit*, skipping *offset*)."""
         rows = self._conn().execute(
             "SELECT * FROM runs ORDER BY id DESC LIMIT ? OFFSET ?",
-            (-1 if limit is None else int(limit), int(offset)),
+            (-1 if limit is None else min(int(limit), MAX_RUN_ID), min(int(offset), MAX_RUN_ID)),
         ).fetchall()
         return [_row_to_run(row) for row in rows]
 
@@ -489,25 +626,58 @@ class Store:
     def add_event(self, run_id: int, kind: str, data: Mapping[str, Any] | None = None,
                   *, t: float | None = None) -> int:
         """Append an event to run *run_id*; return its seq (1, 2, … per run)."""
+        text = dump_json(f"A {kind} event", dict(data or {}))
         with self._write() as conn:
-            seq = conn.execute(
-                "SELECT coalesce(max(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,)
-            ).fetchone()[0]
-            try:
-                conn.execute(
-                    "INSERT INTO events (run_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)",
-                    (run_id, seq, time.time() if t is None else t, kind,
-                     json.dumps(dict(data or {}))),
-                )
-            except sqlite3.IntegrityError as exc:
-                raise StoreError(f"No run with id {run_id!r}") from exc
-            return seq
+            return self._insert_event(conn, run_id, kind, text, t)
+
+    def _insert_event(self, conn: sqlite3.Connection, run_id: int, kind: str, text: str,
+                      t: float | None) -> int:
+        if not _is_run_id(run_id):
+            raise UnknownRun(run_id)
+        seq = conn.execute(
+            "SELECT coalesce(max(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        try:
+            conn.execute(
+                "INSERT INTO events (run_id, seq, t, kind, data) VALUES (?, ?, ?, ?, ?)",
+                (run_id, seq, time.time() if t is None else t, kind, text),
+            )
+        except sqlite3.IntegrityError as exc:
+            raise UnknownRun(run_id) from exc
+        return seq
+
+    def record_worker_event(self, run_id: int, seq: int | None, kind: str, data: Mapping[str, Any],
+                            **fields: Any) -> bool:
+        """Store worker event *seq* of running run *run_id* once, with its effect on the run.
+
+        In one transaction: the event row, the run *fields* it sets (e.g.
+        ``step``), the heartbeat, and ``last_seq = seq``. Returns False, storing
+        nothing, when *seq* is not above the run's ``last_seq`` (a re-sent
+        event). An event without a seq is always stored. Raises ``RunEnded``
+        when the run is no longer running, ``UnknownRun`` for no run.
+        """
+        _check_fields(fields)
+        text = dump_json(f"A {kind} event", dict(data))
+        with self._write() as conn:
+            run = self._get(conn, run_id)
+            if run.state != RUNNING:
+                raise RunEnded(run_id, run.state)
+            if seq is not None and seq <= run.last_seq:
+                return False
+            self._insert_event(conn, run_id, kind, text, None)
+            changes = {**fields, "heartbeat_at": time.time()}
+            if seq is not None:
+                changes["last_seq"] = seq
+            self._set(conn, run_id, changes)
+            return True
 
     def events(self, run_id: int, after: int = 0, limit: int | None = None) -> list[Event]:
         """Return run *run_id*'s events with seq > *after*, in order."""
+        if not _is_run_id(run_id):
+            return []
         rows = self._conn().execute(
             "SELECT * FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-            (run_id, after, -1 if limit is None else int(limit)),
+            (run_id, min(after, MAX_RUN_ID), -1 if limit is None else min(int(limit), MAX_RUN_ID)),
         ).fetchall()
         return [_row_to_event(row) for row in rows]
 

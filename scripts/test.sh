@@ -4,11 +4,13 @@
 # On a fresh Debian machine (CI: a clean clone, root, CI=true, no stdin) it
 #   1. creates/reuses .venv in the repo root and installs the pinned deps
 #      (scripts/install.sh --test; skipped when its stamp matches);
-#   2. as root, installs the system packages the real test services need
+#   2. creates/reuses .venv-potato212 with the real potato-annotation 2.12.1
+#      (scripts/install-potato212.sh; same stamp rule; ~20 s the first time);
+#   3. as root, installs the system packages the real test services need
 #      (sshd, SLURM + munge, Chromium) when any is missing;
-#   3. runs pytest (default: the whole tests/ suite) and exits with its status.
-# The services themselves (sshd, munged, slurmctld, slurmd) are started by the
-# pytest fixtures in tests/support/service_fixtures.py, not here.
+#   4. runs pytest (default: the whole tests/ suite) and exits with its status.
+# The services themselves (sshd, munged, slurmctld, slurmd, the Potato 2.12.1
+# server) are started by the pytest fixtures in tests/support/, not here.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +31,12 @@ phase "python env"
 bash scripts/install.sh --test
 py="$repo/.venv/bin/python"
 
-# ---- 2. System packages for the real test services ----------------------
+# ---- 2. The real Potato 2.12.1, in its own virtualenv ----------------------
+phase "potato 2.12.1 env"
+# Not fatal here: its tests then skip (or, under CI=true, fail) saying how to install it.
+bash scripts/install-potato212.sh || echo "[test.sh] installing potato-annotation 2.12.1 failed" >&2
+
+# ---- 3. System packages for the real test services ----------------------
 phase "system packages"
 need_pkgs=()
 [[ -x /usr/sbin/sshd ]]            || need_pkgs+=(openssh-server)
@@ -58,7 +65,7 @@ if ((${#need_pkgs[@]})); then
     fi
 fi
 
-# ---- 3. pytest -------------------------------------------------------------
+# ---- 4. pytest -------------------------------------------------------------
 phase "pytest"
 if (($# == 0)); then
     set -- tests/ -q

@@ -5,7 +5,8 @@ builds its own). Three blueprints, one per audience:
 
 - ``page``      ``/admin/training``            the Training page and run pages (HTML, admin)
 - ``admin_api`` ``/admin/training/api``        JSON for the page and for scripts (``X-API-Key``)
-- ``agent_api`` ``/training/agent/v1``         the agent protocol (bearer tokens), docs/agent-protocol.md
+- the agent protocol ``/training/agent/v1`` (bearer tokens), from its own home ``potato.protocol``,
+  which an ssh run's socket serves too
 
 The store: one ``Store`` per app (``get_store()``); it already gives every
 thread its own SQLite connection, so a request reuses its thread's connection
@@ -23,11 +24,8 @@ from typing import Any, Mapping
 from flask import Flask, current_app
 
 from potato.config import ProjectConfig
+from potato.jsonapi import MAX_JSON_BYTES
 from potato.store import Store
-
-# JSON bodies of the admin API and the agent protocol (an event batch of a few
-# hundred events is well under this); uploads set their own limit per request.
-MAX_JSON_BYTES = 1024 * 1024
 
 
 def _secret_key(training_dir: Path) -> bytes:
@@ -56,8 +54,10 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     (``potato start`` stops them on SIGTERM/SIGINT). Tests pass False and
     drive the store themselves. *overrides* update ``app.config``.
     """
+    from potato import jsonapi, protocol
+    from potato.prefect_api import ui_url_for
     from potato.runs import open_store
-    from potato.server import admin_api, agent_api, errors, page
+    from potato.server import admin_api, page
     from potato.server.background import Background
 
     app = Flask(__name__)
@@ -70,18 +70,17 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
         SESSION_COOKIE_SAMESITE="Strict",
         PERMANENT_SESSION_LIFETIME=timedelta(days=7),
         JSON_SORT_KEYS=False,
-        PREFECT_UI_URL=os.environ.get("PREFECT_UI_URL") or _ui_from_api(os.environ.get("PREFECT_API_URL")),
+        PREFECT_UI_URL=ui_url_for(os.environ.get("PREFECT_API_URL")),
     )
     if overrides:
         app.config.update(overrides)
     app.json.sort_keys = False
     app.extensions["potato.store"] = store if store is not None else open_store(config)
-    app.extensions["potato.agent_state"] = agent_api.AgentState()
 
-    errors.init_app(app)
+    jsonapi.init_app(app)
     app.register_blueprint(page.bp)
     app.register_blueprint(admin_api.bp)
-    app.register_blueprint(agent_api.bp)
+    protocol.install(app)
 
     background = Background(config, app.extensions["potato.store"])
     app.extensions["potato.background"] = background
@@ -90,14 +89,6 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
         if background.prefect_ui_url:
             app.config["PREFECT_UI_URL"] = background.prefect_ui_url
     return app
-
-
-def _ui_from_api(api_url: str | None) -> str | None:
-    """The Prefect UI's URL for an API URL (``http://host:port/api`` → ``http://host:port``)."""
-    if not api_url:
-        return None
-    url = api_url.rstrip("/")
-    return url[: -len("/api")] if url.endswith("/api") else url
 
 
 def get_store() -> Store:

@@ -2,7 +2,7 @@
 
 Every route needs the admin key (``X-API-Key``) or the page's session; see
 ``potato.server.auth``. Views are thin: read the request, call ``potato.runs``
-or the store, answer JSON. Errors are JSON (``potato.server.errors``).
+or the store, answer JSON. Errors are JSON (``potato.jsonapi``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from potato import runs
+from potato.jsonapi import ApiError, json_body
 from potato.server import get_config, get_store
 from potato.server.auth import require_admin
-from potato.server.errors import ApiError, json_body
 from potato.server.serialize import backends_json, event_json, run_json
+from potato.store import MAX_RUN_ID
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
 
@@ -29,7 +30,7 @@ MAX_ARTIFACTS = 500
 PREDICTION_SAMPLE = 20
 
 
-def int_arg(name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+def int_arg(name: str, default: int, *, minimum: int = 0, maximum: int = MAX_RUN_ID) -> int:
     raw = request.args.get(name)
     if raw is None:
         return default
@@ -37,9 +38,8 @@ def int_arg(name: str, default: int, *, minimum: int = 0, maximum: int | None = 
         value = int(raw)
     except ValueError:
         raise ApiError(400, f"Query parameter {name!r} is {raw!r}; use a whole number") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bounds = f"from {minimum} to {maximum}" if maximum is not None else f"of at least {minimum}"
-        raise ApiError(400, f"Query parameter {name!r} is {value}; use a whole number {bounds}")
+    if not minimum <= value <= maximum:
+        raise ApiError(400, f"Query parameter {name!r} is {value}; use a whole number from {minimum} to {maximum}")
     return value
 
 
@@ -92,6 +92,8 @@ def create_run():
                               options=options)
     except runs.UnknownBackendError as exc:
         raise ApiError(409, str(exc), known_backends=exc.known) from None
+    except runs.LocalOnlyTrainerError as exc:
+        raise ApiError(409, str(exc)) from None
     except runs.RunRequestError as exc:
         raise ApiError(400, str(exc)) from None
     response = jsonify({"run": _run_json(run)})
@@ -118,7 +120,7 @@ def _artifacts(directory: Path) -> list[dict[str, Any]]:
     return found
 
 
-@bp.get("/runs/<int:run_id>")
+@bp.get("/runs/<run_id:run_id>")
 @require_admin
 def get_run(run_id: int):
     store = get_store()
@@ -136,7 +138,7 @@ def get_run(run_id: int):
     })
 
 
-@bp.post("/runs/<int:run_id>/cancel")
+@bp.post("/runs/<run_id:run_id>/cancel")
 @require_admin
 def cancel_run(run_id: int):
     config, store = get_config(), get_store()
@@ -145,7 +147,7 @@ def cancel_run(run_id: int):
     return jsonify({"run": _run_json(run)})
 
 
-@bp.get("/runs/<int:run_id>/predictions")
+@bp.get("/runs/<run_id:run_id>/predictions")
 @require_admin
 def predictions(run_id: int):
     """A summary of the run's predictions: counts per schema and label, mean confidence, a sample."""
@@ -183,6 +185,19 @@ def predictions(run_id: int):
                     "schemas": schemas, "sample": sample})
 
 
+@bp.get("/runs/<run_id:run_id>/evaluation")
+@require_admin
+def evaluation(run_id: int):
+    """The run's holdout evaluation (``potato.evaluation``): per schema the confusion matrix and reliability bins."""
+    from potato.evaluation import read_evaluation
+
+    get_store().get_run(run_id)
+    found = read_evaluation(runs.run_dir(get_config(), run_id))
+    if found is None:
+        return jsonify({"available": False, "schemas": {}})
+    return jsonify({"available": True, "schemas": found.get("schemas", {})})
+
+
 @bp.get("/backends")
 @require_admin
 def list_backends():
@@ -202,6 +217,13 @@ def check(name: str):
                        f"{', '.join(known)}", known_backends=known)
     report = check_backend(config, name)
     return jsonify(report.as_dict())
+
+
+@bp.get("/auto-retrain")
+@require_admin
+def auto_retrain():
+    """What the auto-retrain watcher's last check found, and why it did not queue a run."""
+    return jsonify(current_app.extensions["potato.background"].watcher.status())
 
 
 @bp.get("/trainers")

@@ -29,7 +29,7 @@ from typing import Callable
 
 from flask import current_app, request, session
 
-from potato.server.errors import ApiError
+from potato.jsonapi import ApiError, admits
 
 UNAUTHORIZED = "Missing or wrong admin key: send the config's admin_api_key in the X-API-Key header"
 CSRF_HEADER = "X-Requested-With"
@@ -74,21 +74,26 @@ def admin_via() -> str | None:
     return None
 
 
+def check_admin(**_: object) -> None:
+    """Refuse a request that is not an admin's: 401, or 403 for a cookie without the CSRF header."""
+    via = admin_via()
+    if via is None:
+        raise ApiError(401, UNAUTHORIZED)
+    if via == "session" and request.method not in ("GET", "HEAD", "OPTIONS"):
+        if request.headers.get(CSRF_HEADER) != CSRF_VALUE:
+            raise ApiError(403, f"A request authenticated by the session cookie must send the "
+                           f"header {CSRF_HEADER}: {CSRF_VALUE}")
+
+
 def require_admin(view: Callable) -> Callable:
-    """Decorator for admin API views: 401 JSON unless the request is an admin."""
+    """Decorator for admin API views: 401 JSON unless the request is an admin, checked before its body is read."""
 
     @wraps(view)
     def wrapped(*args, **kwargs):
-        via = admin_via()
-        if via is None:
-            raise ApiError(401, UNAUTHORIZED)
-        if via == "session" and request.method not in ("GET", "HEAD", "OPTIONS"):
-            if request.headers.get(CSRF_HEADER) != CSRF_VALUE:
-                raise ApiError(403, f"A request authenticated by the session cookie must send the "
-                               f"header {CSRF_HEADER}: {CSRF_VALUE}")
+        check_admin()
         return view(*args, **kwargs)
 
-    return wrapped
+    return admits(check_admin)(wrapped)
 
 
 def log_in(given: str | None) -> bool:

@@ -1,10 +1,12 @@
-"""What runs beside the web server for its lifetime: the embedded Prefect API and the dispatcher."""
+"""What runs beside the web server for its lifetime: the embedded Prefect API, the dispatcher and
+the auto-retrain watcher."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+from potato.auto_retrain import AutoRetrainWatcher
 from potato.config import ProjectConfig
 from potato.store import Store
 
@@ -12,27 +14,30 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """Starts the Prefect API (``prefect_api.start_embedded``) and ``runs.Dispatcher``; stops both."""
+    """Starts the Prefect API (``prefect_api.start_embedded``), ``runs.Dispatcher`` and
+    ``auto_retrain.AutoRetrainWatcher``; stops them."""
 
     def __init__(self, config: ProjectConfig, store: Store):
         self.config = config
         self.store = store
         self.prefect = None
         self.dispatcher = None
+        # Built now (it is cheap), so the admin API can show its status; it watches from start().
+        self.watcher = AutoRetrainWatcher(config, store)
         self.prefect_ui_url: str | None = None
         self._stopped = threading.Event()
 
     def start(self) -> None:
         from potato import runs
-        from potato.prefect_api import start_embedded
-        from potato.server import _ui_from_api
+        from potato.prefect_api import start_embedded, ui_url_for
 
         self.prefect = start_embedded(self.config.training_dir)
-        self.prefect_ui_url = _ui_from_api(self.prefect.url)
+        self.prefect_ui_url = ui_url_for(self.prefect.url)
         log.info("Prefect API at %s", self.prefect.url)
         try:
             self.dispatcher = runs.Dispatcher(self.config, self.store)
             self.dispatcher.start()
+            self.watcher.start()
         except BaseException:
             self.prefect.stop()
             raise
@@ -42,6 +47,7 @@ class Background:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.watcher.stop()
         if self.dispatcher is not None:
             try:
                 self.dispatcher.stop()

@@ -8,10 +8,20 @@ beside it, and serves until SIGTERM or SIGINT, then stops both cleanly.
 The WSGI server is waitress when it is installed (measured: bench/agent_load.py
 and bench/page_load.py, numbers in docs/agent-protocol.md), else Werkzeug's
 threaded server.
+
+waitress reads a request's whole body (up to ``max_request_body_size``,
+1 GiB by default) before it calls the app, so on its own it would buffer a
+stranger's 600 MiB upload and only then let the app refuse it. Its limits
+here come from the largest legitimate body (a predictions upload of
+``max_predictions_mb``), and its parser asks the app, as soon as a request's
+headers are in, whether it takes the body at all (``potato.jsonapi.
+refusal_before_body``: the same check the app runs itself): a request that
+is refused is answered then, before a byte of its body is read.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import signal
 import sys
@@ -28,6 +38,13 @@ log = logging.getLogger(__name__)
 # waitress worker threads: agent polls are short, but a Check (ssh) or a
 # bundle download can hold a thread for seconds.
 WAITRESS_THREADS = 16
+# Open connections waitress serves at once (more wait in the listen backlog).
+# Each may hold up to inbuf_overflow (512 KiB) of a body in memory before
+# waitress spills it to a temporary file: 256 of them bound that at 128 MiB,
+# and still take bench/agent_load.py's 120 agents with room for the page.
+CONNECTION_LIMIT = 256
+# Request line and headers: a bearer token, a session cookie, a few proxies' headers.
+MAX_HEADER_BYTES = 64 * 1024
 
 
 def debug_warning(config: ProjectConfig) -> str | None:
@@ -71,19 +88,87 @@ def make_server(app, host: str, port: int, server: str | None = None):
             log.warning("waitress is not installed; serving with Werkzeug's threaded server")
             choice = "werkzeug"
         else:
-            wsgi = create_server(app, host=host, port=port, threads=WAITRESS_THREADS,
-                                 ident="potato", clear_untrusted_proxy_headers=True,
-                                 channel_timeout=120, connection_limit=1000)
-            return _Waitress(wsgi)
+            return _Waitress(create_server(app, host=host, port=port, **waitress_settings(app)), app)
     from werkzeug.serving import make_server as werkzeug_server
 
     return _Werkzeug(werkzeug_server(host, port, app, threaded=True))
 
 
+def waitress_settings(app) -> dict:
+    """waitress's adjustments for *app*: its body limit is the largest body a route of the app takes."""
+    from potato.jsonapi import MAX_JSON_BYTES
+
+    largest = max(app.config["POTATO"].model_training.max_predictions_mb * 1024 * 1024, MAX_JSON_BYTES)
+    return {
+        "threads": WAITRESS_THREADS, "ident": "potato", "clear_untrusted_proxy_headers": True,
+        "channel_timeout": 120, "connection_limit": CONNECTION_LIMIT,
+        "max_request_header_size": MAX_HEADER_BYTES,
+        "max_request_body_size": largest + 1,  # waitress refuses a body of this size or more
+    }
+
+
+def _gated_channel(app):
+    """A waitress channel class whose parser asks *app* whether to take a body once the headers are in."""
+    from waitress.channel import HTTPChannel
+    from waitress.parser import HTTPRequestParser
+    from waitress.task import WSGITask
+    from waitress.utilities import Error, RequestEntityTooLarge
+
+    from potato.jsonapi import refusal_before_body
+
+    class Refused(Error):
+        """waitress's error answer, made of the app's own JSON response."""
+
+        def __init__(self, response):
+            super().__init__(response.get_data(as_text=True))
+            self.response = response
+
+        def to_response(self, ident=None):
+            headers = [(k, v) for k, v in self.response.headers.items() if k.lower() != "content-length"]
+            return self.response.status, headers, self.response.get_data()
+
+    class GatedParser(HTTPRequestParser):
+        def __init__(self, adj, channel):
+            super().__init__(adj)
+            self.channel = channel
+
+        def received(self, data):
+            waiting = not self.headers_finished
+            consumed = super().received(data)
+            # Headers in, a body announced: also when waitress itself found it over its
+            # limit, so that the app's own answer (a 401 first, JSON) is the one sent.
+            announced = self.content_length > 0 or self.chunked
+            if waiting and self.headers_finished and announced and \
+                    (self.error is None or isinstance(self.error, RequestEntityTooLarge)):
+                environ = WSGITask(self.channel, self).get_environment()
+                environ["wsgi.input"] = io.BytesIO()  # nothing of the body is read here
+                if self.chunked:  # waitress took the header out: say that a body comes
+                    environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+                try:
+                    response = refusal_before_body(app, environ)
+                except Exception:  # noqa: BLE001 - the app runs the same check again, with its handlers
+                    log.exception("The before-body check failed on waitress's I/O thread")
+                    response = None
+                if response is not None:
+                    self.error = Refused(response)
+                    self.completed = True
+                    # No "100 Continue" for a body that is refused (sending it also marks
+                    # the request incomplete again, and waitress would wait for the body).
+                    self.expect_continue = False
+            return consumed
+
+    class GatedChannel(HTTPChannel):
+        def parser_class(self, adj):
+            return GatedParser(adj, self)
+
+    return GatedChannel
+
+
 class _Waitress:
-    def __init__(self, server):
+    def __init__(self, server, app):
         self.server = server
         self.port = server.effective_port
+        server.channel_class = _gated_channel(app)
 
     def serve_forever(self) -> None:
         # run() returns after KeyboardInterrupt/SystemExit, having stopped its threads.
@@ -143,6 +228,10 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
     echo(f"Training page: http://{shown_host}:{wsgi.port}/admin/training")
     if background.prefect_ui_url:
         echo(f"Prefect UI: {background.prefect_ui_url}")
+    auto = config.model_training.auto_retrain
+    if auto.enabled:
+        echo(f"Auto-retrain: a run on {auto.backend or config.model_training.backend} after every "
+             f"{auto.update_frequency} new annotations, {auto.min_interval_s:g} s or more after the last run")
     try:
         wsgi.serve_forever()
     except (KeyboardInterrupt, SystemExit):

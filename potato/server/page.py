@@ -19,9 +19,10 @@ bp = Blueprint("page", __name__, url_prefix="/admin/training",
 
 
 def _safe_next(target: str | None) -> str:
-    # Only paths on this server: never redirect off-site after a login.
+    # Only paths on this server: never redirect off-site after a login, and no
+    # control characters (a CR/LF would end the Location header early).
     if target and target.startswith("/admin/training") and "//" not in target and "\\" not in target \
-            and ".." not in target:
+            and ".." not in target and target.isprintable():
         return target
     return url_for("page.training")
 
@@ -72,7 +73,7 @@ def training():
     )
 
 
-@bp.get("/runs/<int:run_id>")
+@bp.get("/runs/<run_id:run_id>")
 def run_page(run_id: int):
     if admin_via() is None:
         return _needs_login()

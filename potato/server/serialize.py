@@ -6,22 +6,8 @@ import time
 from typing import Any
 
 from potato.config import ProjectConfig
+from potato.protocol.state import display_state
 from potato.store import QUEUED, RUNNING, Event, Run, Store
-
-# The event kind the agent routes add when an agent claims a run (agent backends).
-CLAIMED = "claimed"
-
-
-def display_state(config: ProjectConfig, run: Run, claimed: bool) -> str:
-    """The state the page shows: an agent run is ``queued`` until an agent claims it (SPEC §7).
-
-    The store has it ``running`` from the moment the dispatcher starts its
-    flow (the flow holds the one-run-at-a-time slot while it waits for an agent).
-    """
-    backend = config.model_training.backends.get(run.backend)
-    if run.state == RUNNING and backend is not None and backend.type == "agent" and not claimed:
-        return QUEUED
-    return run.state
 
 
 def duration(run: Run, now: float | None = None) -> float | None:
@@ -52,6 +38,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "id": run.id,
         "trainer": run.trainer,
         "schemas": list(run.schemas),
+        "trigger": run.trigger,
         "backend": run.backend,
         "ran_on": ran_on(config, run),
         "state": state,

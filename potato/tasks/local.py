@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from potato.tasks.base import RunContext
-from potato.tasks.jobs import make_job, write_job
+from potato.jobs import make_job, write_job
 from potato.tasks.relay import EventTail, record_event
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -71,7 +71,7 @@ def sync_code(ctx: RunContext, session: LocalSession) -> str:
 
 
 def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
-    job = make_job(ctx, bundle=str(ctx.bundle_dir))
+    job = make_job(ctx.config, ctx.run, bundle=str(ctx.bundle_dir))
     write_job(session.job_dir, job)
     events_path = session.job_dir / "events.jsonl"
     for stale in (events_path, session.job_dir / "exit_code"):

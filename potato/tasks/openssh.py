@@ -143,6 +143,13 @@ def make_remote_command(words: Sequence[str], *, env: Mapping[str, str] | None =
     return command
 
 
+def with_env(command: str, env: Mapping[str, str] | None) -> str:
+    """*command* for the remote shell, after exporting *env* (the backend's ``env``)."""
+    if not env:
+        return command
+    return "export " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + "; " + command
+
+
 def remote_path(path: str) -> str:
     """Quote a remote path for the shell, keeping a leading ``~/`` as the login's home."""
     if path == "~":
@@ -232,25 +239,40 @@ class Connection:
     def run(self, command: str, *, input: bytes | None = None, timeout: float = 120, check: bool = True
             ) -> subprocess.CompletedProcess:
         """Run *command* (one remote shell line) through the master; map failures to errors."""
-        argv = self.argv(command)
-        log.debug("ssh: %s", shlex.join(argv))
-        try:
-            done = subprocess.run(argv, input=input, capture_output=True, timeout=timeout,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            raise RemoteCommandError(
-                f"A command on {self.target.host} did not finish within {timeout:g} s: {command[:200]}") from exc
-        if check and done.returncode == 255:
-            raise ssh_error(self.target.host, done.stderr.decode(errors="replace"))
-        if check and done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip().splitlines()
-            raise RemoteCommandError(
-                f"A command on {self.target.host} failed with exit status {done.returncode}"
-                + (f": {tail[-1]}" if tail else ""))
-        return done
+        return _run(self.target, self.argv(command), command, input=input, timeout=timeout, check=check)
 
     def popen(self, command: str, *, stdin: int | IO | None = subprocess.PIPE, stdout: int | IO | None = None,
               stderr: int | IO | None = None) -> subprocess.Popen:
         argv = self.argv(command)
         log.debug("ssh (streaming): %s", shlex.join(argv))
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr)
+
+
+def run_once(target: SshTarget, command: str, *, input: bytes | None = None, timeout: float = 120,
+             check: bool = True) -> subprocess.CompletedProcess:
+    """Run *command* over a connection of its own, without a master.
+
+    For work that must not leave anything behind if this process is killed
+    mid-way: a ControlMaster lives in its own session and would outlive it;
+    this ssh ends with its command.
+    """
+    return _run(target, make_ssh_argv(target, command), command, input=input, timeout=timeout, check=check)
+
+
+def _run(target: SshTarget, argv: list[str], command: str, *, input: bytes | None, timeout: float, check: bool
+         ) -> subprocess.CompletedProcess:
+    log.debug("ssh: %s", shlex.join(argv))
+    try:
+        done = subprocess.run(argv, input=input, capture_output=True, timeout=timeout,
+                              stdin=None if input is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise RemoteCommandError(
+            f"A command on {target.host} did not finish within {timeout:g} s: {command[:200]}") from exc
+    if check and done.returncode == 255:
+        raise ssh_error(target.host, done.stderr.decode(errors="replace"))
+    if check and done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RemoteCommandError(
+            f"A command on {target.host} failed with exit status {done.returncode}"
+            + (f": {tail[-1]}" if tail else ""))
+    return done

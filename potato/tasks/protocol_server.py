@@ -5,7 +5,8 @@ forward connects the remote ``/tmp`` socket (0600 too, owned by the login
 user) to it. So the run does not depend on ``potato start`` listening on a
 TCP port, and only the run's agent can reach it. Only the agent protocol is
 served here: no Training page, no admin API — a request through the forward
-arrives from the loopback, which must never count as an admin.
+arrives from the loopback, which must never count as an admin. The app is
+``potato.protocol.make_app``: the same routes and checks as ``potato start``.
 """
 
 from __future__ import annotations
@@ -16,24 +17,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-from flask import Flask
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from potato.config import ProjectConfig
+from potato.protocol import make_app
 from potato.store import Store
-
-
-def make_protocol_app(config: ProjectConfig, store: Store) -> Flask:
-    """A Flask app holding only the agent protocol's routes."""
-    from potato.server import MAX_JSON_BYTES, agent_api, errors
-
-    app = Flask("potato.protocol")
-    app.config.update(POTATO=config, MAX_CONTENT_LENGTH=MAX_JSON_BYTES, JSON_SORT_KEYS=False)
-    app.extensions["potato.store"] = store
-    app.extensions["potato.agent_state"] = agent_api.AgentState()
-    errors.init_app(app)
-    app.register_blueprint(agent_api.bp)
-    return app
 
 
 class ProtocolServer:
@@ -45,7 +33,7 @@ class ProtocolServer:
         old_umask = os.umask(0o177)  # the socket is created 0600, never briefly wider
         try:
             self.server: BaseWSGIServer = make_server(
-                "unix://" + self.socket_path, 0, make_protocol_app(config, store), threaded=True)
+                "unix://" + self.socket_path, 0, make_app(config, store), threaded=True)
         finally:
             os.umask(old_umask)
         # A short poll interval: stop() waits for the loop to notice, at the end of every ssh run.

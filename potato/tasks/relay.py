@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from potato import run_events
 from potato.errors import HeartbeatTimeout, RunCancelled, WallTimeExceeded
 from potato.tasks.base import RunContext
 from potato.training.events import read_events
@@ -32,42 +33,15 @@ class EventTail:
         return events
 
 
-def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
-    """The step row's text and fraction for a progress event."""
-    step, total = event.get("step"), event.get("total")
-    fraction = step / total if step is not None and total else None
-    if event.get("phase") == "predict":
-        return f"predicting: batch {step} of {total}", fraction
-    text = f"training: step {step} of {total}"
-    if event.get("epoch") is not None:
-        text += f" (epoch {event['epoch']})"
-    if event.get("loss") is not None:
-        text += f", loss {event['loss']:.4f}"
-    return text, fraction
-
-
 def record_event(ctx: RunContext, event: dict[str, Any]) -> None:
-    """Store one worker event and update the run it belongs to."""
-    kind = event.get("type", "log")
-    store, run_id = ctx.store, ctx.run_id
-    store.heartbeat(run_id)
-    if kind == "log":
-        ctx.log.write(event.get("level", "info"), str(event.get("message", "")), source="worker")
-        return
-    data = {k: v for k, v in event.items() if k not in ("type",)}
-    store.add_event(run_id, kind, data)
-    if kind == "started":
-        device = event.get("device_name") or event.get("device")
-        store.update_run(run_id, gpu=device, host_python=event.get("python"))
-        ctx.log.info(f"The worker started: Python {event.get('python')}, device {device}")
-    elif kind == "progress":
-        text, fraction = describe_progress(event)
-        store.update_run(run_id, step=text, progress=fraction)
+    """Record one worker event (``potato.run_events``), then run the flow's hooks for it."""
+    run_events.record(ctx.store, ctx.run_id, ctx.log, event)
+    kind = event.get("type")
+    if kind == "progress":
         hook = ctx.extra.get("on_progress")
+        text, fraction = run_events.describe_progress(event)
         if hook is not None and fraction is not None:
             hook(fraction, text)
-    elif kind == "metrics":
-        store.update_run(run_id, scores=event.get("scores") or {})
     elif kind == "done":
         ctx.extra["done"] = event
 

@@ -12,6 +12,7 @@ not run on the compute nodes), and the agent is started with
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from potato.errors import MissingSlurmCommand
@@ -24,10 +25,13 @@ SLURM_KEYS = ("partition", "account", "qos", "gres", "time", "mem", "cpus_per_ta
               "job_python", "poll_interval_s")
 
 connect = ssh.connect
-poll = ssh.poll
 stop = ssh.stop
 fetch_artifacts = ssh.fetch_artifacts
 clean_up = ssh.clean_up
+
+
+# The agent's note on submitting (SPEC §6: "Submitted SLURM job <id>"), which reaches the run log.
+SUBMITTED = re.compile(r"Submitted SLURM job (\d+)")
 
 
 def make_slurm_config(ctx: RunContext, session: SshSession) -> dict:
@@ -64,3 +68,20 @@ def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
     path = f"{job_dir}/slurm.json"
     session.connection.run(f"cat > {shlex.quote(path)}", input=json.dumps(make_slurm_config(ctx, session)).encode())
     return ssh.start_agent(ctx, session, ["--slurm-config", path])
+
+
+def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None:
+    if not ctx.run.slurm_job_id:
+        record_job_id(ctx)
+    return ssh.poll(ctx, session, agent)
+
+
+def record_job_id(ctx: RunContext) -> str | None:
+    """Keep the job id the agent reported in the store: if the flow dies, the job is still cancelled."""
+    for event in ctx.store.events(ctx.run_id, after=ctx.extra.get("slurm_events_seen", 0)):
+        ctx.extra["slurm_events_seen"] = event.seq
+        found = SUBMITTED.match(str(event.data.get("message", ""))) if event.kind == "log" else None
+        if found:
+            ctx.store.update_run(ctx.run_id, slurm_job_id=found.group(1))
+            return found.group(1)
+    return None

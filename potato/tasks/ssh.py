@@ -13,7 +13,9 @@ Steps of a run, as the flow calls them:
 5. ``poll``/``stop``: the agent posts events over the socket; cancel reaches it
    as the answer to its next post; after ``grace_seconds`` the connection closes.
 6. ``fetch_artifacts``: a tar stream back, bytes counted, with a stall timer.
-7. ``clean_up``: the remote job directory and socket go, the master closes.
+7. ``clean_up``: ``stop_job.py`` on the host stops whatever of the run still runs
+   there and checks it is gone (``leftovers``), then removes the job directory
+   and socket; the master closes.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from potato.errors import BackendError, RemoteCommandError, TrainerImportError
+from potato.tasks import fetch, leftovers
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
 from potato.tasks.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
-from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path
+from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path, with_env
 from potato.tasks.protocol_server import ProtocolServer
 
 PROBE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "probe.py"
@@ -44,9 +47,6 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"
 # How long the agent may take to exit on its own after a cancel's grace period, before the
 # connection is closed under it (it then kills its worker itself, on stdin's end).
 STOP_MARGIN_S = 2.0
-STEP_UPDATE_S = 0.5
-# Files at least this large are copied with one `cat` each, the rest in one tar stream.
-CAT_MIN_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -83,7 +83,7 @@ class RemoteAgent:
 def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: list[str],
                        env: dict | None = None) -> str:
     words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages)])
-    return _with_env(f"exec {remote_path(python)} {words}", env)
+    return with_env(f"exec {remote_path(python)} {words}", env)
 
 
 def make_agent_env(session: SshSession, ctx: RunContext) -> dict[str, str]:
@@ -127,12 +127,6 @@ def make_venv_command(python: str, env_dir: str, packages: list[str]) -> str:
     )
 
 
-def _with_env(command: str, env: dict | None) -> str:
-    if not env:
-        return command
-    return "export " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items()) + "; " + command
-
-
 def _absolute(path: str, home: str) -> str:
     if path == "~":
         return home
@@ -152,10 +146,13 @@ def connect(ctx: RunContext) -> SshSession:
     # a real host's sshd will not unlink it for the next bind (notes).
     remote_socket = f"/tmp/potato-{ctx.run_id}-{secrets.token_hex(6)}.sock"
     connection = Connection(target, forward=(remote_socket, protocol.socket_path))
+    # Recorded first: the master outlives a flow killed with -9, and this is how it is found (leftovers.py).
+    ctx.store.update_run(ctx.run_id, remote_socket=remote_socket)
     try:
         connection.open()
     except BaseException:
         protocol.stop()
+        ctx.store.update_run(ctx.run_id, remote_socket=None)  # no connection, so no socket on the host
         raise
     ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket})")
     return SshSession(target=target, connection=connection, protocol=protocol, remote_socket=remote_socket,
@@ -284,7 +281,9 @@ def spawn(ctx: RunContext, session: SshSession) -> RemoteAgent:
 
 def make_job_dir(session: SshSession, ctx: RunContext) -> str:
     session.job_dir = f"{session.remote_dir}/jobs/{ctx.run_id}-{secrets.token_hex(4)}"
-    session.connection.run(f"mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
+    ctx.store.update_run(ctx.run_id, remote_job_dir=session.job_dir)  # before anything runs in it
+    # 0700: the bundle holds the annotators' labels, and a GPU server is shared.
+    session.connection.run(f"umask 077 && mkdir -p {shlex.quote(session.job_dir)}", timeout=60)
     return session.job_dir
 
 
@@ -363,7 +362,8 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
         ctx.store.update_run(ctx.run_id, artifact_uri=f"{session.host}:{remote_artifacts}")
         ctx.log.info(f"fetch_artifacts is false: the model stays on {session.host} in {remote_artifacts}")
         return
-    files = _list_remote_files(session, remote_artifacts)
+    files, refused = fetch.list_remote_files(session, remote_artifacts)
+    _refused(ctx, session, refused)
     if not files:
         ctx.log.info("The trainer saved no artifacts")
         return
@@ -374,134 +374,42 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
             session.left_on_host = True
             ctx.log.warning(f"{name} ({size / 1048576:.0f} MB) is larger than max_artifact_mb and stays on "
                             f"{session.host} in {remote_artifacts}")
-    copy_artifacts(ctx, session, take)
+    _refused(ctx, session, fetch.copy_artifacts(ctx, session, take))
     uri = str(ctx.artifacts_dir)
     if session.left_on_host:
         uri += f" (and {session.host}:{remote_artifacts})"
     ctx.store.update_run(ctx.run_id, artifact_uri=uri)
 
 
-def _list_remote_files(session: SshSession, directory: str) -> list[tuple[int, str]]:
-    lister = ("import os,sys\nroot=sys.argv[1]\nfor d,_,fs in os.walk(root):\n for f in fs:\n"
-              "  p=os.path.join(d,f); print(os.path.getsize(p), os.path.relpath(p, root), sep='\\t')")
-    done = session.connection.run(shlex.join([session.python, "-c", lister, directory]), timeout=120)
-    files = []
-    for line in done.stdout.decode(errors="replace").splitlines():
-        size, _, name = line.partition("\t")
-        if name:
-            files.append((int(size), name))
-    return sorted(files, key=lambda f: f[1])
-
-
-def copy_artifacts(ctx: RunContext, session: SshSession, files: list[tuple[int, str]]) -> int:
-    """Copy *files* of the remote artifacts into ``artifacts/``; return bytes copied.
-
-    Large files (the weights) come as plain ``cat`` streams through the master
-    connection, straight into their file; the small rest as one tar stream
-    into a local tar. No byte passes through Python (bench/ssh_bench.py: a
-    pipe through Python ran at 0.56× ``ssh host cat``, one tar for all at
-    0.76×). Progress and the stall timer read the bytes that have landed. The
-    copy lands in ``artifacts.partial/`` and is renamed only when complete, so
-    a partial copy never looks like a model.
-    """
-    partial = ctx.run_dir / "artifacts.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    remote_root = session.job_dir + "/artifacts"
-    large = [name for size, name in files if size >= CAT_MIN_BYTES]
-    small = [name for size, name in files if size < CAT_MIN_BYTES]
-    processes: list[subprocess.Popen] = []
-    try:
-        for name in large:
-            target = partial / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as out:
-                processes.append(session.connection.popen(
-                    f"exec cat {shlex.quote(remote_root + '/' + name)}", stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.PIPE))
-        if small:
-            remote = session.connection.popen(f"cd {shlex.quote(remote_root)} && exec tar cf - -T -",
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            local = subprocess.Popen(["tar", "xf", "-", "-C", str(partial)], stdin=remote.stdout,
-                                     stderr=subprocess.PIPE)
-            remote.stdout.close()  # the local tar holds the read end now
-            remote.stdin.write("".join(name + "\n" for name in small).encode())
-            remote.stdin.close()
-            processes += [remote, local]
-        copied = _watch_copy(ctx, session, processes, partial, sum(size for size, _ in files))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    shutil.rmtree(ctx.artifacts_dir, ignore_errors=True)
-    partial.rename(ctx.artifacts_dir)
-    ctx.log.info(f"Copied {len(files)} artifact files ({copied / 1e6:.1f} MB) from {session.host}")
-    return copied
-
-
-def _watch_copy(ctx: RunContext, session: SshSession, processes: list[subprocess.Popen], partial: Path,
-                total: int) -> int:
-    """Wait for the copy's processes, showing progress; raise when nothing lands for the stall time."""
-    stall = float(ctx.backend.get("copy_stall_timeout_s", 180))
-    what = f"copying the model from {session.host}"
-    copied, last_growth = 0, time.monotonic()
-    for process in processes:
-        while True:
-            try:
-                process.wait(timeout=STEP_UPDATE_S)  # returns the moment it ends
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            landed, now = _bytes_under(partial), time.monotonic()
-            if landed > copied:
-                copied, last_growth = landed, now
-                ctx.store.update_run(ctx.run_id, step=f"{what}: {_mb(copied)} of {_mb(total)} MB",
-                                     progress=min(copied / total, 1.0) if total else None)
-            elif now - last_growth > stall:
-                raise BackendError(
-                    f"The copy from {session.host} sent nothing for {stall:g} s (the run's predictions are "
-                    f"saved; only model files are missing from artifacts/)")
-        if process.returncode != 0:
-            error = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []
-            raise BackendError(f"The copy from {session.host} failed: {error[-1] if error else 'exit status %d' % process.returncode}")
-    copied = _bytes_under(partial)
-    ctx.set_step(f"{what}: {_mb(copied)} of {_mb(total)} MB", progress=1.0)
-    return copied
-
-
-def _mb(size: int) -> str:
-    """Megabytes for the step row: whole numbers, but a small model is not "0 of 0 MB"."""
-    return f"{size / 1e6:.0f}" if size >= 10e6 else f"{size / 1e6:.1f}"
-
-
-def _bytes_under(directory: Path) -> int:
-    total = 0
-    for root, _, names in os.walk(directory):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
+def _refused(ctx: RunContext, session: SshSession, refused: list[tuple[str, str]]) -> None:
+    """Name in the run log each remote entry that was not copied, and why; it stays on the host."""
+    for name, why in refused:
+        session.left_on_host = True
+        ctx.log.warning(f"Not copied from {session.host}: {name!r} in the artifacts, because {why}; "
+                        f"it stays on the host in {session.job_dir}/artifacts")
 
 
 def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | None) -> None:
+    """Stop and remove what the run left on the host (leftovers.stop_on_host, verified), then close up here."""
     _end_agent(agent)
     if session is None:
         return
     try:
-        connection = session.connection
-        if not connection.alive() and session.job_dir:
-            # stop() closed the run's connection (cancel, silence): log in once more to tidy up.
-            connection = Connection(session.target)
-            connection.open(timeout=30)
-        if connection.alive():
-            connection.run(_remote_clean_up_command(ctx, session), timeout=120, check=False)
-            if connection is not session.connection:
-                connection.close()
-    except BackendError as exc:
-        ctx.log.warning(f"Could not clean up on {session.host}: {exc}")
+        remove = "all"
+        if ctx.backend.get("keep_remote", False):
+            remove = "none"
+            ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {session.job_dir}")
+        elif session.left_on_host:
+            remove = "bundle"  # the model stays where the run log says it is
+        # Through the run's own connection; after a cancel or silence stop() closed it, an ssh of its own.
+        stopped = leftovers.stop_on_host(session.target, session.python,
+                                         leftovers.make_stop_spec(ctx.refresh(), remove=remove), session.connection)
+        if stopped.verified:
+            ctx.store.update_run(ctx.run_id, remote_job_dir=None, remote_socket=None, slurm_job_id=None)
+            if stopped.said:
+                ctx.log.info(f"Cleaned up on {session.host}: {stopped.said}")
+        else:
+            ctx.log.warning(f"Could not clean up on {session.host}: {stopped.said}")
     finally:
         session.connection.close()
         if session.protocol is not None:
@@ -509,30 +417,6 @@ def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | N
         shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
         (ctx.run_dir / "bundle.tar.gz").unlink(missing_ok=True)
         shutil.rmtree(ctx.run_dir / "artifacts.partial", ignore_errors=True)
-
-
-def _remote_clean_up_command(ctx: RunContext, session: SshSession) -> str:
-    """Kill what the run left running on the host, then remove its files."""
-    q = shlex.quote
-    job = session.job_dir
-    doomed = [session.remote_socket]
-    kill = ""
-    if job:
-        # The worker runs in its own process group; an agent killed or hung cannot end it. A pid
-        # is only killed while its command line still names this run (pids get reused).
-        kill = "".join(
-            f"p=$(cat {q(job + '/' + name)} 2>/dev/null) && grep -qF -- {q(marker)} /proc/$p/cmdline 2>/dev/null "
-            f"&& kill -KILL -- -$p $p 2>/dev/null; "
-            for name, marker in (("worker.pid", job), ("agent.pid", session.remote_socket)))
-        # A SLURM job the agent could not cancel (it died) must not keep its GPU allocation.
-        kill += f"j=$(cat {q(job + '/slurm_job_id')} 2>/dev/null) && scancel \"$j\" 2>/dev/null; "
-        if ctx.backend.get("keep_remote", False):
-            ctx.log.info(f"keep_remote is true: the job directory stays on {session.host} in {job}")
-        elif session.left_on_host:
-            doomed.append(f"{job}/bundle")  # the model stays where the run log says it is
-        else:
-            doomed.append(job)
-    return _with_env(kill + "rm -rf " + " ".join(q(p) for p in doomed), session.target.env)
 
 
 def _last_line(path: Path) -> str:

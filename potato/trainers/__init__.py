@@ -9,7 +9,13 @@ each trainer imports its ML packages lazily, inside its functions.
 #   REQUIRED_MODULES (tuple of import names) and train(job, events) -> None.
 TRAINERS = {
     "hf-text-classification": "potato.trainers.hf_text_classification",
+    "decision-calibrate": "potato.trainers.decision_calibrate",
 }
+
+# Trainers that run only on a backend of type local (SPEC §1): decision-calibrate
+# reads an earlier run's predictions and holdout labels, which live on the
+# annotation server, and the server rewrites them when it is done.
+LOCAL_ONLY = frozenset({"decision-calibrate"})
 
 
 def import_failure_message(trainer: str, missing: str) -> str:

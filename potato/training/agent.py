@@ -12,13 +12,19 @@ Two ways to start it:
 * by hand, on a machine the server cannot reach (SPEC §7):
   ``potato training agent --server URL --backend NAME`` polls for jobs.
 
-It speaks the protocol of docs/agent-protocol.md. Part of the remote half:
-Python 3.8, standard library only.
+It speaks the protocol of docs/agent-protocol.md (the HTTP side and what
+each answer means: ``potato.training.client``). It trusts its server only so
+far: a claim is checked field by field before anything acts on it
+(``claims``), the bundle is unpacked only as regular files inside the job
+directory (``safe_paths``), and the worker (or SLURM job) never sees the
+agent's token. A server that is busy or away is waited for, up to the
+offline limit, without stopping the worker; a server that says the run is
+over for this agent gets the worker stopped at once.
+
+Part of the remote half: Python 3.8, standard library only.
 """
 
 import argparse
-import hashlib
-import http.client
 import json
 import os
 import platform
@@ -30,30 +36,21 @@ import sys
 import tarfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Dict, List, Optional
 
+from potato.training.claims import BadClaim, check_claim
+from potato.training.client import (
+    Client, Link, Offline, ProtocolError, Unreachable, is_gone, is_transient,
+)
 from potato.training.events import read_events
+from potato.training.safe_paths import UnsafeName, extract_tar
 
 PREFIX = "/training/agent/v1"
 POST_INTERVAL_S = 0.5       # new events wait at most this long before they are posted
 HEARTBEAT_INTERVAL_S = 5.0  # an empty batch when the worker is quiet
-UNREACHABLE_LIMIT_S = 300   # SPEC §7: cancel the run after this long without the server
-DOWNLOAD_ATTEMPTS = 5       # SPEC §7: an interrupted download resumes up to 5 times
+MAX_BATCH = 1000            # events per post (docs/agent-protocol.md)
 DEFAULT_GRACE_S = 20
-CHUNK = 1024 * 1024
-
-
-class ProtocolError(Exception):
-    """The server refused a request; the message is the server's own error text."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-class Unreachable(Exception):
-    """The server could not be reached at all."""
+TOKEN_VARIABLE = "POTATO_TRAINING_TOKEN"
 
 
 def log(message: str) -> None:
@@ -66,136 +63,15 @@ def log(message: str) -> None:
         pass
 
 
-# ------------------------------------------------------------------ HTTP
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._unix_path)
-        self.sock = sock
-
-
-class Client:
-    """The protocol's HTTP client, over a URL or a UNIX socket."""
-
-    def __init__(self, token: str, server: Optional[str] = None, unix_socket: Optional[str] = None,
-                 timeout: float = 60.0):
-        if not token:
-            raise ValueError("no token")
-        self.token = token
-        self.unix_socket = unix_socket
-        self.timeout = timeout
-        parts = urlsplit(server or "http://localhost")
-        self.scheme = parts.scheme or "http"
-        self.netloc = parts.netloc
-        self.base_path = parts.path.rstrip("/")
-
-    def _connection(self) -> http.client.HTTPConnection:
-        if self.unix_socket:
-            return _UnixConnection(self.unix_socket, self.timeout)
-        if self.scheme == "https":
-            return http.client.HTTPSConnection(self.netloc, timeout=self.timeout)
-        return http.client.HTTPConnection(self.netloc, timeout=self.timeout)
-
-    def request(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                into: Any = None) -> Tuple[int, Dict[str, str], bytes]:
-        """Send one request; with *into* (a file), stream a 2xx answer's body there."""
-        all_headers = {"Authorization": "Bearer " + self.token, "User-Agent": "potato-agent"}
-        all_headers.update(headers or {})
-        conn = self._connection()
-        try:
-            conn.request(method, self.base_path + path, body=body, headers=all_headers)
-            response = conn.getresponse()
-            answer_headers = {k.lower(): v for k, v in response.getheaders()}
-            if into is not None and 200 <= response.status < 300:
-                while True:
-                    chunk = response.read(CHUNK)
-                    if not chunk:
-                        break
-                    into.write(chunk)
-                return response.status, answer_headers, b""
-            return response.status, answer_headers, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise Unreachable("{}: {}".format(type(exc).__name__, exc)) from exc
-        finally:
-            conn.close()
-
-    def json(self, method: str, path: str, obj: Any = None) -> Dict[str, Any]:
-        body = None if obj is None else json.dumps(obj).encode("utf-8")
-        headers = {"Content-Type": "application/json"} if body is not None else {}
-        status, _, data = self.request(method, path, body, headers)
-        try:
-            answer = json.loads(data.decode("utf-8")) if data else {}
-        except ValueError:
-            answer = {"error": data[:300].decode("utf-8", "replace")}
-        if status >= 400:
-            raise ProtocolError(status, str(answer.get("error") or "HTTP {}".format(status)))
-        return answer
-
-    def download(self, path: str, dest: str, sha256: Optional[str] = None) -> None:
-        """Download *path* to *dest*, resuming with ``Range`` after an interruption (5 tries)."""
-        attempt = 0
-        while True:
-            have = os.path.getsize(dest) if os.path.exists(dest) else 0
-            headers = {"Range": "bytes={}-".format(have)} if have else {}
-            try:
-                with open(dest, "ab") as out:
-                    status, _, data = self.request("GET", path, headers=headers, into=out)
-                if status == 416:  # we already have it all
-                    break
-                if status >= 400:
-                    raise ProtocolError(status, data.decode("utf-8", "replace")[:300])
-                if have and status == 200:  # the server ignored Range: start over
-                    with open(dest, "rb+") as fh:
-                        fh.seek(0)
-                        content = fh.read()[have:]
-                        fh.seek(0)
-                        fh.write(content)
-                        fh.truncate()
-                break
-            except Unreachable as exc:
-                attempt += 1
-                if attempt > DOWNLOAD_ATTEMPTS:
-                    raise
-                log("bundle download interrupted ({}); resuming, try {} of {}".format(exc, attempt, DOWNLOAD_ATTEMPTS))
-                time.sleep(min(2 ** attempt, 10))
-        if sha256 and _sha256(dest) != sha256:
-            raise ProtocolError(0, "the bundle's checksum does not match what the server announced")
-
-    def upload(self, path: str, source: str) -> Dict[str, Any]:
-        size = os.path.getsize(source)
-        with open(source, "rb") as fh:
-            status, _, data = self.request("PUT", path, body=fh, headers={
-                "Content-Type": "application/x-ndjson", "Content-Length": str(size)})
-        answer = json.loads(data.decode("utf-8")) if data else {}
-        if status >= 400:
-            raise ProtocolError(status, str(answer.get("error") or "HTTP {}".format(status)))
-        return answer
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def worker_environment() -> Dict[str, str]:
+    """This agent's environment minus its token: a worker (or a SLURM job) never needs it, so never gets it."""
+    return {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}
 
 
 def _extract(archive: str, dest: str) -> None:
-    """Unpack the bundle, refusing members that would land outside *dest*."""
-    root = os.path.realpath(dest)
+    """Unpack the bundle: regular files and directories inside *dest* only (``safe_paths``), else refuse it."""
     with tarfile.open(archive, "r:gz") as tar:
-        for member in tar.getmembers():
-            target = os.path.realpath(os.path.join(root, member.name))
-            if not (target == root or target.startswith(root + os.sep)) or member.issym() or member.islnk():
-                raise ProtocolError(0, "the bundle holds an unsafe member: {!r}".format(member.name))
-        tar.extractall(root)
+        extract_tar(tar, dest)
 
 
 # ------------------------------------------------------------------ one job
@@ -210,7 +86,7 @@ class Worker:
         self.process = subprocess.Popen(
             [python, "-m", "potato.training.worker", job_dir],
             cwd=job_dir, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=worker_environment(),
         )
         # So that the server's clean-up can end the worker's group even if this agent dies.
         with open(os.path.join(job_dir, "worker.pid"), "w") as fh:
@@ -263,7 +139,7 @@ class SlurmWorker:
             log(message)
             notes.append({"type": "log", "level": "info", "message": message})
 
-        self.job = SlurmJob(slurm_config, job_dir, run_id, note)
+        self.job = SlurmJob(slurm_config, job_dir, run_id, note, env=worker_environment())
 
     def poll(self) -> Optional[int]:
         return self.job.poll()  # raises SlurmCommandError when the scheduler ended the job early
@@ -278,19 +154,29 @@ class SlurmWorker:
         pass
 
 
-class JobFailed(Exception):
-    """The job ended without the worker's exit code; the message says why."""
-
-
 def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, lost: threading.Event) -> int:
-    """Run one claimed job in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code."""
-    run_id = claim["run_id"]
-    urls = claim["urls"]
-    grace = float(claim.get("grace_seconds") or DEFAULT_GRACE_S)
+    """Run one checked claim in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code."""
+    link = Link()
+    try:
+        _fetch_bundle(client, claim, job_dir)
+    except (ProtocolError, Unreachable, UnsafeName, tarfile.TarError, OSError, EOFError) as exc:
+        why = str(exc) if isinstance(exc, (ProtocolError, UnsafeName)) else "{}: {}".format(type(exc).__name__, exc)
+        return _fail(client, link, claim, [], "The agent on {} could not get the run's bundle: {}".format(
+            socket.gethostname(), why))
+    pending = []  # type: List[Dict[str, Any]]
+    try:
+        worker = start(job_dir, pending)
+    except Exception as exc:  # e.g. sbatch refused the job
+        return _fail(client, link, claim, pending, str(exc))
+    return _relay(client, link, claim, job_dir, worker, pending, lost)
+
+
+def _fetch_bundle(client: Client, claim: Dict[str, Any], job_dir: str) -> None:
+    """Download the bundle into *job_dir*, unpack it into ``bundle/`` and write ``job.json``."""
     os.makedirs(job_dir, exist_ok=True)
     archive = os.path.join(job_dir, "bundle.tar.gz")
-    log("run {}: downloading the bundle ({} bytes)".format(run_id, claim.get("bundle_bytes")))
-    client.download(claim["bundle_url"], archive, claim.get("bundle_sha256"))
+    log("run {}: downloading the bundle ({} bytes)".format(claim["run_id"], claim.get("bundle_bytes")))
+    client.download(claim["bundle_url"], archive, claim.get("bundle_sha256"), log=log)
     bundle_dir = os.path.join(job_dir, "bundle")
     os.makedirs(bundle_dir, exist_ok=True)
     _extract(archive, bundle_dir)
@@ -299,15 +185,16 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, los
     with open(os.path.join(job_dir, "job.json"), "w", encoding="utf-8") as fh:
         json.dump(job, fh, indent=2)
 
-    pending = []  # type: List[Dict[str, Any]]
-    try:
-        worker = start(job_dir, pending)
-    except Exception as exc:  # e.g. sbatch refused the job
-        return _fail(client, claim, run_id, pending, str(exc))
+
+def _relay(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, worker: Any,
+           pending: List[Dict[str, Any]], lost: threading.Event) -> int:
+    """Post the worker's events until it has ended and all are sent; then report. Returns its exit code."""
+    run_id, urls = claim["run_id"], claim["urls"]
+    grace = claim.get("grace_seconds")
+    grace = DEFAULT_GRACE_S if grace is None else float(grace)
     events_path = os.path.join(job_dir, "events.jsonl")
     offset = 0
-    last_contact = time.monotonic()
-    last_post = last_contact - POST_INTERVAL_S  # the first events go out at once
+    last_post = time.monotonic() - POST_INTERVAL_S  # the first events go out at once
     stopping_since = None  # type: Optional[float]
     code = None  # type: Optional[int]
     failure = None  # type: Optional[str]
@@ -318,53 +205,105 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, los
             code = worker.stop(grace)
             # Tell the server if it can still hear us (an agent stopped by hand), so the run
             # fails now rather than after heartbeat_timeout_s.
-            _fail(client, claim, run_id, pending, "The agent on {} was stopped before the worker finished".format(
+            _fail(client, None, claim, pending, "The agent on {} was stopped before the worker finished".format(
                 socket.gethostname()))
             return code
-        try:
-            code = worker.poll()
-        except Exception as exc:  # the scheduler ended the job before the worker finished
-            failure, code = str(exc), 1
+        if code is None:
+            try:
+                code = worker.poll()
+            except Exception as exc:  # the scheduler ended the job before the worker finished
+                failure, code = str(exc), 1
         new, offset = read_events(events_path, offset)
         pending.extend(new)
         now = time.monotonic()
-        finished = any(e.get("type") == "done" for e in pending)
+        finished = code is not None or any(e.get("type") == "done" for e in pending)
         due = (pending and (finished or now - last_post >= POST_INTERVAL_S)) or now - last_post >= HEARTBEAT_INTERVAL_S
-        if due or code is not None:
+        if (due or code is not None) and link.due():
+            batch = pending[:MAX_BATCH]
             try:
-                answer = client.json("POST", urls["events"], {"events": pending[:1000]})
-                del pending[:1000]  # in place: the SLURM job appends its notes to this same list
-                last_post = last_contact = now
+                answer = client.json("POST", urls["events"], {"events": batch})
+            except (ProtocolError, Unreachable) as exc:
+                if is_transient(exc):
+                    if _offline_after(link, exc, run_id, len(pending)):
+                        return worker.stop(grace)
+                elif is_gone(exc):
+                    log("run {}: the server says the run is over for this agent ({} {}); stopping the "
+                        "worker".format(run_id, exc.status, exc))
+                    return worker.stop(grace)
+                else:
+                    link.reached()
+                    pending[:len(batch)] = _after_refusal(run_id, batch, exc)
+            else:
+                link.reached()
+                del pending[:len(batch)]  # in place: the SLURM job appends its notes to this same list
+                last_post = now
                 if answer.get("cancel") and stopping_since is None and code is None:
                     log("run {}: the server asks to stop; SIGTERM to the worker".format(run_id))
                     stopping_since = now
                     worker.terminate()
-            except Unreachable as exc:
-                if now - last_contact > UNREACHABLE_LIMIT_S:
-                    log("run {}: no contact with the server for {} s ({}); cancelling the run".format(
-                        run_id, UNREACHABLE_LIMIT_S, exc))
-                    return worker.stop(grace)
-            except ProtocolError as exc:
-                log("run {}: the server refused events: {}".format(run_id, exc))
-                if exc.status in (401, 403, 404):
-                    return worker.stop(grace)
-                del pending[:]
         if stopping_since is not None and code is None and now - stopping_since > grace:
             code = worker.stop(0)
         if code is not None and not pending:
             break
         time.sleep(0.2)
-    _report(client, claim, job_dir, code, failure)
+    try:
+        _report(client, link, claim, job_dir, code, failure)
+    except (Offline, ProtocolError) as exc:
+        log("run {}: could not report the result: {}".format(run_id, exc))
     worker.finish()
     return code
 
 
-def _fail(client: Client, claim: Dict[str, Any], run_id: Any, notes: List[Dict[str, Any]], error: str) -> int:
+def _offline_after(link: Link, exc: Exception, run_id: int, kept: int) -> bool:
+    """Note a post that transient trouble failed; True once the server has been silent past the offline limit."""
+    wait = link.missed(exc)
+    if link.offline():
+        log("run {}: no contact with the server for {:g} s ({}); stopping the worker".format(
+            run_id, link.limit_s, exc))
+        return True
+    if link.failures == 1:
+        log("run {}: the server did not take events ({}); keeping {} of them, trying again".format(run_id, exc, kept))
+    else:
+        log("run {}: still no answer ({}); next try in {:g} s".format(run_id, exc, wait))
+    return False
+
+
+def _after_refusal(run_id: int, batch: List[Dict[str, Any]], exc: ProtocolError) -> List[Dict[str, Any]]:
+    """What of a refused batch to post again.
+
+    A 400 names the bad event (``seq``) and how far the run's events are stored
+    (``last_seq``): the events before the bad one were stored, so they and the
+    bad one are dropped (the drop is logged) and the rest sent again. A refusal
+    that names no event drops the batch: sending it again cannot succeed.
+    """
+    bad, stored = exc.answer.get("seq"), exc.answer.get("last_seq")
+    position = next((i for i, e in enumerate(batch) if bad is not None and e.get("seq") == bad), None)
+    if exc.status != 400 or position is None:
+        log("run {}: the server refused {} events ({} {}); dropping them".format(run_id, len(batch), exc.status, exc))
+        return []
+    log("run {}: the server refused event {} ({}); dropping it and sending the rest again".format(run_id, bad, exc))
+    rest = batch[position + 1:]
+    if isinstance(stored, int):
+        rest = [e for e in rest if not (isinstance(e.get("seq"), int) and e["seq"] <= stored)]
+    return rest
+
+
+def _fail(client: Client, link: Optional[Link], claim: Dict[str, Any], notes: List[Dict[str, Any]],
+          error: str) -> int:
+    """Report a job that ends before its worker could: its notes, then the result (exit code 1).
+
+    With *link*, transient trouble is retried up to the offline limit; without, one try (the agent is going).
+    """
+    run_id, urls = claim["run_id"], claim["urls"]
     log("run {}: {}".format(run_id, error))
     try:
-        client.json("POST", claim["urls"]["events"], {"events": notes})
-        client.json("POST", claim["urls"]["result"], {"exit_code": 1, "error": error})
-    except (ProtocolError, Unreachable) as exc:
+        for path, body in ((urls["events"], {"events": notes[:MAX_BATCH]}),
+                           (urls["result"], {"exit_code": 1, "error": error})):
+            if link is None:
+                client.json("POST", path, body)
+            else:
+                link.call(lambda: client.json("POST", path, body))
+    except (ProtocolError, Unreachable, Offline) as exc:
         log("run {}: could not report the failure: {}".format(run_id, exc))
     return 1
 
@@ -377,13 +316,17 @@ def _exit_code(job_dir: str) -> Optional[int]:
         return None
 
 
-def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int, error: Optional[str] = None) -> None:
+def _report(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, code: int,
+            error: Optional[str] = None) -> None:
+    """Upload the predictions, then post the result; transient trouble is retried up to the offline limit."""
     urls = claim["urls"]
     predictions = os.path.join(job_dir, "predictions.jsonl")
     if os.path.exists(predictions):
         try:
-            client.upload(urls["predictions"], predictions)
+            link.call(lambda: client.upload(urls["predictions"], predictions))
         except ProtocolError as exc:
+            if is_gone(exc):
+                raise
             log("run {}: predictions refused: {}".format(claim["run_id"], exc))
     scores = None
     try:
@@ -397,7 +340,7 @@ def _report(client: Client, claim: Dict[str, Any], job_dir: str, code: int, erro
         result["error"] = error
     if os.path.isdir(artifacts):
         result["artifact_uri"] = "{}:{}".format(socket.gethostname(), os.path.abspath(artifacts))
-    client.json("POST", urls["result"], result)
+    link.call(lambda: client.json("POST", urls["result"], result))
 
 
 # ------------------------------------------------------------------ main
@@ -417,7 +360,7 @@ def _watch_stdin(lost: threading.Event) -> None:
     lost.set()
 
 
-def _starter(args: argparse.Namespace, run_id: Any) -> Any:
+def _starter(args: argparse.Namespace, run_id: int) -> Any:
     """How this agent starts a job's worker: a process here, or a SLURM job (--slurm-config)."""
     if args.slurm_config:
         with open(args.slurm_config, encoding="utf-8") as fh:
@@ -425,6 +368,16 @@ def _starter(args: argparse.Namespace, run_id: Any) -> Any:
         return lambda job_dir, notes: SlurmWorker(slurm_config, job_dir, run_id, notes)
     python = args.python or sys.executable
     return lambda job_dir, notes: Worker(python, job_dir)
+
+
+def _refuse(client: Client, exc: BadClaim) -> bool:
+    """Log a job this agent will not take; fail its run on the server when the claim says which. Reported?"""
+    log("the server sent a job this agent will not take: {}".format(exc))
+    if exc.run_id is None:
+        return False
+    _fail(client, Link(), {"run_id": exc.run_id, "urls": exc.urls}, [],
+          "The agent on {} refused the job: {}".format(socket.gethostname(), exc))
+    return True
 
 
 def run_for_ssh(args: argparse.Namespace) -> int:
@@ -437,26 +390,30 @@ def run_for_ssh(args: argparse.Namespace) -> int:
     job_dir = os.path.abspath(args.workdir or os.getcwd())
     with open(os.path.join(job_dir, "agent.pid"), "w") as fh:
         fh.write("{}\n".format(os.getpid()))
+    claim_path = "{}/backends/{}/claim".format(PREFIX, args.backend)
     try:
-        answer = client.json("POST", "{}/backends/{}/claim".format(PREFIX, args.backend),
-                             {"agent": _agent_info(job_dir)})
-    except (ProtocolError, Unreachable) as exc:
+        answer = Link().call(lambda: client.json("POST", claim_path, {"agent": _agent_info(job_dir)}), stop=lost)
+    except (ProtocolError, Offline) as exc:
         log("could not claim the run: {}".format(exc))
         return 2
-    claim = answer.get("job")
-    if not claim:
+    if not answer.get("job"):
         log("the server has no job for this agent")
+        return 2
+    try:
+        claim = check_claim(answer["job"])
+    except BadClaim as exc:
+        _refuse(client, exc)
         return 2
     return run_job(client, claim, job_dir, _starter(args, claim["run_id"]), lost)
 
 
 def run_polling(args: argparse.Namespace) -> int:
-    token = os.environ.get("POTATO_TRAINING_TOKEN", "")
+    token = os.environ.get(TOKEN_VARIABLE, "")
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as fh:
             token = fh.read().strip()
     if not token:
-        log("no token: set POTATO_TRAINING_TOKEN or pass --token-file (from `potato training register`)")
+        log("no token: set {} or pass --token-file (from `potato training register`)".format(TOKEN_VARIABLE))
         return 2
     workdir = os.path.abspath(os.path.expanduser(args.workdir or "~/.cache/potato-training"))
     client = Client(token, server=args.server)
@@ -465,23 +422,29 @@ def run_polling(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *a: stop.set())
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     claim_path = "{}/backends/{}/claim".format(PREFIX, args.backend)
+    link = Link(limit_s=float("inf"))  # between jobs, wait for the server as long as it takes
     log("polling {} for jobs of backend {!r}".format(args.server, args.backend))
     while not stop.is_set():
         try:
-            answer = client.json("POST", claim_path, {"agent": _agent_info(workdir)})
-        except Unreachable as exc:
-            log("cannot reach {}: {}; trying again".format(args.server, exc))
-            stop.wait(5)
-            continue
+            answer = link.call(lambda: client.json("POST", claim_path, {"agent": _agent_info(workdir)}), stop=stop)
+        except Offline:
+            break  # stopped while the server was away
         except ProtocolError as exc:
             log("the server refused: {}".format(exc))
             return 2
-        claim = answer.get("job")
-        if not claim:
-            stop.wait(float(answer.get("poll_interval_s") or 1.0))
+        if not answer.get("job"):
+            stop.wait(_poll_interval(answer))
+            continue
+        try:
+            claim = check_claim(answer["job"])
+        except BadClaim as exc:
+            if not _refuse(client, exc):
+                return 2  # not even a run to report on: this server does not speak the protocol
+            if args.once:
+                return 0
             continue
         job_dir = os.path.join(workdir, "jobs", str(claim["run_id"]))
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove(job_dir)
         code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), stop)
         if not args.keep:
             shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
@@ -490,6 +453,21 @@ def run_polling(args: argparse.Namespace) -> int:
             return 0
     log("stopped")
     return 0
+
+
+def _poll_interval(answer: Dict[str, Any]) -> float:
+    value = answer.get("poll_interval_s")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.1 <= value <= 60:
+        return float(value)
+    return 1.0
+
+
+def _remove(path: str) -> None:
+    """Remove an earlier job's directory; a symlink planted in its place goes, never what it points to."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -508,8 +486,13 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = make_parser().parse_args(argv)
+    os.umask(0o077)  # the job's bundle (the annotators' labels), model and predictions are the account's only
     if args.socket:
-        return run_for_ssh(args)
+        code = run_for_ssh(args)
+        # The stdin watcher is blocked in a read: interpreter shutdown would abort on the stdin
+        # buffer's lock ("Fatal Python error: _enter_buffered_busy"), so leave without it.
+        sys.stderr.flush()
+        os._exit(code)
     if args.server:
         return run_polling(args)
     log("give --socket (started by an ssh run) or --server URL")

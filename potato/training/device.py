@@ -1,10 +1,12 @@
 """Which torch device a run trains on (SPEC §4), and how to name it.
 
 ``auto`` takes the first CUDA GPU that the installed torch has kernels for,
-then Apple Metal (``mps``), then the CPU. ``cuda:1`` (or ``cuda``, ``mps``,
-``cpu``) asks for one device; when it does not exist here the run falls back
-to another accelerator or the CPU, and the choice carries a warning that the
-worker writes to the run log.
+then Apple Metal (``mps``), then the CPU. ``gpu`` (what Potato 2.12 configs
+say) chooses as ``auto`` does but expects a GPU: training on the CPU then
+carries a warning. ``cuda:1`` (or ``cuda``, ``mps``, ``cpu``) asks for one
+device; when it does not exist here the run falls back to another accelerator
+or the CPU, and the choice carries a warning that the worker writes to the
+run log.
 
 torch is imported inside the functions: importing this module loads only the
 standard library. On a machine without torch every choice is the CPU.
@@ -118,7 +120,7 @@ def _auto(torch, num_threads: Optional[int]) -> Tuple[str, str]:
 
 
 def choose_device(setting: Optional[str] = "auto", num_threads: Optional[int] = None) -> DeviceChoice:
-    """Pick the device for ``setting`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``).
+    """Pick the device for ``setting`` (``auto``, ``cpu``, ``gpu``, ``cuda``, ``cuda:N``, ``mps``).
 
     Never raises for a device that is missing here: it falls back as ``auto``
     would and says so in ``warning``.
@@ -140,6 +142,9 @@ def _choose(setting: Optional[str], num_threads: Optional[int]) -> Tuple[str, st
         return _auto(torch, num_threads) + (None,)
     if wanted == "cpu":
         return "cpu", _cpu_name(torch, num_threads), None
+    if wanted == "gpu":
+        device, name = _auto(torch, num_threads)
+        return device, name, ("this machine has no GPU torch can use" if device == "cpu" else None)
 
     why = None  # type: Optional[str]
     m = re.match(r"^cuda(?::(\d+))?$", wanted)
@@ -160,7 +165,7 @@ def _choose(setting: Optional[str], num_threads: Optional[int]) -> Tuple[str, st
             return "mps", "Apple Metal (mps)", None
         why = "Apple Metal (mps) is not available here"
     else:
-        why = "it is not a device Potato knows (use auto, cpu, cuda, cuda:N or mps)"
+        why = "it is not a device Potato knows (use auto, cpu, gpu, cuda, cuda:N or mps)"
 
     return _auto(torch, num_threads) + (why,)
 

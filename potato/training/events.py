@@ -7,15 +7,21 @@ its ``\\n`` is still being written and is left for the next read.
 
 Every event has ``seq`` (1, 2, ...), ``t`` (unix time) and ``type``; see
 docs/architecture.md, "The job directory".
+
+Events are strict JSON: a NaN or infinite number (a diverging training's
+loss is the usual one) is written as null, with a warning in the log the
+first time each field has one. Python's json would write ``NaN``, which the
+server refuses and no browser parses.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
 
@@ -77,6 +83,27 @@ def read_events(path: str, offset: int = 0) -> Tuple[List[Dict[str, Any]], int]:
     return events, offset + end + 1
 
 
+def _finite(value: Any, path: str, bad: List[Tuple[str, float]]) -> Any:
+    """*value* with each NaN or infinite float replaced by None; (place, value) of each go to *bad*."""
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append((path, value))
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, "{}.{}".format(path, k), bad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, "{}[{}]".format(path, i), bad) for i, v in enumerate(value)]
+    return value
+
+
+def non_finite_warning(found: List[Tuple[str, float]]) -> str:
+    """The log line written the first time a field of an event is NaN or infinite."""
+    return ("{} was {}; written as null, since JSON has no NaN or Infinity. A loss that is not a number "
+            "means the training diverged: try a lower learning_rate. Later such values of {} are written "
+            "as null without another warning".format(
+                ", ".join(p for p, _ in found), ", ".join(str(v) for _, v in found),
+                ", ".join(p for p, _ in found)))
+
+
 class EventWriter:
     """Appends events to ``events.jsonl``; safe to call from several threads.
 
@@ -94,6 +121,7 @@ class EventWriter:
         self._seq = 0
         self._closed = False
         self._last_progress = None  # type: Optional[float]
+        self._warned = set()  # type: Set[str]
         self._cancel = threading.Event()
         # Continue numbering if the file already holds events (a re-run in the same dir).
         existing, _ = read_events(path)
@@ -108,11 +136,13 @@ class EventWriter:
         with self._lock:
             if self._closed:
                 return None
-            self._seq += 1
-            event = {"seq": self._seq, "t": round(time.time(), 3), "type": type_}
-            event.update(fields)
-            self._file.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
-            self._file.flush()
+            found = []  # type: List[Tuple[str, float]]
+            fields = {k: _finite(v, "{}.{}".format(type_, k), found) for k, v in fields.items()}
+            new = [(place, value) for place, value in found if place not in self._warned]
+            if new:  # before the event itself: nothing may follow ``done``
+                self._warned.update(place for place, _ in new)
+                self._write("log", {"level": "warning", "message": non_finite_warning(new)})
+            self._write(type_, fields)
             if type_ == "done":
                 self._closed = True
                 try:
@@ -120,6 +150,13 @@ class EventWriter:
                 finally:
                     self._file.close()
             return self._seq
+
+    def _write(self, type_: str, fields: Dict[str, Any]) -> None:
+        self._seq += 1
+        event = {"seq": self._seq, "t": round(time.time(), 3), "type": type_}
+        event.update(fields)
+        self._file.write(json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n")
+        self._file.flush()
 
     def log(self, message: str, level: str = "info") -> None:
         """A line for the run log; ``level`` is info, warning or error."""

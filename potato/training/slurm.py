@@ -9,6 +9,7 @@ runs SLURM's commands. Part of the remote half: Python 3.8, standard library.
 """
 
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -39,6 +40,11 @@ END_REASONS = (
 )
 
 
+# A newline in a value would end its line of job.sh and start a shell command
+# of its own (a #SBATCH line is only a comment to bash); no value needs one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class SlurmCommandError(Exception):
     """A SLURM command failed; the message quotes its last line of output."""
 
@@ -47,12 +53,29 @@ def make_sbatch_flags(config: Dict[str, Any]) -> List[str]:
     return ["{}={}".format(flag, config[key]) for key, flag in SBATCH_FLAGS.items() if config.get(key) not in (None, "")]
 
 
+def check_job_values(config: Dict[str, Any], job_dir: str) -> None:
+    """Raise ValueError naming the first value bound for job.sh that holds a control character.
+
+    ``potato validate`` refuses them in a config already; this also covers a
+    hand-started agent's ``--slurm-config``, which no validation has seen.
+    """
+    values = [(key, config.get(key)) for key in list(SBATCH_FLAGS) + ["job_python", "code_dir"]]
+    values += [("prelude[{}]".format(i), line) for i, line in enumerate(config.get("prelude") or [])]
+    values.append(("the job directory", job_dir))
+    for name, value in values:
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise ValueError("The slurm setting {} is {!r}: it holds a control character, which would break "
+                             "job.sh into shell lines of its own; remove it".format(name, value))
+
+
 def make_job_script(config: Dict[str, Any], job_dir: str, run_id: Any) -> str:
     """job.sh: the #SBATCH lines, the prelude, then ``exec`` the worker.
 
     ``exec``: a batch shell that keeps running beside Python dies on
     ``scancel --signal=TERM`` before the worker can stop cleanly (notes).
+    Raises ValueError for a value with a control character (``check_job_values``).
     """
+    check_job_values(config, job_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", "#SBATCH --job-name={}".format(q("potato-run-{}".format(run_id))),
              "#SBATCH --output={}".format(q(os.path.join(job_dir, "slurm.out"))),
@@ -128,11 +151,12 @@ class SlurmJob:
     """One submitted worker: its queue state, its end, its cancel."""
 
     def __init__(self, config: Dict[str, Any], job_dir: str, run_id: Any, log: Callable[[str], None],
-                 run: Callable[..., "subprocess.CompletedProcess"] = None):
+                 run: Callable[..., "subprocess.CompletedProcess"] = None, env: Optional[Dict[str, str]] = None):
         self.config = config
         self.job_dir = job_dir
         self.log = log
-        self._run = run or _run
+        # sbatch hands the job the environment it runs in (--export=ALL): *env* is what the job may see.
+        self._run = run or (lambda argv: _run(argv, env))
         self.poll_interval = float(config.get("poll_interval_s") or 10)
         script = os.path.join(job_dir, "job.sh")
         with open(script, "w", encoding="utf-8") as fh:
@@ -223,10 +247,10 @@ class SlurmJob:
             self.log("{} failed: {}".format(" ".join(argv), exc))
 
 
-def _run(argv: List[str]) -> "subprocess.CompletedProcess":
+def _run(argv: List[str], env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess":
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              universal_newlines=True, timeout=COMMAND_TIMEOUT_S)
+                              universal_newlines=True, timeout=COMMAND_TIMEOUT_S, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmCommandError("{}: {}".format(argv[0], exc)) from exc
     if done.returncode != 0:

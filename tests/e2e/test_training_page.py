@@ -3,7 +3,9 @@
 Starts the app as ``potato start`` does (waitress, the dispatcher, the
 session's Prefect API) on loopback, logs in, checks the Runs on menu, presses
 Check, starts a local run of the tiny model and watches it to ``succeeded``,
-opens its run page (loss chart), and cancels a second run from the page.
+opens its run page (loss chart, confusion matrix, reliability diagram), cancels a
+second run from the page, is refused decision-calibrate on an ssh backend, runs it
+locally and sees the reliability diagram's line after calibration.
 Screenshots go to ``test-artifacts/`` (gitignored).
 
 Needs Chromium (``apt-get install -y chromium``) and ``pip install playwright``
@@ -61,8 +63,9 @@ def server(tmp_path, prefect_api):
     from tests.support.tiny_model import tiny_model_path
     from tests.unit.test_server_support import BACKENDS
 
-    path = make_project(tmp_path, n_items=40, labeled_fraction=0.9, model_training={
-        "enabled": True, "backend": "local", "backends": BACKENDS,
+    # 80 items, 0.3 held out: enough held-out items (about 20) for decision-calibrate to judge a map.
+    path = make_project(tmp_path, n_items=80, labeled_fraction=0.9, model_training={
+        "enabled": True, "backend": "local", "backends": BACKENDS, "holdout_fraction": 0.3,
         "writeback": {"schemas": ["sentiment"], "include_unlabeled": True},
         "trainers": {"hf-text-classification": {"model": str(tiny_model_path()), "epochs": 4,
                                                 "learning_rate": 0.003, "batch_size": 8}},
@@ -124,6 +127,7 @@ def test_training_page_end_to_end(browser, server):
     _shot(page, "2-running")
     expect(row.locator(".col-state")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
     expect(row.locator(".col-ran-on")).to_have_text("local")
+    expect(row.locator(".col-trigger")).to_have_text("manual")
     expect(row.locator(".col-scores")).to_contain_text("sentiment: accuracy")
     expect(step).to_be_hidden()
     _shot(page, "3-succeeded")
@@ -141,5 +145,36 @@ def test_training_page_end_to_end(browser, server):
     expect(page.locator("#loss-caption")).to_contain_text("loss went from")
     expect(page.locator("#run-log")).to_contain_text("The worker started")
     expect(page.locator("#predictions")).to_contain_text("predictions.")
+    # The holdout evaluation: a 2 x 2 confusion matrix and a reliability diagram, before any calibration.
+    matrix = page.get_by_role("img", name="Confusion matrix of sentiment")
+    expect(matrix.locator("rect.cell")).to_have_count(4)
+    counts = [int(t) for t in matrix.locator("text.count").all_text_contents()]
+    diagram = page.get_by_role("img", name="Reliability diagram of sentiment")
+    expect(diagram.locator("rect.before")).not_to_have_count(0)
+    expect(diagram.locator("polyline.after")).to_have_count(0)
+    held_out = int(diagram.locator("desc").text_content().split(" over ")[1].split()[0])
+    assert sum(counts) == held_out >= 10
     _shot(page, "5-run-page")
+
+    # decision-calibrate: refused off local on the page, then run on local; run 1's page shows the after line.
+    page.get_by_role("link", name="← All runs").click()
+    page.get_by_label("Trainer").select_option("decision-calibrate")
+    page.get_by_label("Runs on").select_option("gpu-server")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-message")).to_have_text(
+        "Trainer 'decision-calibrate' runs only on the local backend, and 'gpu-server' is an ssh backend: it "
+        "rewrites an earlier run's predictions, which are kept on this server. Start it on 'local' (it needs no "
+        "GPU and takes seconds)")
+    expect(page.locator("#start-message")).to_have_class("error")
+    _shot(page, "6-calibrate-refused")
+    page.get_by_label("Runs on").select_option("local")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.locator("#start-message")).to_contain_text("Run 3 queued on local")
+    expect(page.locator("#run-3 .col-state")).to_have_text("succeeded", timeout=RUN_TIMEOUT_MS)
+    expect(page.locator("#run-3 .col-scores")).to_contain_text("sentiment: ECE ")
+    page.get_by_role("link", name="Run 1", exact=True).click()
+    expect(page.locator("#evaluation .calibration")).to_contain_text("Calibration by run 3: ")
+    expect(diagram.locator("polyline.after")).to_have_count(1)
+    expect(diagram.locator("desc")).to_contain_text("after calibration (")
+    _shot(page, "7-run-page-calibrated")
     assert external == [], f"the page fetched from elsewhere: {external}"

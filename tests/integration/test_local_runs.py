@@ -15,7 +15,7 @@ import pytest
 from potato.config import load_config
 from potato import runs
 from tests.support.runs import (
-    potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
+    assert_private, potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
     wait_for, wait_for_state, wait_for_training,
 )
 
@@ -56,9 +56,14 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
     assert not (directory / "bundle").exists()  # clean-up removed it
 
     written = [json.loads(line) for line in (config.parent / "annotation_output/training/predictions.jsonl").read_text().splitlines()]
-    assert written and all(w["run_id"] == 1 and w["confidence"] >= 0.5 for w in written)
+    assert written and all(w["predictions"]["sentiment"]["run_id"] == 1 for w in written)
+    assert all(w["predictions"]["sentiment"]["confidence"] >= 0.5 for w in written)
     log = (directory / "run.log").read_text()
-    assert "The worker started: Python" in log and "Wrote back to" in log
+    assert "The worker started: Python" in log
+    trained = sum(1 for p in predictions if p["id"] not in {w["id"] for w in written})
+    assert f"Wrote back to {config.parent / 'annotation_output/training/predictions.jsonl'}: sentiment: " \
+           f"{len(written)} predictions (" in log and "trained on (leak guard)" in log
+    assert trained > 0  # the leak guard kept the items the run trained on out
 
     flow_run, tasks = _flow_run(run.prefect_flow_run_id)
     assert flow_run.name == "run-1" and flow_run.state.is_completed()
@@ -69,10 +74,11 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
         "record results of run 1", "fetch artifacts from this machine", "clean up on this machine",
     ]
     assert processes_matching(str(tmp_path)) == []
+    assert_private(config.parent / "annotation_output/training")  # store, WAL, logs, model, predictions
 
 
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
-    config = tiny_project(tmp_path, trainer={"epochs": 3})
+    config = tiny_project(tmp_path, trainer={"epochs": 3}, retain_runs=1)
     cfg = load_config(config)
     store = runs.open_store(cfg)
     first = runs.create_run(cfg, store)
@@ -85,6 +91,10 @@ def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
     a, b, c = (store.get_run(i) for i in (first.id, second.id, 3))
     assert [r.state for r in (a, b, c)] == ["succeeded"] * 3
     assert a.finished_at <= b.started_at and b.finished_at <= c.started_at
+    # retain_runs: 1 — each run, once ended, deleted the directory of the one before.
+    assert sorted(p.name for p in run_dir_of(config, 1).parent.iterdir()) == ["3"]
+    assert "Deleted the directories of run(s) 2 (model_training.retain_runs: 1)" in (
+        run_dir_of(config, 3) / "run.log").read_text()
 
 
 def test_max_wall_seconds_stops_a_run(prefect_api, tmp_path):
@@ -133,6 +143,9 @@ def test_cancel_stops_the_worker_and_leaves_no_process(prefect_api, tmp_path):
     assert not process_alive(run.worker_pid) and processes_matching(str(tmp_path)) == []
     done = [e for e in store.events(1) if e.kind == "done"]
     assert done and done[-1].data["status"] == "cancelled"  # the worker stopped on SIGTERM, cleanly
+    flow_run, _ = _flow_run(run.prefect_flow_run_id)  # Prefect shows Potato's cancel, with the reason
+    assert (flow_run.state.type.value, flow_run.state.message) == (
+        "CANCELLED", "Run 1 was cancelled in Potato (Cancel run); its worker was stopped")
 
 
 def test_ctrl_c_in_the_cli_cancels_the_run(prefect_api, tmp_path):

@@ -9,13 +9,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from potato.prefect_api import (
-    LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, is_healthy,
-    read_state, release_leaked_slots, start_embedded, _lease_ids_for,
+    LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, ensure_concurrency_limit, is_healthy,
+    read_state, release_leaked_slots, start_embedded, ui_url_for, _lease_ids_for,
 )
 
 pytestmark = pytest.mark.prefect
@@ -68,12 +69,25 @@ def _wait_until(predicate, deadline_s: float, interval: float = 0.1) -> bool:
 def test_pure_builders():
     assert build_server_argv(4321, python="/py") == [
         "/py", "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", "4321"]
-    env = build_server_env(Path("/x/prefect"),
+    env = build_server_env(Path("/x/prefect"), "http://127.0.0.1:4321/api",
                            base={"PREFECT_API_URL": "http://elsewhere/api", "PATH": "/bin"})
     assert env["PREFECT_HOME"] == "/x/prefect"
+    # The UI is told where its API is: `--port` alone leaves it calling 127.0.0.1:4200 (issue 12).
+    assert env["PREFECT_SERVER_UI_API_URL"] == "http://127.0.0.1:4321/api"
     assert "PREFECT_API_URL" not in env and env["PATH"] == "/bin"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"
     assert env["PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"].endswith("lease_storage.filesystem")
+
+
+@pytest.mark.parametrize("api, environ, ui", [
+    ("http://127.0.0.1:4321/api", {}, "http://127.0.0.1:4321"),
+    ("http://prefect.lab:4200/api/", {}, "http://prefect.lab:4200"),
+    ("http://127.0.0.1:4321/api", {"PREFECT_UI_URL": "https://prefect.lab.example.org/"},
+     "https://prefect.lab.example.org"),
+    (None, {}, None),
+])
+def test_ui_url_for_an_api(api, environ, ui):
+    assert ui_url_for(api, environ) == ui
 
 
 def test_a_set_prefect_api_url_is_used_and_nothing_started(tmp_path, monkeypatch):
@@ -90,6 +104,9 @@ def test_a_set_prefect_api_url_is_used_and_nothing_started(tmp_path, monkeypatch
 def test_fixture_sets_api_url_and_state_file(prefect_api):
     assert os.environ["PREFECT_API_URL"] == prefect_api.url
     assert is_healthy(prefect_api.url)
+    if prefect_api.home is not None:  # the embedded server's UI asks /ui-settings where its API is
+        with urllib.request.urlopen(prefect_api.url[: -len("/api")] + "/ui-settings", timeout=10) as answer:
+            assert json.loads(answer.read())["api_url"] == prefect_api.url
     if prefect_api.home is None:
         pytest.skip("external PREFECT_API_URL: no state file")
     state = read_state(prefect_api.home)
@@ -216,6 +233,8 @@ def test_two_starters_share_one_server_and_sigterm_leaves_no_orphan(tmp_path):
 def test_slot_of_a_killed_holder_is_released(prefect_api):
     from prefect.client.orchestration import get_client
     from prefect.concurrency.sync import concurrency
+
+    ensure_concurrency_limit(LIMIT_NAME, 1)
 
     script = textwrap.dedent(f"""
         import time

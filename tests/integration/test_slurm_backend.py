@@ -58,7 +58,7 @@ def test_a_slurm_run_submits_the_worker_and_brings_everything_back(
     assert (run_dir_of(config, 1) / "artifacts/sentiment/config.json").exists()
     assert run.scores["sentiment"]["accuracy"] == 1.0
     assert user_jobs(slurm_service) == ""
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_cancel_scancels_the_job(prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model,
@@ -74,7 +74,7 @@ def test_cancel_scancels_the_job(prefect_api, slurm_service, sshd_service, ssh_u
         cli.wait(timeout=60)
     wait_for(lambda: user_jobs(slurm_service) == "", 30, "the job to leave the queue")
     assert [e.data["status"] for e in store.events(1) if e.kind == "done"] == ["cancelled"]
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_a_job_the_scheduler_ends_fails_the_run_with_its_reason(
@@ -92,7 +92,7 @@ def test_a_job_the_scheduler_ends_fails_the_run_with_its_reason(
     assert run.error == (f"SLURM job {job} ended before the worker finished: "
                          "it was cancelled with scancel outside Potato")
     assert user_jobs(slurm_service) == ""
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_a_dropped_connection_frees_the_allocation(
@@ -113,7 +113,7 @@ def test_a_dropped_connection_frees_the_allocation(
     finally:
         cli.wait(timeout=60)
     wait_for(lambda: user_jobs(slurm_service) == "", 30, "the job's allocation to be freed")
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_the_time_limit_is_named(prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model,
@@ -127,4 +127,25 @@ def test_the_time_limit_is_named(prefect_api, slurm_service, sshd_service, ssh_u
     assert store_of(config).get_run(1).error == message
     assert f"Run 1 failed: {message}" in done.stdout
     assert user_jobs(slurm_service) == ""
-    assert_host_clean(sshd_service, sshd_service.shared_dir / "potato-training")
+    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
+
+
+def test_the_job_never_sees_the_agents_token(slurm_service, tmp_path, monkeypatch):
+    """An agent started with POTATO_TRAINING_TOKEN submits a job whose environment lacks it (issue 9, item 10)."""
+    from potato.training.agent import worker_environment
+    from potato.training.slurm import SlurmJob
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    job_python = tmp_path / "job_python"  # stands in for the interpreter: writes down what the job was given
+    job_python.write_text('#!/bin/sh\nenv > "$3/env.txt"\necho 0 > "$3/exit_code"\n')
+    job_python.chmod(0o755)
+    for key, value in slurm_service.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("POTATO_TRAINING_TOKEN", "the-agents-token")
+    monkeypatch.setenv("POTATO_SEEN_BY_THE_JOB", "yes")
+    SlurmJob({"job_python": str(job_python)}, str(job_dir), 1, lambda note: None, env=worker_environment())
+    wait_for(lambda: (job_dir / "exit_code").exists(), 60, "the job to run")
+    environment = (job_dir / "env.txt").read_text()
+    assert "POTATO_SEEN_BY_THE_JOB=yes" in environment  # the job does get the agent's environment…
+    assert "POTATO_TRAINING_TOKEN" not in environment and "the-agents-token" not in environment  # …minus the token

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.potato_project import make_project
 from tests.support.runs import (
-    potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
+    assert_private, potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
 )
 from tests.support.remote_host import assert_host_clean, host_processes
 
@@ -118,7 +118,8 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     assert sockets and set(sockets) == {(0o600, pwd.getpwnam(sshd_service.user).pw_uid)}
     leaked = [w for w in seen_cmdlines if hashlib.sha256(w.encode()).hexdigest() == run.run_token_hash]
     assert leaked == [] and run.run_token_hash
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
+    assert_private(config.parent / "annotation_output/training")  # the copied model included
 
     # The second run finds the code there and copies none.
     again = potato("training", "run", str(config))
@@ -126,7 +127,7 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     code_events = [e.data for e in store.events(2) if e.kind == "code"]
     assert code_events == [{"hash": code_events[0]["hash"], "bytes_sent": 0}]
     assert "already has this version of Potato's code" in (run_dir_of(config, 2) / "run.log").read_text()
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_check_reports_python_gpus_and_the_choice(sshd_service, ssh_user_config, shared_model, fake_gpus, tmp_path):
@@ -208,7 +209,7 @@ def test_spec_failures_end_the_run_with_their_message(prefect_api, sshd_service,
     run = store_of(config).get_run(1)
     assert run.state == "failed" and run.error.startswith(expected), run.error
     assert f"Run 1 failed: {expected}" in done.stdout
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_a_failing_remote_worker_says_why(prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
@@ -218,7 +219,7 @@ def test_a_failing_remote_worker_says_why(prefect_api, sshd_service, ssh_user_co
     message = "Trainer options: epochs must be a positive integer, got -1"
     assert store_of(config).get_run(1).error.startswith(message)
     assert f"Run 1 failed: {message}" in done.stdout
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_cancel_reaches_the_agent_and_leaves_nothing_on_the_host(
@@ -237,7 +238,7 @@ def test_cancel_reaches_the_agent_and_leaves_nothing_on_the_host(
         cli.wait(timeout=60)
     assert took < 5 + 5
     assert [e.data["status"] for e in store.events(1) if e.kind == "done"] == ["cancelled"]
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_max_wall_seconds_stops_an_ssh_run(prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
@@ -247,7 +248,7 @@ def test_max_wall_seconds_stops_an_ssh_run(prefect_api, sshd_service, ssh_user_c
     assert done.returncode == 1
     message = "The run was stopped after 12 seconds: it reached model_training.max_wall_seconds (12)"
     assert store_of(config).get_run(1).error == message
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_a_silent_agent_fails_the_run_and_keeps_its_log(
@@ -258,16 +259,16 @@ def test_a_silent_agent_fails_the_run_and_keeps_its_log(
     store = store_of(config)
     try:
         wait_for_training(store, 1)
-        agents = [line for line in host_processes(sshd_service.user) if "potato.training.agent" in line]
+        agents = [line for line in host_processes(sshd_service) if "potato.training.agent" in line]
         os.kill(int(agents[0].split(":")[0]), signal.SIGSTOP)  # a hung agent: alive, silent
         run = wait_for_state(store, 1, ("failed",), timeout=40)
     finally:
         cli.wait(timeout=60)
     assert run.error == "No word from the agent on gpu-server for 6 seconds"
     assert "potato-agent: worker started (pid" in (run_dir_of(config, 1) / "agent.log").read_text()
-    for line in host_processes(sshd_service.user):  # a stopped process cannot act on its stdin closing
+    for line in host_processes(sshd_service):  # a stopped process cannot act on its stdin closing
         os.kill(int(line.split(":")[0]), signal.SIGCONT)
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_a_killed_agent_fails_the_run_at_once_and_its_worker_goes_too(
@@ -278,13 +279,13 @@ def test_a_killed_agent_fails_the_run_at_once_and_its_worker_goes_too(
     store = store_of(config)
     try:
         wait_for_training(store, 1)
-        agents = [line for line in host_processes(sshd_service.user) if "potato.training.agent" in line]
+        agents = [line for line in host_processes(sshd_service) if "potato.training.agent" in line]
         os.kill(int(agents[0].split(":")[0]), signal.SIGKILL)
         run = wait_for_state(store, 1, ("failed",), timeout=30)
     finally:
         cli.wait(timeout=60)
     assert run.error.startswith(f"The agent on {ssh_user_config} exited with status")
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_a_stalled_copy_fails_with_predictions_saved(
@@ -305,7 +306,7 @@ def test_a_stalled_copy_fails_with_predictions_saved(
         shutil.chown(artifacts, sshd_service.user)
 
         def stop_the_copy():
-            copies = [line for line in host_processes(sshd_service.user) if "big.bin" in line]
+            copies = [line for line in host_processes(sshd_service) if "big.bin" in line]
             for line in copies:
                 os.kill(int(line.split(":")[0]), signal.SIGSTOP)
                 stopped.append(int(line.split(":")[0]))
@@ -324,7 +325,7 @@ def test_a_stalled_copy_fails_with_predictions_saved(
     directory = run_dir_of(config, 1)
     assert len((directory / "predictions.jsonl").read_text().splitlines()) == 60  # already saved
     assert not (directory / "artifacts").exists() and not (directory / "artifacts.partial").exists()
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
 
 
 def test_packages_build_the_venv_once(prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
@@ -342,4 +343,4 @@ def test_packages_build_the_venv_once(prefect_api, sshd_service, ssh_user_config
     assert envs[0].stat().st_mtime == built
     log = (run_dir_of(config, 2) / "run.log").read_text()
     assert f"Using the venv {envs[0]}" in log
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)

@@ -3,8 +3,9 @@
 ``prefect_api`` starts ONE ``prefect server start`` (via
 ``potato.prefect_api.start_embedded``) in a session temp dir, sets
 ``PREFECT_API_URL`` in ``os.environ`` (flows in the test process and child
-processes use it), ensures the ``potato-training`` concurrency limit and
-stops the server at session end. Session-scoped because a start costs
+processes use it) and stops the server at session end. Projects share it as
+projects share a user's Prefect server: each flow holds its own project's
+concurrency limit, so tests on different projects never wait for each other. Session-scoped because a start costs
 seconds (notes: ``prefect_test_harness`` ≈8 s per start).
 
 A fresh Prefect database spends about half its start in migrations
@@ -30,9 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from potato.prefect_api import (
-    LIMIT_NAME, EmbeddedServer, ensure_concurrency_limit, prefect_home, start_embedded,
-)
+from potato.prefect_api import EmbeddedServer, prefect_home, start_embedded
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,6 @@ def prefect_api(tmp_path_factory, pytestconfig) -> PrefectApi:
         start_seconds = time.monotonic() - started
         if template is not None and not template.exists() and server.owned:
             _save_template(home / "prefect.db", template)
-        ensure_concurrency_limit(LIMIT_NAME, limit=1)
         yield PrefectApi(
             url=server.url,
             home=server.home,

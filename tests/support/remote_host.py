@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,9 +28,14 @@ def shared_model():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def host_processes(user: str) -> list[str]:
-    """Command lines of the host user's Potato processes (agent, worker, tar)."""
-    uid = pwd.getpwnam(user).pw_uid
+def host_processes(sshd_service) -> list[str]:
+    """Command lines of this test session's Potato processes on the host (agent, worker, tar, cat).
+
+    Only this session's: its sshd gives every remote process ``POTATO_TEST_SERVICES=<tag>``,
+    and other engineers' sessions run their own runs on the same host user meanwhile.
+    """
+    uid = pwd.getpwnam(sshd_service.user).pw_uid
+    tag = f"\0POTATO_TEST_SERVICES={sshd_service.tag}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -37,6 +43,9 @@ def host_processes(user: str) -> list[str]:
         try:
             if os.stat(f"/proc/{entry}").st_uid != uid:
                 continue
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if tag not in b"\0" + fh.read():
+                    continue
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -46,12 +55,17 @@ def host_processes(user: str) -> list[str]:
     return found
 
 
-def assert_host_clean(sshd_service, remote_dir: Path | None = None) -> None:
-    """No Potato process of the login user, no job directory, no socket left on the host."""
-    wait_for(lambda: not host_processes(sshd_service.user), 15,
-             f"the host to have no Potato processes left: {host_processes(sshd_service.user)}")
-    jobs = (remote_dir or Path(sshd_service.user_home) / ".cache/potato-training") / "jobs"
-    assert not jobs.exists() or list(jobs.iterdir()) == []
-    assert not list(Path("/tmp").glob("potato-*.sock"))
+def assert_host_clean(sshd_service, config: Path, remote_dir: Path | None = None) -> None:
+    """Nothing of the runs of *config* is left on the host: no process, no job directory, no socket.
 
-
+    Job directories and sockets are the ones the runs' logs name: the default
+    ``remote_dir`` and ``/tmp`` are shared with other sessions' runs. With
+    *remote_dir* (a directory of this session's own), its ``jobs/`` must be empty too.
+    """
+    wait_for(lambda: not host_processes(sshd_service), 15,
+             f"the host to have no Potato processes left: {host_processes(sshd_service)}")
+    logs = "".join(p.read_text() for p in (config.parent / "annotation_output/training/runs").glob("*/run.log"))
+    named = re.findall(r"Started the agent in (\S+) on ", logs) + re.findall(r"\(reverse forward (\S+)\)", logs)
+    assert [path for path in named if os.path.lexists(path)] == []
+    if remote_dir is not None:
+        assert not (remote_dir / "jobs").exists() or list((remote_dir / "jobs").iterdir()) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -104,3 +105,13 @@ def processes_matching(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def assert_private(directory: Path) -> None:
+    """*directory* and every directory under it are 0700; every file is its owner's only (issue 9, item 10)."""
+    for path in [directory, *directory.rglob("*")]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        if path.is_dir():
+            assert mode == 0o700, f"{path} is {mode:o}, not 700"
+        else:
+            assert not mode & 0o077, f"{path} is {mode:o}: others may read it"

@@ -35,6 +35,29 @@ def test_events_are_numbered_timed_and_done_is_last(tmp_path):
     assert offset == path.stat().st_size
 
 
+def test_a_nan_loss_is_written_as_null_with_one_warning(tmp_path):
+    """A diverging training's loss: JSON has no NaN, the server refuses one (issue 9, item 7)."""
+    path = tmp_path / "events.jsonl"
+    w = EventWriter(str(path), progress_interval=0)
+    w.progress("train", 1, 4, epoch=0.25, loss=float("nan"))
+    w.progress("train", 2, 4, epoch=0.5, loss=float("inf"))
+    w.metrics({"s": {"accuracy": 0.5, "macro_f1": float("nan"), "n": 2}})
+    w.done("failed", "The loss diverged")
+    def refuse(constant):
+        raise AssertionError(f"{constant} in events.jsonl")
+
+    events = [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+    assert [e["type"] for e in events] == ["log", "progress", "progress", "log", "metrics", "done"]
+    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5, 6]
+    assert events[0] == {"seq": 1, "t": events[0]["t"], "type": "log", "level": "warning", "message":
+                         "progress.loss was nan; written as null, since JSON has no NaN or Infinity. A loss that is "
+                         "not a number means the training diverged: try a lower learning_rate. Later such values "
+                         "of progress.loss are written as null without another warning"}
+    assert events[1]["loss"] is None and events[2]["loss"] is None  # the second one without a new warning
+    assert events[3]["message"].startswith("metrics.scores.s.macro_f1 was nan; written as null")
+    assert events[4]["scores"] == {"s": {"accuracy": 0.5, "macro_f1": None, "n": 2}}
+
+
 def test_reader_ignores_a_partial_last_line_and_resumes_from_the_offset(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_text('{"seq":1,"type":"log"}\n{"seq":2,"ty')

@@ -8,7 +8,7 @@ import pytest
 
 from potato.runs import run_dir
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
-from tests.unit.test_server_support import make_config
+from tests.unit.test_server_support import ADMIN, make_config
 
 API = "/admin/training/api"
 UNAUTHORIZED = "Missing or wrong admin key: send the config's admin_api_key in the X-API-Key header"
@@ -101,7 +101,7 @@ def test_training_page_lists_every_backend_as_spec_writes_it(admin):
         assert text in page
     assert '<option value="gpu-server" data-type="ssh" selected>' in page  # model_training.backend
     assert ">Check</button>" in page and ">Start run</button>" in page
-    assert "<th scope=\"col\">Ran on</th>" in page
+    assert "<th scope=\"col\">Ran on</th>" in page and "<th scope=\"col\">Trigger</th>" in page
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # no external asset
 
 
@@ -122,6 +122,10 @@ def test_run_page(admin, store):
     page = admin.get(f"/admin/training/runs/{run.id}").get_data(as_text=True)
     assert f"<h1>Run {run.id}</h1>" in page
     assert "lab-workstation (agent)" in page
+    assert '<dd id="run-trigger">manual</dd>' in page
+    auto = store.create_run("hf-text-classification", ["sentiment"], "local", trigger="auto", annotation_count=50)
+    assert ('<dd id="run-trigger">auto (50 annotations)</dd>'
+            in admin.get(f"/admin/training/runs/{auto.id}").get_data(as_text=True))
     assert 'id="loss-chart"' in page and 'role="log"' in page and 'aria-live="polite"' in page
     assert admin.get("/admin/training/runs/999").status_code == 404
     assert admin.get("/admin/training/runs/../etc/passwd").status_code == 404
@@ -200,6 +204,23 @@ def test_unknown_backend_is_409_naming_the_known_ones(admin, store):
     assert store.count_runs() == 0
 
 
+LOCAL_ONLY = ("Trainer 'decision-calibrate' runs only on the local backend, and {name!r} is {kind} backend: it "
+              "rewrites an earlier run's predictions, which are kept on this server. Start it on 'local' (it needs "
+              "no GPU and takes seconds)")
+
+
+@pytest.mark.parametrize("backend, kind", [("gpu-server", "an ssh"), ("cluster", "a slurm"),
+                                           ("lab-workstation", "an agent"), (None, "an ssh")])
+def test_decision_calibrate_off_local_is_409(admin, store, backend, kind):
+    body = {"trainer": "decision-calibrate", "schemas": ["sentiment"]} | ({"backend": backend} if backend else {})
+    response = admin.post(f"{API}/runs", json=body)
+    assert response.status_code == 409
+    assert response.json == {"error": LOCAL_ONLY.format(name=backend or "gpu-server", kind=kind)}
+    assert store.count_runs() == 0
+    accepted = admin.post(f"{API}/runs", json={**body, "backend": "local"})
+    assert accepted.status_code == 201 and accepted.json["run"]["trainer"] == "decision-calibrate"
+
+
 @pytest.mark.parametrize("body, needle", [
     ({"trainer": "no-such-trainer", "schemas": ["sentiment"]}, "Unknown trainer 'no-such-trainer'"),
     ({"trainer": "hf-text-classification", "schemas": ["topic"]}, "Unknown schema 'topic'"),
@@ -238,7 +259,8 @@ def test_oversized_body_is_413(admin, store):
     response = admin.post(f"{API}/runs", data=b'{"x": "' + b"a" * (2 * 1024 * 1024) + b'"}',
                           content_type="application/json")
     assert response.status_code == 413
-    assert response.json == {"error": "The request body is too large"}
+    assert response.json == {"error": "The body is 2097161 bytes; a JSON body here may have at most 1048576 bytes",
+                             "max_bytes": 1048576}
     assert store.count_runs() == 0
 
 
@@ -305,7 +327,24 @@ def test_run_json_fields(admin, store, project):
     assert r["state"] == "running" and r["step"] == "training: step 3 of 10" and r["progress"] == 0.3
     assert r["prefect_url"] == "http://127.0.0.1:4200/runs/flow-run/abc-123"
     assert r["duration_s"] is not None and r["queue_position"] is None
+    assert r["trigger"] == "manual"
     assert data["artifacts"] == [{"path": "sub/model.bin", "bytes": 10}]
+    auto = store.create_run("hf-text-classification", ["sentiment"], "local", trigger="auto", annotation_count=30)
+    assert admin.get(f"{API}/runs/{auto.id}").json["run"]["trigger"] == "auto"
+
+
+def test_auto_retrain_status(tmp_path):
+    from potato.server import create_app
+
+    config = make_config(tmp_path, auto_retrain={"enabled": True, "schemas": ["sentiment"], "update_frequency": 500})
+    app = create_app(config, start_background=False)
+    client = app.test_client()
+    assert client.get(f"{API}/auto-retrain").status_code == 401
+    app.extensions["potato.background"].watcher.check_once()
+    status = client.get(f"{API}/auto-retrain", headers=ADMIN).json
+    assert status["enabled"] is True and status["update_frequency"] == 500
+    assert status["text"] == f"waiting for {500 - status['annotations']} more annotation(s) ({status['annotations']} " \
+                             "of 500 since the last automatic run)"
 
 
 def test_cancel_queued_run(admin, store):

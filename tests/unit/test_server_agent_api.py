@@ -249,25 +249,28 @@ def test_events_update_the_run_and_answer_cancel(client, claimed, token, store):
     assert response.json["cancel"] is True and response.json["accepted"] == 1
 
 
-def test_events_after_the_run_ended_store_nothing(client, claimed, token, store):
+def test_events_after_the_run_ended_are_refused_and_store_nothing(client, claimed, token, store):
     run, _ = claimed
     store.transition(run.id, "failed", from_states="running", error="No word from the agent on lab-workstation for 120 seconds")
     before = len(store.events(run.id))
     response = client.post(f"{V1}/runs/{run.id}/events", headers=bearer(token),
                            json={"events": [{"seq": 9, "type": "log", "message": "late"}]})
-    assert response.json["cancel"] is True and response.json["state"] == "failed" and response.json["accepted"] == 0
+    assert response.status_code == 409
+    assert response.json == {"error": f"Run {run.id} has ended (failed); nothing more is taken for it: stop its worker",
+                             "state": "failed"}
     assert len(store.events(run.id)) == before
 
 
 @pytest.mark.parametrize("body, needle", [
     ({}, 'The body must be {"events": [...]}'),
     ({"events": "x"}, 'The body must be {"events": [...]}'),
-    ({"events": [1]}, "events[0] must be a JSON object"),
-    ({"events": [{"type": "explode"}]}, "events[0].type is 'explode'"),
-    ({"events": [{"type": "progress", "step": "ten"}]}, "events[0].step is 'ten'"),
-    ({"events": [{"type": "progress", "loss": True}]}, "events[0].loss is True"),
-    ({"events": [{"type": "log", "seq": 0}]}, "events[0].seq is 0"),
-    ({"events": [{"type": "metrics", "scores": [1]}]}, "events[0].scores must be a JSON object"),
+    ({"events": [1]}, "events[0]: 1 is not a JSON object; each event is one"),
+    ({"events": [{"seq": 1, "type": "explode"}]}, "events[0] (seq 1): type is 'explode'; use one of: started, log,"),
+    ({"events": [{"seq": 1, "type": "progress", "step": "ten"}]},
+     "events[0] (seq 1): step is 'ten'; use a whole number of at least 0"),
+    ({"events": [{"seq": 1, "type": "progress", "loss": True}]}, "events[0] (seq 1): loss is True; use a number"),
+    ({"events": [{"type": "log", "seq": 0, "message": "x"}]}, "events[0]: seq is 0; use a whole number of at least 1"),
+    ({"events": [{"seq": 1, "type": "metrics", "scores": [1]}]}, "events[0] (seq 1): scores must be a JSON object"),
     ({"events": [{"type": "log"}] * 1001}, "A batch holds at most 1000 events"),
 ])
 def test_bad_event_batches_change_nothing(client, claimed, token, store, body, needle):
@@ -275,6 +278,7 @@ def test_bad_event_batches_change_nothing(client, claimed, token, store, body, n
     before = store.get_run(run.id), len(store.events(run.id))
     response = client.post(f"{V1}/runs/{run.id}/events", headers=bearer(token), json=body)
     assert response.status_code == 400 and needle in response.json["error"]
+    assert response.json["last_seq"] == 0
     assert (store.get_run(run.id).step, len(store.events(run.id))) == (before[0].step, before[1])
 
 
@@ -365,12 +369,14 @@ def test_result(client, claimed, token, project, store):
 
 
 @pytest.mark.parametrize("body, needle", [
-    ({}, "exit_code must be a whole number"),
-    ({"exit_code": "0"}, "exit_code must be a whole number"),
-    ({"exit_code": True}, "exit_code must be a whole number"),
+    ({}, "exit_code is missing"),
+    ({"exit_code": "0"}, "exit_code is '0'; use a whole number from -255 to 255"),
+    ({"exit_code": True}, "exit_code is True; use a whole number from -255 to 255"),
+    ({"exit_code": 10**30}, "exit_code is 1000000000000000000000000000000; use a whole number from -255 to 255"),
     ({"exit_code": 0, "scores": [1]}, "scores must be a JSON object"),
-    ({"exit_code": 0, "artifact_uri": 5}, "artifact_uri must be a string"),
-    ({"exit_code": 0, "error": {}}, "error must be a string"),
+    ({"exit_code": 0, "artifact_uri": 5}, "artifact_uri is 5; use a string of at most 2000 characters"),
+    ({"exit_code": 0, "artifact_uri": "ws1:/x\n2024-01-01 ERROR forged"}, "without control characters"),
+    ({"exit_code": 0, "error": {}}, "error is {}; use a string of at most 65536 characters"),
 ])
 def test_bad_results_change_nothing(client, claimed, token, project, store, body, needle):
     run, _ = claimed

@@ -367,3 +367,77 @@ def _open_and_create(path: str) -> None:
     store = Store(path)
     store.create_run("t", [], "local")
     store.close()
+
+
+# -- at rest (issue 9, item 10) -----------------------------------------------
+
+def _mode(path) -> int:
+    import os
+    import stat
+
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_store_its_wal_and_shm_are_readable_by_the_owner_only(tmp_path):
+    import os
+
+    old = os.umask(0o022)  # what a plain shell gives: the store must not depend on the caller's umask
+    try:
+        with Store(tmp_path / "runs.db") as store:
+            store.create_run("t", [], "local")
+            files = [tmp_path / "runs.db", tmp_path / "runs.db-wal", tmp_path / "runs.db-shm"]
+            assert [_mode(f) for f in files] == [0o600] * 3
+    finally:
+        os.umask(old)
+
+
+def test_a_store_left_world_readable_by_an_older_version_is_tightened(tmp_path):
+    with Store(tmp_path / "runs.db") as store:
+        store.create_run("t", [], "local")
+    (tmp_path / "runs.db").chmod(0o644)
+    with Store(tmp_path / "runs.db") as store:
+        assert store.get_run(1).id == 1
+    assert _mode(tmp_path / "runs.db") == 0o600
+
+
+def test_open_store_makes_the_training_directory_private(tmp_path):
+    from tests.support.potato_project import make_project
+    from potato import runs
+    from potato.config import load_config
+
+    cfg = load_config(make_project(tmp_path, n_items=4, model_training={"enabled": True}))
+    cfg.training_dir.mkdir(parents=True, exist_ok=True)
+    cfg.training_dir.chmod(0o755)  # as earlier versions left it
+    store = runs.open_store(cfg)
+    run = runs.create_run(cfg, store)
+    assert _mode(cfg.training_dir) == 0o700
+    assert _mode(runs.run_dir(cfg, run.id)) == 0o700
+    assert _mode(cfg.training_dir / "runs.db") == 0o600
+
+
+def test_a_second_store_in_one_process_does_not_blind_the_first(tmp_path):
+    """Opening the file again must not drop this process's SQLite locks (a close() of any fd drops them).
+
+    Else another process's last connection takes the file as its own and deletes
+    the WAL; a process that keeps writing (a flow) then writes a new WAL that the
+    first Store, still reading the deleted one, never sees.
+    """
+    import subprocess
+    import sys
+
+    path = tmp_path / "runs.db"
+    first = Store(path)
+    assert first.count_runs() == 0
+    Store(path)  # e.g. the flow's after_flow, a test's store_of beside the server's own
+    create = "s.create_run('hf-text-classification', ['sentiment'], 'local')"
+    subprocess.run([sys.executable, "-c", f"import sys; from potato.store import Store; s = Store(sys.argv[1]); "
+                    f"{create}; s.close()", str(path)], check=True, timeout=60)
+    # A writer that stays connected, as a flow process does while its run trains.
+    stays = subprocess.Popen([sys.executable, "-c", f"import sys; from potato.store import Store; "
+                              f"s = Store(sys.argv[1]); {create}; print('written', flush=True); sys.stdin.read()",
+                              str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stays.stdout.readline().strip() == "written"
+        assert first.count_runs() == 2
+    finally:
+        stays.communicate("", timeout=60)

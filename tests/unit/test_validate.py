@@ -131,7 +131,7 @@ ERROR_CASES = {
         f"model_training.backend is 'gpu-servr', which names no backend; the backends are: "
         f"{BACKENDS}; did you mean `gpu-server`?"),
     "auto_retrain backend names no backend": (
-        _mt("auto_retrain", {"enabled": True, "backend": "elsewhere", "every_n_labels": 50}),
+        _mt("auto_retrain", {"enabled": True, "schemas": ["sentiment"], "backend": "elsewhere"}),
         "model_training.auto_retrain.backend",
         f"model_training.auto_retrain.backend is 'elsewhere', which names no backend; the backends "
         f"are: {BACKENDS}"),
@@ -178,9 +178,9 @@ ERROR_CASES = {
         f"{B}.gpu-server.env is {{'OMP_NUM_THREADS': 1}}; use a mapping of names to strings "
         "(quote numbers), e.g. PATH: /opt/bin:/usr/bin"),
     "device": (
-        _mt("device", "gpu"),
+        _mt("device", "tpu"),
         "model_training.device",
-        "model_training.device is 'gpu'; use auto, cpu, cuda, cuda:N (e.g. cuda:1) or mps"),
+        "model_training.device is 'tpu'; use auto, cpu, gpu, cuda, cuda:N (e.g. cuda:1) or mps"),
     "unknown type": (
         _set("gpu-server", "type", "sshh"),
         f"{B}.gpu-server.type",
@@ -289,7 +289,8 @@ def test_unknown_model_training_key_is_a_warning_with_did_you_mean(tmp_path):
         "model_training.max_wall_second is not a key of model_training; did you mean "
         "`max_wall_seconds`? Accepted keys: enabled, backend, max_wall_seconds, grace_seconds, "
         "heartbeat_timeout_s, device, num_threads, max_ram_mb, max_predictions_mb, "
-        "holdout_fraction, writeback, auto_retrain, backends, trainers, prefect_deployment")),)
+        "holdout_fraction, splits, split_seed, aggregation, retain_runs, writeback, auto_retrain, "
+        "backends, trainers, prefect_deployment")),)
 
 
 def test_long_slurm_time_warns_word_for_word(tmp_path):
@@ -439,3 +440,28 @@ def test_json_shape(tmp_path):
         "acknowledged": [],
     }
     assert report.to_json()["ok"] is True
+
+
+@pytest.mark.parametrize("name, key, value, where, bad", [
+    ("cluster", "partition", "gpu\nrm -rf ~", "cluster.partition", "gpu\nrm -rf ~"),
+    ("cluster", "prelude", ["module load cuda/12.4", "source env\r"], "cluster.prelude[1]", "source env\r"),
+    ("cluster", "job_python", "/shared/envs/train/bin/python\x00", "cluster.job_python", "/shared/envs/train/bin/python\x00"),
+    ("gpu-server", "env", {"PATH": "/opt/bin:/usr/bin\n"}, "gpu-server.env.PATH", "/opt/bin:/usr/bin\n"),
+    ("gpu-server", "env", {"PA\tTH": "/opt/bin"}, "gpu-server.env (a name)", "PA\tTH"),
+    ("gpu-server", "host", "gpu.example.org\nProxyCommand x", "gpu-server.host", "gpu.example.org\nProxyCommand x"),
+    ("gpu-server", "packages", ["peft\n--index-url http://evil"], "gpu-server.packages[0]", "peft\n--index-url http://evil"),
+])
+def test_control_characters_are_refused_in_every_key_that_reaches_a_command_or_a_file(tmp_path, name, key, value,
+                                                                                        where, bad):
+    raw = seed_dict()
+    backend(raw, name)[key] = value
+    report = validate(tmp_path, raw)
+    assert [(e.path, e.message) for e in report.errors] == [(
+        f"{B}.{name}.{key}", f"{B}.{where} is {bad!r}; it holds a control character, which would break the "
+        "command line or job.sh it goes into; remove it")]
+
+
+def test_a_description_may_hold_a_newline(tmp_path):
+    raw = seed_dict()
+    backend(raw, "cluster")["description"] = "the cluster\n(ask Ann for an account)"
+    assert validate(tmp_path, raw).ok

@@ -1,58 +1,162 @@
-"""Writeback (SPEC §10): the schemas asked for, at or above min_confidence, the newest run winning."""
+"""Writeback (SPEC §10, §11): Potato 2.12's predictions_file shape, the leak guard, every rule counted."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
 
 from potato.config import WritebackConfig
-from potato.writeback import write_back, writeback_path
-from tests.support.potato_project import make_project, project_config
+from potato.project import build_bundle, is_holdout
+from potato.writeback import WritebackError, write_back, writeback_path
+from tests.support.potato_project import project_config, write_items, write_user_state
+
+# Items r0..r9; r0..r5 are labelled. Half of the labelled ones are held out (by id).
+FRACTION = 0.6
+LABELLED = [f"r{i}" for i in range(6)]
+HELD = [i for i in LABELLED if is_holdout(i, FRACTION)]
+TRAINED = [i for i in LABELLED if not is_holdout(i, FRACTION)]
+UNLABELLED = [f"r{i}" for i in range(6, 10)]
 
 
-def _config(tmp_path, **writeback):
-    config = project_config(make_project(tmp_path, n_items=4))
+def _project(tmp_path: Path, trained=("sentiment", "topic"), **writeback):
+    """A two-schema project, the bundle of a run that trained *trained*, and the config with *writeback*."""
+    write_items(tmp_path / "data" / "items.jsonl", [{"id": f"r{i}", "text": f"text {i}"} for i in range(10)])
+    labels = {i: {"sentiment": "positive" if n % 2 else "negative", "topic": "books"} for n, i in enumerate(LABELLED)}
+    write_user_state(tmp_path / "annotation_output", "alice", labels)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({
+        "task_dir": ".", "data_files": ["data/items.jsonl"], "output_annotation_dir": "annotation_output",
+        "annotation_schemes": [
+            {"annotation_type": "radio", "name": "sentiment", "labels": ["positive", "negative"]},
+            {"annotation_type": "radio", "name": "topic", "labels": ["books", "music"]}],
+    }))
+    config = project_config(tmp_path / "config.yaml", holdout_fraction=FRACTION)
     mt = replace(config.model_training, writeback=WritebackConfig(**writeback))
-    return replace(config, model_training=mt)
+    config = replace(config, model_training=mt)
+    build_bundle(config, list(trained), tmp_path / "bundle")
+    return config
 
 
-def _predictions(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _predict(path: Path, ids, schema="sentiment", label="positive", confidence=0.9) -> list[dict]:
+    return [{"id": i, "schema": schema, "label": label, "confidence": confidence} for i in ids]
+
+
+def _write(path: Path, rows) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
 
 
-def _written(config):
-    return [json.loads(line) for line in writeback_path(config).read_text().splitlines()]
+def _written(config) -> dict[str, dict]:
+    records = [json.loads(line) for line in writeback_path(config).read_text().splitlines()]
+    assert all(set(r) == {"id", config.model_training.writeback.field} for r in records)  # 2.12's shape
+    return {r["id"]: r[config.model_training.writeback.field] for r in records}
 
 
-def test_writes_listed_schemas_at_or_above_min_confidence(tmp_path):
-    config = _config(tmp_path, schemas=("sentiment",), min_confidence=0.6)
-    rows = [{"id": "r0", "schema": "sentiment", "label": "positive", "confidence": 0.9},
-            {"id": "r1", "schema": "sentiment", "label": "negative", "confidence": 0.6},
-            {"id": "r2", "schema": "sentiment", "label": "negative", "confidence": 0.59},
-            {"id": "r0", "schema": "topic", "label": "x", "confidence": 0.99}]
-    summary = write_back(config, 7, _predictions(tmp_path / "p.jsonl", rows))
-    assert _written(config) == [
-        {"id": "r0", "schema": "sentiment", "label": "positive", "confidence": 0.9, "run_id": 7},
-        {"id": "r1", "schema": "sentiment", "label": "negative", "confidence": 0.6, "run_id": 7}]
-    assert summary.describe().endswith("sentiment: 2 predictions (1 below min_confidence)")
+def test_one_record_per_item_in_the_shape_potato_212_reads(tmp_path):
+    config = _project(tmp_path, schemas=("sentiment", "topic"), include_unlabeled=True, field="model")
+    predictions = _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r8", "r9"])
+                         + _predict(tmp_path, ["r8"], "topic", "music", 0.75))
+    write_back(config, 7, ["sentiment", "topic"], predictions, tmp_path / "bundle")
+    assert _written(config) == {
+        "r8": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 7},
+               "topic": {"label": "music", "confidence": 0.75, "run_id": 7}},
+        "r9": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 7}},
+    }
 
 
-def test_the_newest_run_replaces_its_schemas_only(tmp_path):
-    config = _config(tmp_path, schemas=("sentiment", "topic"))
-    write_back(config, 1, _predictions(tmp_path / "a.jsonl", [
-        {"id": "r0", "schema": "sentiment", "label": "positive", "confidence": 0.9},
-        {"id": "r0", "schema": "topic", "label": "books", "confidence": 0.8}]))
-    write_back(config, 2, _predictions(tmp_path / "b.jsonl", [
-        {"id": "r0", "schema": "sentiment", "label": "negative", "confidence": 0.7}]))
-    assert sorted((w["schema"], w["label"], w["run_id"]) for w in _written(config)) == [
-        ("sentiment", "negative", 2), ("topic", "books", 1)]
+def test_the_leak_guard_and_every_rule_hold_back_with_a_count(tmp_path):
+    assert TRAINED and HELD  # the fixture needs both kinds
+    config = _project(tmp_path, schemas=("sentiment",), include_unlabeled=False, min_confidence=0.6)
+    rows = (_predict(tmp_path, LABELLED + UNLABELLED)          # the run predicts every item
+            + _predict(tmp_path, ["nope"])                      # not an item of the project
+            + _predict(tmp_path, HELD[:1], confidence=0.8)      # a second prediction for one item
+            + _predict(tmp_path, ["r1"], "topic", "books"))     # a schema not written back
+    rows[LABELLED.index(HELD[-1])]["confidence"] = 0.59        # one held-out item below min_confidence
+    summary = write_back(config, 3, ["sentiment", "topic"], _write(tmp_path / "p.jsonl", rows), tmp_path / "bundle")
+
+    assert sorted(_written(config)) == sorted(HELD[:-1])        # only held-out labelled items, at or above 0.6
+    assert summary.describe() == (
+        f"Wrote back to {writeback_path(config)}: sentiment: {len(HELD) - 1} predictions "
+        f"(1 not an item of this run; {len(TRAINED)} trained on (leak guard); "
+        f"{len(UNLABELLED)} unlabelled (include_unlabeled is false); 1 below min_confidence; 1 repeated); "
+        "topic: 1 predictions not written back (not in model_training.writeback.schemas)")
+
+
+def test_unlabelled_items_are_written_with_include_unlabeled(tmp_path):
+    config = _project(tmp_path, schemas=("sentiment",), include_unlabeled=True)
+    predictions = _write(tmp_path / "p.jsonl", _predict(tmp_path, LABELLED + UNLABELLED))
+    write_back(config, 1, ["sentiment"], predictions, tmp_path / "bundle")
+    assert sorted(_written(config)) == sorted(HELD + UNLABELLED)
+
+
+def test_bad_lines_are_skipped_counted_and_named_and_leave_no_temporary_file(tmp_path):
+    config = _project(tmp_path, schemas=("sentiment",), include_unlabeled=True)
+    rows = [
+        {"id": "r6", "schema": "sentiment", "label": "positive", "confidence": "high"},
+        '{"id": "r7", "schema": "sentiment", "label": "positive", "confidence": NaN}',
+        "not json at all",
+        {"id": "r8", "schema": "sentiment", "label": "neutral", "confidence": 0.9},
+        {"id": 8, "schema": "sentiment", "label": "positive", "confidence": 0.9},
+        {"id": "r8", "schema": "sentiment", "label": "positive", "confidence": True},
+        {"id": "r9", "schema": "sentiment", "label": "negative", "confidence": 0.7,
+         "probs": {"positive": 0.3, "negative": 0.7}},            # a field writeback does not use
+    ]
+    predictions = _write(tmp_path / "p.jsonl", rows)
+    summary = write_back(config, 2, ["sentiment"], predictions, tmp_path / "bundle")
+    assert _written(config) == {"r9": {"sentiment": {"label": "negative", "confidence": 0.7, "run_id": 2}}}
+    assert summary.describe_bad_lines(predictions) == (
+        f"{predictions}: 6 prediction line(s) could not be read and were skipped (line 1: confidence is "
+        "'high', not a number from 0 to 1; line 2: confidence is nan, not a number from 0 to 1; line 3: "
+        "not JSON; line 4: label is 'neutral', not a label of 'sentiment'; line 5: id is 8, not an item "
+        "id; and 1 more)")
     assert not list(writeback_path(config).parent.glob("*.tmp"))
 
 
+def test_the_newest_run_replaces_its_schemas_and_takes_down_what_it_trained_on(tmp_path):
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment", "topic"), include_unlabeled=True)
+    earlier = {"id": TRAINED[0], "predictions": {"sentiment": {"label": "negative", "confidence": 0.8, "run_id": 1},
+                                                 "topic": {"label": "music", "confidence": 0.6, "run_id": 1}}}
+    gone = {"id": "r9", "predictions": {"sentiment": {"label": "negative", "confidence": 0.8, "run_id": 1}}}
+    _write(writeback_path(config), [earlier, gone])
+    write_back(config, 2, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r8"])), tmp_path / "bundle")
+    assert _written(config) == {
+        TRAINED[0]: {"topic": {"label": "music", "confidence": 0.6, "run_id": 1}},  # sentiment taken down
+        "r8": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 2}},
+    }
+
+
+def test_a_file_from_before_this_format_is_carried_over(tmp_path):
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment", "topic"), include_unlabeled=True)
+    _write(writeback_path(config), [{"id": "r9", "schema": "topic", "label": "books", "confidence": 0.9, "run_id": 1}])
+    write_back(config, 2, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])), tmp_path / "bundle")
+    assert _written(config) == {"r9": {"topic": {"label": "books", "confidence": 0.9, "run_id": 1},
+                                       "sentiment": {"label": "positive", "confidence": 0.9, "run_id": 2}}}
+
+
 def test_nothing_is_written_without_writeback_schemas(tmp_path):
-    config = _config(tmp_path)
-    summary = write_back(config, 1, _predictions(tmp_path / "p.jsonl", [
-        {"id": "r0", "schema": "sentiment", "label": "positive", "confidence": 0.9}]))
+    config = _project(tmp_path)
+    summary = write_back(config, 1, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])),
+                         tmp_path / "bundle")
     assert not writeback_path(config).exists()
     assert summary.describe() == "Writeback: no schema of this run is listed in model_training.writeback.schemas"
+
+
+def test_without_the_bundle_nothing_is_written(tmp_path):
+    config = _project(tmp_path, schemas=("sentiment",), include_unlabeled=True)
+    with pytest.raises(WritebackError, match=r"^Nothing was written back: the run's bundle .* cannot be read"):
+        write_back(config, 1, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])),
+                   tmp_path / "missing")
+    assert not writeback_path(config).exists()
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
+    config = _project(tmp_path, schemas=("sentiment",), include_unlabeled=True)
+    writeback_path(config).mkdir(parents=True)  # os.replace onto a directory fails
+    with pytest.raises(WritebackError, match=r"^Could not write the predictions to "):
+        write_back(config, 1, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])),
+                   tmp_path / "bundle")
+    assert writeback_path(config).is_dir() and not list(writeback_path(config).parent.glob(".*.tmp"))

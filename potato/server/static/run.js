@@ -1,4 +1,5 @@
-/* The run page: facts, live step row, the run log, the loss curve (inline SVG), predictions, artifacts. */
+/* The run page: facts, live step row, the run log, the loss curve, per schema the holdout confusion
+   matrix and reliability diagram (all inline SVG, no outside assets), predictions, artifacts. */
 "use strict";
 (function () {
   var root = document.getElementById("run");
@@ -136,6 +137,117 @@
     });
   }
 
+  // An SVG element with attributes (and text), appended to parent.
+  function svgEl(parent, tag, attrs, text) {
+    var e = document.createElementNS(NS, tag);
+    Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined) e.textContent = text;
+    parent.appendChild(e); return e;
+  }
+  function chart(w, h, title, desc) {
+    var svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("width", w); svg.setAttribute("height", h);
+    svg.setAttribute("role", "img");
+    svgEl(svg, "title", {}, title);
+    svgEl(svg, "desc", {}, desc);
+    return svg;
+  }
+  function short(label) { return label.length > 12 ? label.slice(0, 11) + "…" : label; }
+
+  // Rows: gold label; columns: predicted. A cell's shade is its share of the row.
+  function confusionMatrix(name, s) {
+    var k = s.labels.length, cell = Math.max(28, Math.min(56, Math.floor(360 / k))), L = 96, T = 40;
+    var W = L + k * cell + 10, H = T + k * cell + 28;
+    var right = 0;
+    s.confusion.forEach(function (row, i) { right += row[i]; });
+    var svg = chart(W, H, "Confusion matrix of " + name,
+      s.n + " held-out items; " + right + " predicted right (the diagonal). Rows: the annotators' label; columns: the model's.");
+    svg.setAttribute("class", "confusion");
+    svgEl(svg, "text", { x: L, y: 12, "class": "muted" }, "predicted →");
+    svgEl(svg, "text", { x: 2, y: T - 6, "class": "muted" }, "gold ↓");
+    s.labels.forEach(function (label, j) {
+      svgEl(svg, "text", { x: L + j * cell + cell / 2, y: T - 6, "text-anchor": "middle" }, short(label));
+      svgEl(svg, "text", { x: L - 6, y: T + j * cell + cell / 2 + 4, "text-anchor": "end" }, short(label));
+    });
+    s.confusion.forEach(function (row, i) {
+      var total = row.reduce(function (a, b) { return a + b; }, 0) || 1;
+      row.forEach(function (count, j) {
+        var share = count / total;
+        var hue = i === j ? "17,99,41" : "180,35,24";
+        var g = svgEl(svg, "g", { "class": "cell-group" });
+        svgEl(g, "rect", { x: L + j * cell, y: T + i * cell, width: cell, height: cell, "class": "cell",
+                           fill: "rgba(" + hue + "," + (0.08 + 0.8 * share).toFixed(2) + ")" });
+        svgEl(g, "text", { x: L + j * cell + cell / 2, y: T + i * cell + cell / 2 + 4, "text-anchor": "middle",
+                           "class": "count", style: share > 0.5 ? "fill:#fff" : "" }, String(count));
+        svgEl(g, "title", {}, "gold " + s.labels[i] + ", predicted " + s.labels[j] + ": " + count);
+      });
+    });
+    svgEl(svg, "text", { x: L, y: H - 8, "class": "muted" },
+      "accuracy " + (s.accuracy === null ? "–" : s.accuracy.toFixed(3)) + (s.missing ? "; " + s.missing + " without a prediction" : ""));
+    return svg;
+  }
+
+  // Confidence bins against accuracy; bars before calibration, a line after it when there is one.
+  function reliabilityDiagram(name, s) {
+    var W = 320, H = 300, L = 40, R = 10, T = 24, B = 40;
+    var cal = s.calibration && s.calibration.reliability_after ? s.calibration : null;
+    var desc = "ECE " + (s.ece === null ? "–" : s.ece.toFixed(3)) + " over " + s.n + " held-out items";
+    if (cal) desc += "; after calibration (" + (cal.kept ? "kept" : "backed out") + ", run " + cal.by_run + ") ECE " +
+      cal.ece_after.toFixed(3) + " out of fold";
+    var svg = chart(W, H, "Reliability diagram of " + name, desc + ". The dashed diagonal is perfect calibration.");
+    svg.setAttribute("class", "reliability");
+    function X(v) { return L + v * (W - L - R); }
+    function Y(v) { return H - B - v * (H - T - B); }
+    svgEl(svg, "line", { x1: X(0), y1: Y(0), x2: X(1), y2: Y(0), "class": "axis", stroke: "#57606a" });
+    svgEl(svg, "line", { x1: X(0), y1: Y(0), x2: X(0), y2: Y(1), "class": "axis", stroke: "#57606a" });
+    svgEl(svg, "line", { x1: X(0), y1: Y(0), x2: X(1), y2: Y(1), "class": "diagonal" });
+    [0, 0.5, 1].forEach(function (v) {
+      svgEl(svg, "text", { x: X(v), y: H - B + 14, "text-anchor": "middle", "class": "muted" }, String(v));
+      svgEl(svg, "text", { x: L - 4, y: Y(v) + 4, "text-anchor": "end", "class": "muted" }, String(v));
+    });
+    svgEl(svg, "text", { x: X(0.5), y: H - 6, "text-anchor": "middle", "class": "muted" }, "confidence");
+    svgEl(svg, "text", { x: 4, y: T - 8, "class": "muted" }, "accuracy");
+    s.reliability.forEach(function (b) {
+      if (!b.n) return;
+      var bar = svgEl(svg, "rect", { x: X(b.lo) + 1, y: Y(b.accuracy), width: X(b.hi) - X(b.lo) - 2,
+                                     height: Y(0) - Y(b.accuracy), "class": "before" });
+      svgEl(bar, "title", {}, b.lo + "–" + b.hi + ": " + b.n + " items, mean confidence " + b.confidence + ", accuracy " + b.accuracy);
+    });
+    if (cal) {
+      var pts = cal.reliability_after.filter(function (b) { return b.n; });
+      svgEl(svg, "polyline", { "class": "after", points: pts.map(function (b) {
+        return X(b.confidence).toFixed(1) + "," + Y(b.accuracy).toFixed(1); }).join(" ") });
+      pts.forEach(function (b) { svgEl(svg, "circle", { cx: X(b.confidence), cy: Y(b.accuracy), r: 3, "class": "after-point" }); });
+    }
+    svgEl(svg, "text", { x: L + 6, y: T + 4, "class": "muted" },
+      "bars: before" + (cal ? "; line: after calibration" + (cal.kept ? "" : " (backed out)") : ""));
+    return svg;
+  }
+
+  function evaluation() {
+    return Potato.request("GET", root.dataset.evaluation).then(function (data) {
+      var box = document.getElementById("evaluation");
+      if (!data.available) {
+        box.textContent = "This run has no holdout evaluation (it did not finish, or its directory was deleted).";
+        return;
+      }
+      box.textContent = "";
+      Object.keys(data.schemas).forEach(function (name) {
+        var s = data.schemas[name];
+        box.appendChild(Potato.el("h3", {}, name));
+        var cal = s.calibration;
+        if (cal) box.appendChild(Potato.el("p", { "class": "calibration" },
+          "Calibration by run " + cal.by_run + ": " + (cal.kept ? "kept" : "backed out") + " — " + cal.reason +
+          (cal.threshold !== null ? ". " + Math.round(cal.target_precision * 100) + " % precision at confidence ≥ " + cal.threshold : "")));
+        var row = Potato.el("div", { "class": "pictures" });
+        if (s.n) { row.appendChild(confusionMatrix(name, s)); row.appendChild(reliabilityDiagram(name, s)); }
+        else row.appendChild(Potato.el("p", { "class": "hint" }, "No held-out item of " + name + " had a prediction."));
+        box.appendChild(row);
+      });
+    });
+  }
+
   function refresh() {
     return Potato.request("GET", root.dataset.api + "?after=" + after).then(function (data) {
       if (data._status === 401) { window.location.reload(); return false; }
@@ -151,7 +263,7 @@
       facts(data.run);
       artifacts(data.artifacts);
       var ended = ["succeeded", "failed", "cancelled"].indexOf(data.run.state) >= 0;
-      if (ended && !predictionsShown) { predictionsShown = true; predictions(); }
+      if (ended && !predictionsShown) { predictionsShown = true; predictions(); evaluation(); }
       if (data.more_events) return refresh();
       // After the end, poll a few more times for the last log lines, then stop.
       if (ended && ++finishedPolls > 3) return false;

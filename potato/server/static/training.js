@@ -64,7 +64,7 @@
     var main = Potato.el("tr", { "data-run": run.id, "id": "run-" + run.id });
     var link = Potato.el("a", { href: table.dataset.runPage + run.id }, "Run " + run.id);
     var first = Potato.el("td"); first.appendChild(link); main.appendChild(first);
-    ["state", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
+    ["state", "trigger", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
       main.appendChild(Potato.el("td", { "class": "col-" + k }));
     });
     var actions = Potato.el("td", { "class": "col-actions" });
@@ -73,7 +73,7 @@
     actions.appendChild(button);
     main.appendChild(actions);
     var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
-    var cell = Potato.el("td", { colspan: "8" });
+    var cell = Potato.el("td", { colspan: "9" });
     var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
     var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
     var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
@@ -91,6 +91,7 @@
     var state = r.main.querySelector(".col-state");
     var stateText = run.state + (run.cancel_requested && run.active ? " (cancelling)" : "");
     if (state.textContent !== stateText) { state.textContent = stateText; state.className = "col-state state state-" + run.state; }
+    set(r.main, "trigger", run.trigger);
     set(r.main, "ran-on", run.ran_on.name);
     r.main.querySelector(".col-ran-on").title = run.ran_on.description;
     set(r.main, "queue", run.queue_position ? "#" + run.queue_position : "");
@@ -136,7 +137,13 @@
     note.textContent = data.total > data.runs.length ? "Showing the newest " + data.runs.length + " of " + data.total + " runs." : "";
   }
 
+  var autoRetrain = document.getElementById("auto-retrain");
   function refresh() {
+    Potato.request("GET", autoRetrain.dataset.api).then(function (data) {
+      if (data._status !== 200) return;
+      var text = data.enabled ? "Auto-retrain: " + data.text : "";
+      if (autoRetrain.textContent !== text) autoRetrain.textContent = text;
+    });
     return Potato.request("GET", table.dataset.api + "?limit=50").then(function (data) {
       if (data._status === 401) { window.location.reload(); return false; }
       if (data.runs) render(data);

@@ -1,4 +1,8 @@
-"""The job a worker runs: job.json, built the same way for every backend."""
+"""The job a worker runs: job.json, built the same way for every backend.
+
+Below both the flow's steps (potato/tasks) and the agent protocol
+(potato/protocol), which hands it to remote agents in a claim's answer.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +11,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from potato.tasks.base import RunContext
+from potato.config import ProjectConfig
+from potato.store import Run
 
 
-def make_job(ctx: RunContext, *, bundle: str) -> dict[str, Any]:
-    """Return job.json's content for this run (docs/architecture.md, "The job directory")."""
-    mt = ctx.config.model_training
-    options = dict(mt.trainers.get(ctx.run.trainer, {}))
-    options.update(ctx.run.options or {})
-    backend = mt.backends.get(ctx.run.backend)
+def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
+    """Return job.json's content for *run* (docs/architecture.md, "The job directory")."""
+    mt = config.model_training
+    options = dict(mt.trainers.get(run.trainer, {}))
+    options.update(run.options or {})
+    backend = mt.backends.get(run.backend)
     # device, num_threads and max_ram_mb are local settings (SPEC §4); a remote worker
     # takes the GPUs the backend chose (CUDA_VISIBLE_DEVICES) and its threads from the env.
     local = backend is None or backend.type == "local"
     return {
-        "run_id": ctx.run.id,
-        "trainer": ctx.run.trainer,
-        "schemas": list(ctx.run.schemas),
+        "run_id": run.id,
+        "trainer": run.trainer,
+        "schemas": list(run.schemas),
         "bundle": bundle,
         "options": options,
         "device": mt.device if local else "auto",

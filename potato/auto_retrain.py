@@ -1,0 +1,181 @@
+"""Auto-retraining (SPEC §3, §11): ``potato start`` queues a run as annotators' labels arrive.
+
+Annotators label through a Potato 2.12 server, a different process that
+cannot call us; what we can see is what it writes. So a watcher thread looks
+at ``<output_annotation_dir>/<user>/user_state.json`` every ``POLL_SECONDS``:
+it stats each file and parses only those whose size, mtime or inode changed
+(2.12 replaces the file on every save, atomically), so an idle project costs
+one ``stat`` per annotator per poll.
+
+It counts annotations as 2.12's ``maybe_auto_retrain`` does (one item
+annotated by one annotator is one annotation; ``project.
+count_user_state_annotations``), and queues one run with trigger ``auto`` when
+
+1. ``auto_retrain.enabled`` is true,
+2. no run is queued or running (checked again inside the store's write lock,
+   so two servers never queue two runs),
+3. ``min_interval_s`` have passed since the last run ended, and
+4. at least ``update_frequency`` annotations were made since the count at the
+   last auto run.
+
+The count at the last auto run is the ``annotation_count`` of the newest auto
+run in the run store, not a variable in this process: a restart neither loses
+a trigger (annotations made while the server was down count at its next
+check) nor repeats one. A project that never auto-trained counts from zero,
+so a server started on one with enough annotations queues a run at once.
+
+Every check that does not queue says why in ``status()`` ("waiting for 3 more
+annotations"), which the Training page shows: a debounce that stays silent
+looks broken.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from potato import runs
+from potato.config import AutoRetrainConfig, ProjectConfig
+from potato.project import UserStateError, count_user_state_annotations, find_user_states
+from potato.store import AUTO, Run, Store
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to queue an auto run now; *reason* says why not (empty when it does)."""
+
+    queue: bool
+    reason: str
+
+
+def decide(settings: AutoRetrainConfig, *, annotations: int, at_last_auto_run: int, busy: bool,
+           last_finished_at: float | None, now: float) -> Decision:
+    """The watcher's rules, in order (module docstring); pure, so each reason is testable."""
+    if not settings.enabled:
+        return Decision(False, "auto-retraining is off (model_training.auto_retrain.enabled)")
+    if busy:
+        return Decision(False, "a run is queued or running")
+    if last_finished_at is not None and now - last_finished_at < settings.min_interval_s:
+        wait = settings.min_interval_s - (now - last_finished_at)
+        return Decision(False, f"waiting {wait:.0f} more second(s) since the last run ended "
+                               f"(min_interval_s {settings.min_interval_s:g})")
+    new = annotations - at_last_auto_run
+    if new < settings.update_frequency:
+        return Decision(False, f"waiting for {settings.update_frequency - new} more annotation(s) "
+                               f"({new} of {settings.update_frequency} since the last automatic run)")
+    return Decision(True, "")
+
+
+class AnnotationCounter:
+    """All annotators' annotations, counted from their files: stat first, parse only what changed."""
+
+    def __init__(self, annotation_dir: Path):
+        self.annotation_dir = annotation_dir
+        self._seen: dict[Path, tuple[tuple[int, int, int], int]] = {}
+        self.parses = 0  # files parsed so far (what "cheaply" means, for tests and benches)
+
+    def count(self) -> int:
+        total, seen = 0, {}
+        for user, path in find_user_states(self.annotation_dir):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            previous = self._seen.get(path)
+            if previous is not None and previous[0] == key:
+                count = previous[1]
+            else:
+                try:
+                    count = count_user_state_annotations(path)
+                    self.parses += 1
+                except (OSError, UnicodeDecodeError, UserStateError) as exc:
+                    # Keep the last good count; an atomic writer leaves no half file, so this is rare.
+                    log.warning("Auto-retrain could not read %s (%s); counting it as before", path, exc)
+                    count = previous[1] if previous else 0
+            seen[path] = (key, count)
+            total += count
+        self._seen = seen
+        return total
+
+
+class AutoRetrainWatcher:
+    """Queues auto runs for one project (``check_once``); a thread calls it every ``poll_seconds``."""
+
+    def __init__(self, config: ProjectConfig, store: Store, *, poll_seconds: float = POLL_SECONDS,
+                 clock: Callable[[], float] = time.time):
+        self.config = config
+        self.store = store
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+        self.counter = AnnotationCounter(config.output_annotation_dir)
+        self._status: dict[str, Any] = {"enabled": config.model_training.auto_retrain.enabled,
+                                        "text": "not checked yet"}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check_once(self) -> Run | None:
+        """Count, decide, and queue an auto run when the rules allow; return it (None otherwise)."""
+        settings = self.config.model_training.auto_retrain
+        annotations = self.counter.count() if settings.enabled else 0
+        last_auto = self.store.latest_run(trigger=AUTO)
+        at_last = (last_auto.annotation_count or 0) if last_auto else 0
+        busy = self.store.next_queued() is not None or bool(self.store.active_runs())
+        decision = decide(settings, annotations=annotations, at_last_auto_run=at_last, busy=busy,
+                          last_finished_at=self.store.last_finished_at(), now=self.clock())
+        run = None
+        if decision.queue:
+            run = runs.create_run(
+                self.config, self.store, trainer=settings.trainer, schemas=list(settings.schemas),
+                backend=settings.backend, options=dict(settings.params), trigger=AUTO,
+                annotation_count=annotations, only_when_idle=True,
+            )
+            decision = Decision(False, f"queued run {run.id}" if run else "a run is queued or running")
+        if run is not None:
+            log.info("Auto-retrain: %d annotations, %d since the last automatic run; queued run %d on %s",
+                     annotations, annotations - at_last, run.id, run.backend)
+        self._status = {
+            "enabled": settings.enabled,
+            "annotations": annotations if settings.enabled else None,
+            "since_last_auto_run": annotations - at_last if settings.enabled else None,
+            "update_frequency": settings.update_frequency,
+            "min_interval_s": settings.min_interval_s,
+            "last_auto_run": run.id if run else (last_auto.id if last_auto else None),
+            "checked_at": self.clock(),
+            "text": decision.reason,
+        }
+        return run
+
+    def status(self) -> dict[str, Any]:
+        """What the last check found, for the admin API and the Training page."""
+        return dict(self._status)
+
+    def start(self) -> None:
+        if not self.config.model_training.auto_retrain.enabled:
+            self.check_once()  # records "off" for the page; nothing to watch
+            return
+        self._thread = threading.Thread(target=self._loop, name="potato-auto-retrain", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.check_once()
+            except Exception:  # a bad moment (a busy store) must not end the watching
+                log.exception("Auto-retrain check failed")
+            if self._stop.wait(self.poll_seconds):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+

@@ -1,0 +1,69 @@
+"""A worker's events, recorded: the one place where an event becomes store rows, run fields and log lines.
+
+Events arrive two ways: the local backend's relay tails ``events.jsonl``
+(potato/tasks/relay.py); remote agents post them through the agent protocol
+(potato/protocol). Both record them here, the same way.
+
+Each event is stored in one store transaction together with what it changes
+on the run (step row, progress, device, scores), the heartbeat and the run's
+``last_seq`` (``Store.record_worker_event``). So an event is never half
+recorded, and one that comes again (a batch re-sent after a lost answer, a
+restarted server) is recognised by its ``seq`` and not stored twice. Only a
+``log`` event's copy in ``run.log`` is written after the transaction: a crash
+between the two loses that line from the file, never from the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from potato.runlog import RunLog
+from potato.store import Store
+
+
+def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
+    """The step row's text and fraction for a progress event."""
+    step, total = event.get("step"), event.get("total")
+    fraction = step / total if step is not None and total else None
+    if event.get("phase") == "predict":
+        return f"predicting: batch {step} of {total}", fraction
+    text = f"training: step {step} of {total}"
+    if event.get("epoch") is not None:
+        text += f" (epoch {event['epoch']})"
+    if event.get("loss") is not None:
+        text += f", loss {event['loss']:.4f}"
+    return text, fraction
+
+
+def _run_fields(kind: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The run columns an event of *kind* sets."""
+    if kind == "started":
+        return {"gpu": event.get("device_name") or event.get("device"), "host_python": event.get("python")}
+    if kind == "progress":
+        text, fraction = describe_progress(event)
+        return {"step": text, "progress": fraction}
+    if kind == "metrics":
+        return {"scores": event.get("scores") or {}}
+    return {}
+
+
+def record(store: Store, run_id: int, log: RunLog, event: dict[str, Any]) -> bool:
+    """Record one worker event of running run *run_id*; False when its ``seq`` was recorded already.
+
+    Raises ``RunEnded`` when the run is no longer running (nothing is stored).
+    """
+    kind = event.get("type", "log")
+    seq = event.get("seq")
+    if kind == "log":
+        level, message = event.get("level") or "info", str(event.get("message", ""))
+        stored = store.record_worker_event(run_id, seq, "log",
+                                           {"level": level, "message": message, "source": "worker"})
+        if stored:
+            log.echo(level, message)
+        return stored
+    data = {k: v for k, v in event.items() if k != "type"}
+    stored = store.record_worker_event(run_id, seq, kind, data, **_run_fields(kind, event))
+    if stored and kind == "started":
+        device = event.get("device_name") or event.get("device")
+        log.info(f"The worker started: Python {event.get('python')}, device {device}")
+    return stored

@@ -1,0 +1,211 @@
+"""This project as the training half of a real Potato 2.12.1 deployment, step by step as the README says.
+
+One project directory and one config serve both: the real potato-annotation
+2.12.1 (its own virtualenv, ``tests/support/potato212.py``) serves the
+annotators, and this project's ``potato start`` runs beside it on another
+port. Annotators label through 2.12.1's own HTTP endpoints; our watcher sees
+their files and trains (trigger ``auto``); after 2.12.1 restarts, its
+annotate page pre-fills our predicted label on an item nobody labelled and
+nothing on an item the run trained on; five more annotations queue exactly
+one more auto run, a sixth no second one. The project is made here (support
+tickets, items in a ``data_directory``), not the shipped example.
+
+Cost (measured on 2 cores): about 30 s — two 2.12.1 starts (~3 s each), one
+``potato start``, one tiny-model training run (~15 s) and one run cancelled
+at once — plus the session's Prefect API, shared with other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from potato.project import split_of
+from tests.support.potato212 import Annotator, Potato212Server, free_port, wait_until
+from tests.support.runs import POTATO, potato, processes_matching
+from tests.support.tiny_model import build_tiny_model
+
+pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
+
+CALM = ["Thanks, the new release works well.", "All good now, lovely support.", "Kind thanks for the quick fix."]
+ANGRY = ["This is broken again, furious.", "Terrible service, still broken.", "Awful, nothing works, angry."]
+SPLITS = {"train": 0.7, "val": 0.1, "test": 0.2}
+SEED = 3
+API_KEY = "tickets-admin"
+
+
+def _tone(i: int) -> str:
+    return ("calm", "angry")[i % 2]
+
+
+def _text(i: int) -> str:
+    return f"{(CALM if _tone(i) == 'calm' else ANGRY)[i % 3]} (ticket {i})"
+
+
+def _project(root: Path) -> Path:
+    """30 support tickets in a data_directory (a JSON lines and a CSV file) and the shared config."""
+    tickets = root / "tickets"
+    tickets.mkdir(parents=True)
+    with open(tickets / "a.jsonl", "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"ticket_id": f"t{i:02d}", "body": _text(i)}) + "\n")
+    with open(tickets / "b.csv", "w") as f:
+        f.write("ticket_id,body\n" + "".join(f't{i:02d},"{_text(i)}"\n' for i in range(20, 30)))
+    model = build_tiny_model(root / "tiny-model", [_text(i) for i in range(30)])
+    config = {
+        "annotation_task_name": "Support tickets",
+        "task_dir": ".",
+        "data_directory": "tickets",
+        "item_properties": {"id_key": "ticket_id", "text_key": "body"},
+        "output_annotation_dir": "annotations",
+        "admin_api_key": API_KEY,
+        "user_config": {"allow_all_users": True},
+        "require_password": False,
+        "annotation_schemes": [{"annotation_type": "radio", "name": "tone", "description": "How does it sound?",
+                                "labels": ["calm", "angry"]}],
+        # The README's lines for Potato 2.12: it reads our predictions at its start.
+        "pre_annotation": {"enabled": True, "predictions_file": "annotations/training/predictions.jsonl"},
+        "model_training": {
+            "enabled": False,  # Potato 2.12 does not train; this project does
+            "split_seed": SEED,
+            "splits": SPLITS,
+            "backend": "lab-gpu",
+            "backends": {"lab-gpu": {"type": "agent"}},
+            "trainers": {"hf-text-classification": {"model": str(model), "max_length": 32}},
+            "writeback": {"schemas": ["tone"], "include_unlabeled": True},
+            "auto_retrain": {"enabled": True, "trainer": "hf-text-classification", "schemas": ["tone"],
+                             "update_frequency": 5, "min_interval_s": 0, "backend": "local",
+                             "params": {"epochs": 10, "learning_rate": 3e-3, "batch_size": 8}},
+        },
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class OurServer:
+    """This project's ``potato start`` beside 2.12.1, and its admin API."""
+
+    def __init__(self, config: Path, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/admin/training/api"
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.log = log
+        wait_until(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
+
+    def _try(self, path: str):
+        if self.process.poll() is not None:
+            raise AssertionError(f"potato start exited: {self.log.read_text()[-3000:]}")
+        try:
+            return self.get(path)
+        except OSError:
+            return None
+
+    def get(self, path: str) -> dict:
+        request = urllib.request.Request(self.url + path, headers={"X-API-Key": API_KEY})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def post(self, path: str) -> dict:
+        request = urllib.request.Request(self.url + path, data=b"{}", method="POST",
+                                         headers={"X-API-Key": API_KEY, "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def runs(self) -> list[dict]:
+        return self.get("/runs")["runs"]
+
+    def watcher_saw(self, annotations: int) -> dict:
+        """Wait for the watcher's check after the files hold *annotations*; return its status."""
+        return wait_until(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
+                          f"the auto-retrain watcher to count {annotations} annotations")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+
+def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
+    config = _project(tmp_path)
+    annotations = tmp_path / "annotations"
+    potato_212 = Potato212Server(potato212, config, tmp_path / "potato212.log").start()
+    ours = None
+    try:
+        # Potato 2.12 reads the shared config without training: no Training routes of its own.
+        assert potato_212.status_of("/admin/training/api/status") == 404
+
+        # 1. Annotators label through 2.12.1's own endpoints: alice 16 tickets, bob the first 8.
+        alice, bob = Annotator(potato_212, "alice"), Annotator(potato_212, "bob")
+        labelled = []
+        for _ in range(16):
+            labelled.append(alice.label("tone", _tone(int(alice.current()[1:]))))
+            alice.next()
+        for _ in range(8):
+            bob.label("tone", _tone(int(bob.current()[1:])))
+            bob.next()
+        assert labelled == [f"t{i:02d}" for i in range(16)]  # data_directory order, as 2.12 serves it
+
+        # 2. potato start beside it: the project never auto-trained, 24 annotations >= 5: one auto run at once.
+        ours = OurServer(config, tmp_path / "potato-start.log")
+        first = wait_until(lambda: ours.runs() and ours.runs()[-1], 30, "the first auto run")
+        assert (first["id"], first["trigger"], first["backend"]) == (1, "auto", "local")
+        done = wait_until(lambda: (r := ours.runs()[-1])["state"] in ("succeeded", "failed", "cancelled") and r,
+                          240, "the first auto run to end")
+        assert done["state"] == "succeeded", (tmp_path / "annotations/training/runs/1/run.log").read_text()
+        held = [i for i in labelled if split_of(i, SPLITS, SEED) == "test"]
+        run_log = (annotations / "training" / "runs" / "1" / "run.log").read_text()
+        assert (f"Bundle: 30 items from 2 annotators; tone: 16 labelled (calm 8, angry 8; {len(held)} held out, "
+                "0 ties)") in run_log
+        records = [json.loads(line) for line in (annotations / "training" / "predictions.jsonl").read_text().splitlines()]
+        written = {r["id"]: r["predictions"]["tone"] for r in records}
+        trained = [i for i in labelled if i not in held]
+        assert set(written) == {f"t{i:02d}" for i in range(30)} - set(trained)  # the leak guard
+
+        # 3. Potato 2.12 reads predictions_file at its start: restart it, then a new annotator looks.
+        potato_212.stop()
+        potato_212.start()
+        assert f"Loaded pre-annotations for {len(written)} item(s)" in (tmp_path / "potato212.log").read_text()
+        carol = Annotator(potato_212, "carol")
+        assert carol.checked(carol.go_to_item(trained[0]), "tone") == []  # trained on: no prelabel
+        unlabelled = "t20"
+        assert carol.checked(carol.go_to_item(unlabelled), "tone") == [written[unlabelled]["label"]]
+        assert ours.watcher_saw(24)["since_last_auto_run"] == 0  # walking past items annotates nothing
+
+        # 4. Five more annotations through the real server queue exactly one auto run; a sixth no second.
+        for _ in range(4):
+            carol.label("tone", _tone(int(carol.current()[1:])))
+            carol.next()
+        assert ours.watcher_saw(28)["text"] == "waiting for 1 more annotation(s) (4 of 5 since the last automatic run)"
+        assert len(ours.runs()) == 1
+        carol.label("tone", _tone(int(carol.current()[1:])))
+        second = wait_until(lambda: len(runs := ours.runs()) == 2 and runs[0], 30, "the second auto run")
+        assert (second["trigger"], second["backend"]) == ("auto", "local")
+        carol.next()
+        carol.label("tone", _tone(int(carol.current()[1:])))
+        status = ours.watcher_saw(30)
+        assert status["since_last_auto_run"] == 1 and [r["id"] for r in ours.runs()] == [2, 1]
+        ours.post("/runs/2/cancel")
+        wait_until(lambda: ours.runs()[0]["state"] == "cancelled", 60, "run 2 to be cancelled")
+
+        listed = potato("training", "runs", str(config)).stdout.splitlines()
+        assert [line.split()[:4] for line in listed] == [
+            ["ID", "STATE", "TRIGGER", "RAN"], ["2", "cancelled", "auto", "local"], ["1", "succeeded", "auto", "local"]]
+        # Only this project trained: the run directories are ours.
+        assert sorted(p.name for p in (annotations / "training" / "runs").iterdir()) == ["1", "2"]
+    finally:
+        if ours is not None:
+            ours.stop()
+        potato_212.stop()
+    assert processes_matching(str(tmp_path)) == []
