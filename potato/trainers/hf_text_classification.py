@@ -39,6 +39,7 @@ import random
 import re
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from potato.trainers.options import check_keys, is_int, is_number
 from potato.training.events import Cancelled, TrainerFailure
 
 NAME = "hf-text-classification"
@@ -76,37 +77,19 @@ NO_MODEL_MESSAGE = (
 # -- options -----------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
-    options = options or {}
-    if not isinstance(options, dict):
-        return ["options must be a mapping, got {!r}".format(options)]
-    problems = []
-    for key in options:
-        if key not in DEFAULT_OPTIONS:
-            problems.append(
-                "{!r} is not an option of hf-text-classification; valid options: {}".format(
-                    key, ", ".join(sorted(DEFAULT_OPTIONS))
-                )
-            )
+    options, problems = check_keys(options, DEFAULT_OPTIONS, "hf-text-classification")
     model = options.get("model")
     if model is not None and not (isinstance(model, str) and model.strip()):
         problems.append("model must be a local directory or a hub id, got {!r}".format(model))
     for key in ("epochs", "batch_size", "max_length"):
-        if key in options and not (_is_int(options[key]) and options[key] > 0):
+        if key in options and not (is_int(options[key]) and options[key] > 0):
             problems.append("{} must be a positive integer, got {!r}".format(key, options[key]))
     lr = options.get("learning_rate")
-    if lr is not None and not (_is_number(lr) and lr > 0 and math.isfinite(lr)):
+    if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
         problems.append("learning_rate must be a positive number, got {!r}".format(lr))
-    if "seed" in options and not _is_int(options["seed"]):
+    if "seed" in options and not is_int(options["seed"]):
         problems.append("seed must be an integer, got {!r}".format(options["seed"]))
     lora = options.get("lora", False)
     if isinstance(lora, dict):
@@ -115,11 +98,11 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
                 problems.append(
                     "lora.{} is not a LoRA option; valid: {}".format(key, ", ".join(DEFAULT_LORA))
                 )
-        if "r" in lora and not (_is_int(lora["r"]) and lora["r"] > 0):
+        if "r" in lora and not (is_int(lora["r"]) and lora["r"] > 0):
             problems.append("lora.r must be a positive integer, got {!r}".format(lora["r"]))
-        if "alpha" in lora and not (_is_number(lora["alpha"]) and lora["alpha"] > 0):
+        if "alpha" in lora and not (is_number(lora["alpha"]) and lora["alpha"] > 0):
             problems.append("lora.alpha must be a positive number, got {!r}".format(lora["alpha"]))
-        if "dropout" in lora and not (_is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
+        if "dropout" in lora and not (is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
             problems.append("lora.dropout must be a number from 0 to below 1, got {!r}".format(lora["dropout"]))
         targets = lora.get("target_modules")
         if targets is not None and not (
