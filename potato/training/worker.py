@@ -362,27 +362,41 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
             exit_dir, events, EXIT_IMPORT, "failed",
             "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
         )
-    if num_threads:
+    if num_threads and uses_device(trainer):
         import torch
 
         torch.set_num_threads(int(num_threads))  # once, before any work
     return job, trainer, 0
 
 
+def uses_device(trainer: Any) -> bool:
+    """Whether ``trainer`` computes on a torch device (its ``USES_DEVICE``, true unless it says not).
+
+    One that does not (decision-calibrate rescales stored probabilities) gets
+    no device choice, no thread setting and no data-parallel processes: each
+    of those imports torch, which such a trainer must not need.
+    """
+    return bool(getattr(trainer, "USES_DEVICE", True))
+
+
 def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
     """Train in this process, or lead a data-parallel run when the job has several devices."""
     from potato.training.data_parallel import PlanError, check_processes, lead, plan_processes
-    from potato.training.device import choose_device, usable_cuda_devices
+    from potato.training.device import DeviceChoice, choose_device, usable_cuda_devices
 
-    choice = choose_device(job.device_setting, job.num_threads)
     problem = check_processes(job.processes)
     if problem:
         raise TrainerFailure("Job: " + problem)
-    try:
-        cuda = usable_cuda_devices() if choice.device.startswith("cuda") else []
-        plan = plan_processes(job.processes, choice.device, choice.name, cuda, job.num_threads)
-    except PlanError as exc:
-        raise TrainerFailure(str(exc))
+    if uses_device(trainer):
+        choice = choose_device(job.device_setting, job.num_threads)
+        try:
+            cuda = usable_cuda_devices() if choice.device.startswith("cuda") else []
+            plan = plan_processes(job.processes, choice.device, choice.name, cuda, job.num_threads)
+        except PlanError as exc:
+            raise TrainerFailure(str(exc))
+    else:
+        choice = DeviceChoice("cpu", "CPU (no device needed)", None)
+        plan = plan_processes(1, choice.device, choice.name, [], job.num_threads)
     if plan.size == 1:  # a data-parallel run's started event comes when all its processes have started
         job.device, job.device_name = choice.device, choice.name
         _started(job, events)

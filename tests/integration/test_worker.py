@@ -244,6 +244,35 @@ def test_a_max_length_past_the_models_is_lowered_with_a_warning(tmp_path, tiny_m
     assert json.loads((job / "artifacts/sentiment/labels.json").read_text())["max_length"] == 128
 
 
+def test_decision_calibrate_runs_without_torch(tmp_path):
+    """It only rescales stored probabilities: the worker must choose no device (that imports torch),
+    set no torch threads and start no data-parallel processes for it, whatever the job asks."""
+    job = write_job(tmp_path / "job", items=easy_items(4, unlabeled=0), trainer="decision-calibrate",
+                    num_threads=1, processes=2)
+    source = job / "bundle" / "calibrate"
+    source.mkdir()
+    (source / "source.json").write_text(json.dumps({"run_id": 7, "schemas": {"sentiment": ["positive", "negative"]}}))
+    rows = [{"id": f"h{i}", "schema": "sentiment", "holdout": True, "gold": "positive",
+             "label": "positive" if i % 4 else "negative", "confidence": 0.99} for i in range(40)]
+    (source / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (source / "predictions.jsonl").write_text("".join(
+        json.dumps({"id": r["id"], "schema": "sentiment", "label": r["label"], "confidence": 0.99}) + "\n"
+        for r in rows))
+    blocked = tmp_path / "no_torch"
+    (blocked / "torch").mkdir(parents=True)
+    (blocked / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked by this test')\n")
+
+    result = run_worker(job, env=worker_env(blocked), timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    events = events_of(job)
+    started = [e for e in events if e["type"] == "started"]
+    assert [(e["device"], e["device_name"]) for e in started] == [("cpu", "CPU (no device needed)")]
+    assert done_of(job)["status"] == "succeeded"
+    assert "torch is blocked" not in result.stderr
+    assert len((job / "predictions.jsonl").read_text().splitlines()) == 40
+
+
 def test_bad_options_fail_with_the_key(tmp_path, tiny_model):
     job = write_job(tmp_path / "job", items=easy_items(20), options={"model": tiny_model, "epochs": -1})
     result = run_worker(job, timeout=60)
