@@ -1353,10 +1353,18 @@ def render_backends_doc() -> str:
     ]
     sections = (
         ("local", "The built-in backend: a subprocess of the annotation server. A "
-                  "`backends.local` entry may set these; otherwise they come from `model_training`."),
-        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server)."),
+                  "`backends.local` entry may set these; otherwise they come from `model_training`. "
+                  "`processes: 2` trains data-parallel in two CPU processes (gloo): the several-GPU "
+                  "path, tried without GPUs."),
+        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server). Several GPUs: a run "
+                "given more than one (`gpus: \"0,1\"`, or `gpus: auto` with `max_gpus: 2`) trains "
+                "data-parallel on all of them, one process per GPU under torch's launcher (NCCL), and "
+                "predicts, scores and saves as a one-GPU run does; the run log says how many devices "
+                "trained. On a host without GPUs, `processes: N` asks for N CPU processes (gloo)."),
         ("slurm", "Compute nodes behind a SLURM login node. `remote_dir` must be on storage the "
-                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`."),
+                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`. "
+                  "`gres: gpu:2` gives a run two GPUs, and it trains data-parallel on both (one "
+                  "process per GPU, NCCL), as an ssh run with several GPUs does."),
         ("agent", "A machine the server cannot reach; `potato training agent` there polls the server."),
     )
     for type_, intro in sections:
