@@ -151,4 +151,4 @@ def test_an_ssh_run_trains_in_two_processes_on_the_host(
     assert len(predictions_of(run_dir_of(config, 1))) == 60
     assert (run_dir_of(config, 1) / "artifacts/sentiment/config.json").exists()
     assert len(seen) == 2 and not any(map(process_alive, seen))
-    assert_host_clean(sshd_service)
+    assert_host_clean(sshd_service, config)
