@@ -65,7 +65,14 @@ def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predi
     originals = {(r["id"], r["schema"]): r for r in _jsonl(source / "predictions.uncalibrated.jsonl")}
     assert rewritten.keys() == originals.keys()
     assert all(rewritten[k]["label"] == originals[k]["label"] for k in rewritten)
-    assert sum(rewritten[k]["confidence"] < originals[k]["confidence"] - 0.05 for k in rewritten) > len(rewritten) / 2
+    # On the held-out items the rewritten confidences are what was fitted: their mean moves towards the
+    # model's accuracy there (an over-confident model's mean confidence comes down).
+    gold = {(r["id"], "sentiment"): r["gold"] for r in holdout}
+    accuracy = sum(originals[k]["label"] == g for k, g in gold.items()) / len(gold)
+    mean_before = sum(originals[k]["confidence"] for k in gold) / len(gold)
+    mean_after = sum(rewritten[k]["confidence"] for k in gold) / len(gold)
+    assert mean_after < mean_before and abs(mean_after - accuracy) < abs(mean_before - accuracy), (
+        accuracy, mean_before, mean_after)
     # The writeback: run 1's predictions, with the calibrated confidences, min_confidence applied anew.
     after = {r["id"]: r["predictions"]["sentiment"] for r in _jsonl(writeback)}
     assert after and all(p["run_id"] == 1 for p in after.values())
