@@ -24,6 +24,7 @@ into the store's cancel request, which it then carries out as Cancel run does.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -42,7 +43,7 @@ from prefect.states import Cancelled
 
 from potato import calibration, prefect_runs, runs
 from potato.config import ProjectConfig, load_config
-from potato.errors import PotatoError, RunCancelled, RunError, WallTimeExceeded
+from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
 from potato.evaluation import record_evaluation
 from potato.prefect_api import ensure_concurrency_limit
 from potato.prefect_runs import CancelWatch
@@ -262,8 +263,12 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         error = str(exc)
         ctx.log.error(error)
     except Exception as exc:
-        error = f"Internal error: {type(exc).__name__}: {exc}"
-        ctx.log.error(traceback.format_exc())
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            error = str(DiskFull(ctx.run_dir))
+            ctx.log.error(f"{error} ({exc})")
+        else:
+            error = f"Internal error: {type(exc).__name__}: {exc}"
+            ctx.log.error(traceback.format_exc())
     except BaseException as exc:
         # Prefect's flow timeout arrives as a BaseException; the run still ends, with a reason.
         error = runs.describe_interruption(cfg, exc)

@@ -13,6 +13,7 @@ never wait for this one.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import Any, Iterable
 
 from potato import prefect_runs
 from potato.config import ProjectConfig
-from potato.errors import HeartbeatTimeout, PotatoError, WallTimeExceeded
+from potato.errors import DiskFull, HeartbeatTimeout, PotatoError, WallTimeExceeded
 from potato.runlog import RunLog
 from potato.store import END_STATES, Run, Store
 from potato.tasks import leftovers
@@ -234,6 +235,9 @@ def describe_worker_failure(ctx, code: int) -> str:
         return str(result["error"])
     done = ctx.extra.get("done") or next((e.data for e in reversed(events) if e.kind == "done"), {})
     if done.get("error"):
+        # A local worker's job directory is the run directory: its disk filling up is the server's.
+        if ctx.backend.type == "local" and f"[Errno {errno.ENOSPC}]" in str(done["error"]):
+            return str(DiskFull(ctx.run_dir))
         return str(done["error"])
     if code < 0:
         return f"The worker was killed by signal {-code}"
