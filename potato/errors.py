@@ -17,6 +17,7 @@ Importable without I/O. The tree::
     ├── DiskFull                the disk holding the run directory is full
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
+    │   │   └── ConnectionLost  a run's ssh connection dropped while the run was active
     │   ├── RemoteCommandError  a remote command ran and failed
     │   ├── RemoteDirNotWritable  the host's account cannot write remote_dir
     │   ├── GpuQueryHung        nvidia-smi on the host did not answer
@@ -136,6 +137,16 @@ class BackendError(PotatoError):
 
 class SshError(BackendError):
     """Raised when the OpenSSH client itself fails (exit status 255)."""
+
+
+class ConnectionLost(SshError):
+    """Raised when a run's ssh connection (its ControlMaster) drops while the run is active."""
+
+    def __init__(self, host: str, reason: str):
+        self.host = host
+        super().__init__(
+            f"The ssh connection to {host} was lost during the run ({reason}); the agent there stops its worker "
+            f"when its connection ends, and Potato checks that nothing of the run is left there before it ends")
 
 
 class RemoteCommandError(BackendError):

@@ -222,6 +222,12 @@ class Connection:
     def alive(self) -> bool:
         return self.master is not None and self.master.poll() is None
 
+    def lost(self) -> str | None:
+        """Why the master exited while still wanted (ssh's own words), or None while it runs."""
+        if self.master is None or self.master.poll() is None:
+            return None
+        return describe_ssh_failure(self.target.host, self._read_master_log())[0]
+
     def close(self) -> None:
         if self.master is not None and self.master.poll() is None:
             argv = make_ssh_argv(self.target, None, control_path=self.control_path, extra=["-O", "exit"])

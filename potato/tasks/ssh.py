@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato.errors import BackendError, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
+from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
 from potato.tasks import fetch, leftovers
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
@@ -154,7 +154,8 @@ def connect(ctx: RunContext) -> SshSession:
         protocol.stop()
         ctx.store.update_run(ctx.run_id, remote_socket=None)  # no connection, so no socket on the host
         raise
-    ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket})")
+    ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket}); the run's protocol socket "
+                 f"here is {protocol.socket_path}")
     return SshSession(target=target, connection=connection, protocol=protocol, remote_socket=remote_socket,
                       python=ctx.backend.get("python", "python3"))
 
@@ -336,6 +337,9 @@ def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None
         code = _reported_exit_code(ctx)  # the result may have landed just before it exited
         if code is not None:
             return code
+        lost = session.connection.lost()
+        if lost is not None:
+            raise ConnectionLost(session.host, lost)
         raise BackendError(
             f"The agent on {session.host} exited with status {agent.process.returncode} before reporting a "
             f"result; its last output is in {ctx.run_dir / 'agent.log'}: {_last_line(ctx.run_dir / 'agent.log')}")

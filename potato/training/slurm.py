@@ -145,6 +145,10 @@ def explain_end(scontrol: Optional[Dict[str, str]], slurm_out: str) -> str:
         state = "TIMEOUT"
     for job_state, lines, reason in END_REASONS:
         if state == job_state or any(line in slurm_out for line in lines):
+            if job_state == "FAILED":  # job.sh execs the worker: a signal that ended the job ended the worker
+                signal = (scontrol or {}).get("ExitCode", "").partition(":")[2]
+                if signal.isdigit() and int(signal):
+                    return "its worker was killed by signal {}".format(signal)
             return reason
     if state:
         return "the scheduler ended it ({})".format(state)

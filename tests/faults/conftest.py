@@ -111,7 +111,8 @@ def bench(prefect_api, sshd_service, slurm_service, shared_model, tmp_path_facto
         root=root, config=config, store=store_of(config), server=server, limit_name=limit_name(cfg),
         annotator_files=file_hashes(annotators), sshd_service=sshd_service, slurm_service=slurm_service,
         ssh_proxy=ssh_proxy, agent_proxy=agent_proxy, remote_dirs=remote_dirs,
-        agent_token=registered.stdout.splitlines()[2].strip())
+        agent_token=registered.stdout.splitlines()[2].strip(),
+        types={name: backend.type for name, backend in cfg.model_training.backends.items()})
     server.start()
     try:
         yield bench

@@ -91,7 +91,7 @@ def test_kill_the_flow_during_bundle_build(bench, case, backend, big_data_file):
         os.replace(more, big_data_file)
         os.replace(saved, more)
     assert [e.data["text"] for e in bench.store.events(run_id) if e.kind == "step"][-1] == "building the run bundle"
-    bench.verdict("kill -9 the flow during bundle build", backend, run_id, "failed", flow_killed(bench, run_id),
+    bench.verdict("kill -9 the flow during bundle build", run_id, "failed", flow_killed(bench, run_id),
                   started=case)
 
 
@@ -102,7 +102,7 @@ def test_kill_the_flow_during_training(bench, case, backend, request):
     run = bench.wait_for_training(run_id)
     os.kill(run.flow_pid, signal.SIGKILL)
     bench.wait_for_end(run_id, 90)
-    bench.verdict("kill -9 the flow during training", backend, run_id, "failed", flow_killed(bench, run_id),
+    bench.verdict("kill -9 the flow during training", run_id, "failed", flow_killed(bench, run_id),
                   started=case, agent_workdir=workdir)
 
 
@@ -118,7 +118,7 @@ def test_kill_the_worker_during_training(bench, case, backend, request):
         message = f"SLURM job {job} ended before the worker finished: its worker was killed by signal 9"
     else:
         message = "The worker was killed by signal 9"
-    bench.verdict("kill -9 the worker during training", backend, run_id, "failed", message, started=case,
+    bench.verdict("kill -9 the worker during training", run_id, "failed", message, started=case,
                   agent_workdir=workdir)
     assert run.state == "failed"
 
@@ -137,7 +137,7 @@ def test_kill_the_agent_during_training(bench, case, backend, request):
         last = [line for line in log.read_text().splitlines() if line.strip()][-1]
         message = (f"The agent on 127.0.0.1 exited with status 255 before reporting a result; its last output "
                    f"is in {log}: {last}")
-    bench.verdict("kill -9 the agent during training", backend, run_id, "failed", message, started=case,
+    bench.verdict("kill -9 the agent during training", run_id, "failed", message, started=case,
                   agent_workdir=workdir)
 
 
@@ -145,10 +145,10 @@ def test_kill_the_agent_during_training(bench, case, backend, request):
 def test_kill_potato_start_during_training_and_start_it_again(bench, case, backend, request):
     """The flows live in sessions of their own; the agent backend's agent waits for the server to come back."""
     workdir = start_agent_for(bench, backend, request)
-    run_id = bench.server.start_run(backend, epochs=40)
+    run_id = bench.server.start_run(backend, epochs=12)
     bench.wait_for_training(run_id)
     bench.server.kill()
     bench.server.start()
     bench.wait_for_end(run_id, 180)
-    bench.verdict("kill -9 potato start during training (restarted)", backend, run_id, "succeeded", None,
+    bench.verdict("kill -9 potato start during training (restarted)", run_id, "succeeded", None,
                   started=case, agent_workdir=workdir)

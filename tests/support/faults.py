@@ -54,11 +54,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def record(fault: str, backend: str, run: Run | None, *, seconds: float, leftovers: str = "none",
+def record(fault: str, backend: str, kind: str, run: Run | None, *, seconds: float, leftovers: str = "none",
            note: str = "") -> None:
-    """Append one case's outcome to ``test-artifacts/faults.jsonl`` (the matrix reads the newest per cell)."""
+    """Append one case's outcome to ``test-artifacts/faults.jsonl`` (the matrix reads the newest per cell).
+
+    *backend* is the backend's name, *kind* its type (the matrix's column).
+    """
     RECORD.parent.mkdir(parents=True, exist_ok=True)
-    entry = {"fault": fault, "backend": backend, "state": run.state if run else None,
+    entry = {"fault": fault, "backend": backend, "type": kind, "state": run.state if run else None,
              "message": run.error if run else None, "leftovers": leftovers, "seconds": round(seconds, 1),
              "note": note, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
     with open(RECORD, "a", encoding="utf-8") as fh:
@@ -139,6 +142,7 @@ class FaultBench:
     agent_proxy: Any                   # between the agent and `potato start`
     remote_dirs: dict[str, Path]       # backend name -> its remote_dir on the host
     agent_token: str
+    types: dict[str, str]              # backend name -> type
     agents: list[subprocess.Popen] = field(default_factory=list)
 
     # -------------------------------------------------------------- runs
@@ -184,13 +188,13 @@ class FaultBench:
         self.agents.clear()
 
     # -------------------------------------------------------------- the checks of every case
-    def verdict(self, fault: str, backend: str, run_id: int, state: str, message: str | None, *,
-                started: float, agent_workdir: Path | None = None) -> Run:
+    def verdict(self, fault: str, run_id: int, state: str, message: str | None, *,
+                started: float, agent_workdir: Path | None = None, note: str = "") -> Run:
         """Assert the run's end and that nothing is left behind; record the case for the matrix."""
         run = self.store.get_run(run_id)
         assert (run.state, run.error) == (state, message), self.run_log(run_id)[-4000:]
         self.assert_nothing_left(run_id, agent_workdir=agent_workdir)
-        record(fault, backend, run, seconds=time.monotonic() - started)
+        record(fault, run.backend, self.types[run.backend], run, seconds=time.monotonic() - started, note=note)
         return run
 
     def assert_nothing_left(self, run_id: int, *, agent_workdir: Path | None = None) -> None:
