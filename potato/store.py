@@ -290,8 +290,20 @@ def _make_private(path: Path) -> None:
     SQLite creates the ``-wal`` and ``-shm`` files with the database file's
     mode, so all three stay readable by the owner only: they hold token
     hashes, labels' provenance and every run's log.
+
+    An existing file is never opened here: closing any descriptor of a
+    database file drops every POSIX lock this process holds on it, those of
+    its SQLite connections included (https://www.sqlite.org/howtocorrupt.html,
+    section 2.2). A second ``Store`` on the same file in one process then let
+    another connection take the file for its own, checkpoint and delete the
+    WAL under the others, which went on reading a deleted WAL and saw no new
+    rows. Only a file that does not exist yet, which no connection of ours can
+    hold, is created (``O_EXCL``) and closed.
     """
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
     for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         try:
             if name.stat().st_mode & 0o077:

@@ -413,3 +413,31 @@ def test_open_store_makes_the_training_directory_private(tmp_path):
     assert _mode(cfg.training_dir) == 0o700
     assert _mode(runs.run_dir(cfg, run.id)) == 0o700
     assert _mode(cfg.training_dir / "runs.db") == 0o600
+
+
+def test_a_second_store_in_one_process_does_not_blind_the_first(tmp_path):
+    """Opening the file again must not drop this process's SQLite locks (a close() of any fd drops them).
+
+    Else another process's last connection takes the file as its own and deletes
+    the WAL; a process that keeps writing (a flow) then writes a new WAL that the
+    first Store, still reading the deleted one, never sees.
+    """
+    import subprocess
+    import sys
+
+    path = tmp_path / "runs.db"
+    first = Store(path)
+    assert first.count_runs() == 0
+    Store(path)  # e.g. the flow's after_flow, a test's store_of beside the server's own
+    create = "s.create_run('hf-text-classification', ['sentiment'], 'local')"
+    subprocess.run([sys.executable, "-c", f"import sys; from potato.store import Store; s = Store(sys.argv[1]); "
+                    f"{create}; s.close()", str(path)], check=True, timeout=60)
+    # A writer that stays connected, as a flow process does while its run trains.
+    stays = subprocess.Popen([sys.executable, "-c", f"import sys; from potato.store import Store; "
+                              f"s = Store(sys.argv[1]); {create}; print('written', flush=True); sys.stdin.read()",
+                              str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert stays.stdout.readline().strip() == "written"
+        assert first.count_runs() == 2
+    finally:
+        stays.communicate("", timeout=60)
