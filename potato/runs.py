@@ -203,11 +203,23 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
         log.error(error)
     elif stopped.said:
         log.info(f"Stopped what the run left running: {stopped.said}")
+    _remove_partial_uploads(run_dir(config, run_id))
     store.transition(
         run_id, state, from_states=("queued", "running"), error=error, ending=None,
         step={"succeeded": "finished", "cancelled": "cancelled"}.get(state, "failed"),
     )
     return store.get_run(run_id)
+
+
+def partial_upload_prefix(target: Path) -> str:
+    """The name an upload into *target* is written under until complete (``potato.protocol.predictions``)."""
+    return f".{target.name}.upload-"
+
+
+def _remove_partial_uploads(directory: Path) -> None:
+    """An upload cut short by a killed flow (its own protocol server) leaves its temporary file: it goes."""
+    for path in directory.glob(partial_upload_prefix(directory / "predictions.jsonl") + "*"):
+        path.unlink(missing_ok=True)
 
 
 def _self_stop_deadline(config: ProjectConfig, run: Run) -> float | None:

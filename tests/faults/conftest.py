@@ -8,7 +8,8 @@ run of the case before it. Its backends:
 - ``gpu-server`` (ssh) and ``cluster`` (slurm: ``debug`` partition), reached
   through ``ssh_proxy``, a TCP proxy in front of the real sshd that a case can
   cut, black-hole or slow down; ``cluster-requeue`` (the ``requeue``
-  partition) and ``cluster-small`` (``mem: 150M``) beside it; ``gpu-hung``
+  partition), ``cluster-small`` (``mem: 150M``) and ``cluster-timed``
+  (``time: 1``) beside it; ``gpu-hung``
   (the fake nvidia-smi hangs), ``readonly``/``cluster-readonly`` (a
   ``remote_dir`` the host's account cannot write);
 - ``lab`` (agent): ``potato training agent`` reaches the server through
@@ -74,6 +75,7 @@ def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: 
         "cluster": slurm,
         "cluster-requeue": {**slurm, "partition": "requeue"},
         "cluster-small": {**slurm, "mem": "150M"},
+        "cluster-timed": {**slurm, "time": "1"},
         "cluster-readonly": {**slurm, "remote_dir": str(readonly / "potato-training")},
         "lab": {"type": "agent", "heartbeat_timeout_s": 20},
     }

@@ -51,19 +51,44 @@ def test_kill_the_flow_during_code_sync(bench, case, backend):
     bench.verdict("kill -9 the flow during code sync", run_id, "failed", flow_killed(bench, run_id), started=case)
 
 
+@pytest.fixture(scope="module")
+def many_items(bench):
+    """1500 items nobody labelled, for data/more.jsonl: their predictions (~130 kB) outgrow one ssh packet."""
+    path = bench.root / "many.jsonl"
+    path.write_text("".join(f'{{"id": "u{i}", "text": "not labelled yet, item {i}"}}\n' for i in range(1500)))
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def _is_predictions_upload(first: bytes) -> bool:
+    return first.startswith(b"PUT ") and b"/predictions " in first.split(b"\r\n", 1)[0]
+
+
 @pytest.mark.parametrize("backend", [*REMOTE, "lab"])
 @pytest.mark.parametrize("who", ["flow", "agent"])
-def test_kill_during_the_predictions_upload(bench, case, backend, who, request):
+def test_kill_during_the_predictions_upload(bench, case, backend, who, request, many_items):
+    """Caught under way: an ssh run's upload once the flow has started writing it (its first ssh packet is in);
+    an agent's while the proxy still carries it (``potato start``'s waitress takes a body whole)."""
     workdir = start_agent_for(bench, backend, request)
-    # The uploads travel host -> server ("down" through the ssh proxy, "up" through the agent's).
-    proxy, direction = (bench.agent_proxy, "up") if backend == "lab" else (bench.ssh_proxy, "down")
-    proxy.throttle(1500, direction)  # events still flow; the predictions (~4 kB) take seconds
-    run_id = bench.server.start_run(backend)
-    wait_for(lambda: _upload_started(bench, run_id), 120, "the predictions upload to start", interval=0.02)
-    pid = bench.store.get_run(run_id).flow_pid if who == "flow" else agent_pid(bench, backend, workdir)
-    os.kill(pid, signal.SIGKILL)
-    run = bench.wait_for_end(run_id, 90)
-    proxy.heal()
+    more, saved = bench.root / "data" / "more.jsonl", bench.root / "more.jsonl.saved"
+    os.replace(more, saved)
+    shutil.copyfile(many_items, more)
+    try:
+        if backend == "lab":
+            bench.agent_proxy.throttle(20_000, "up")
+            under_way = lambda: bench.agent_proxy.carrying(_is_predictions_upload)  # noqa: E731
+        else:
+            bench.ssh_proxy.throttle(20_000, "down")  # uploads travel host -> server
+            under_way = lambda: _upload_started(bench, run_id)  # noqa: E731
+        run_id = bench.server.start_run(backend)
+        wait_for(under_way, 120, "the predictions upload to be under way", interval=0.02)
+        pid = bench.store.get_run(run_id).flow_pid if who == "flow" else agent_pid(bench, backend, workdir)
+        os.kill(pid, signal.SIGKILL)
+        run = bench.wait_for_end(run_id, 90)
+    finally:
+        os.replace(saved, more)
+    bench.ssh_proxy.heal()
+    bench.agent_proxy.heal()
     if who == "flow":
         message = flow_killed(bench, run_id)
     elif backend == "lab":
@@ -98,7 +123,8 @@ def test_the_ssh_connection_cut_during_training(bench, case, backend):
     bench.wait_for_training(run_id)
     assert bench.ssh_proxy.cut() >= 1
     bench.wait_for_end(run_id, 90)
-    message = ("The ssh connection to 127.0.0.1 was lost during the run (the connection was closed); the agent "
+    message = ("The ssh connection to 127.0.0.1 was lost during the run (Connection to 127.0.0.1 closed by remote "
+               "host.); the agent "
                "there stops its worker when its connection ends, and Potato checks that nothing of the run is left "
                "there before it ends")
     bench.verdict("ssh connection cut during training", run_id, "failed", message, started=case)

@@ -14,6 +14,9 @@ until told to misbehave, as home networks and VPNs do:
   link whose bytes still all arrive);
 - ``throttle(bytes_per_s, direction)`` caps one direction's rate.
 
+``carrying(when)`` says how many open connections ``when`` picks: a request
+still under way.
+
 Directions are named from the client: ``"up"`` is client → server, ``"down"``
 server → client. ``when`` sees the first bytes the client sent on that
 connection (an HTTP request line, say), so a rule can pick one kind of
@@ -104,6 +107,11 @@ class TcpProxy:
         """Close the next *times* connections that *when* picks once *nbytes* of their answers passed."""
         with self._lock:
             self._rules.append(_CutRule(nbytes, times, when))
+
+    def carrying(self, when: Callable[[bytes], bool]) -> int:
+        """How many open connections *when* picks (by the first bytes their client sent)."""
+        with self._lock:
+            return sum(1 for link in self._links if link.first and when(link.first))
 
     def blackhole(self) -> None:
         self._blackhole = True
