@@ -142,11 +142,17 @@ class SshError(BackendError):
 class ConnectionLost(SshError):
     """Raised when a run's ssh connection (its ControlMaster) drops while the run is active."""
 
-    def __init__(self, host: str, reason: str):
+    def __init__(self, host: str, reason: str, *, copying: bool = False):
         self.host = host
-        super().__init__(
-            f"The ssh connection to {host} was lost during the run ({reason}); the agent there stops its worker "
-            f"when its connection ends, and Potato checks that nothing of the run is left there before it ends")
+        if copying:
+            super().__init__(
+                f"The ssh connection to {host} was lost while the model was copied back ({reason}); the run's "
+                f"predictions are saved; only model files are missing from artifacts/")
+        else:
+            super().__init__(
+                f"The ssh connection to {host} was lost during the run ({reason}); the agent there stops its "
+                f"worker when its connection ends, and Potato checks that nothing of the run is left there before "
+                f"it ends")
 
 
 class RemoteCommandError(BackendError):

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from potato.errors import BackendError, DiskFull
+from potato.errors import BackendError, ConnectionLost, DiskFull
 from potato.tasks.base import RunContext
 from potato.tasks.openssh import remote_path, with_env
 from potato.training.safe_paths import UnsafeName, create_file, expect_files, extract_tar, name_problem
@@ -194,6 +194,9 @@ def _watch_copy(ctx: RunContext, session: Any, processes: list[subprocess.Popen]
                 f"saved; only model files are missing from artifacts/)")
     if unpacker is not None and unpacker.disk_full:
         raise DiskFull(ctx.run_dir)
+    lost = session.connection.lost()
+    if lost is not None:
+        raise ConnectionLost(session.host, lost, copying=True)
     for process in processes:
         if process.returncode not in (0, None):
             error = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []

@@ -12,7 +12,6 @@ here too: they are the same runs with ``cut()`` in place of the kill.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 from pathlib import Path
@@ -124,9 +123,8 @@ def test_the_ssh_connection_cut_during_training(bench, case, backend):
     assert bench.ssh_proxy.cut() >= 1
     bench.wait_for_end(run_id, 90)
     message = ("The ssh connection to 127.0.0.1 was lost during the run (Connection to 127.0.0.1 closed by remote "
-               "host.); the agent "
-               "there stops its worker when its connection ends, and Potato checks that nothing of the run is left "
-               "there before it ends")
+               "host.); the agent there stops its worker when its connection ends, and Potato checks that nothing "
+               "of the run is left there before it ends")
     bench.verdict("ssh connection cut during training", run_id, "failed", message, started=case)
 
 
@@ -138,9 +136,9 @@ def test_the_ssh_connection_cut_during_the_artifact_copy(bench, case, backend):
     assert bench.ssh_proxy.cut() >= 1
     bench.wait_for_end(run_id, 90)
     bench.ssh_proxy.heal()
-    run = bench.store.get_run(run_id)
-    assert re.fullmatch(r"The copy from 127\.0\.0\.1 failed: .+", run.error or ""), run.error
     assert len((bench.run_dir(run_id) / "predictions.jsonl").read_text().splitlines()) == 46  # already saved
     assert not (bench.run_dir(run_id) / "artifacts").exists()
-    bench.verdict("ssh connection cut during artifact copy", run_id, "failed", run.error, started=case,
-                  note="the predictions were saved before the copy")
+    bench.verdict("ssh connection cut during artifact copy", run_id, "failed",
+                  "The ssh connection to 127.0.0.1 was lost while the model was copied back (Connection to "
+                  "127.0.0.1 closed by remote host.); the run's predictions are saved; only model files are missing "
+                  "from artifacts/", started=case)
