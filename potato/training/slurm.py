@@ -225,8 +225,12 @@ class SlurmJob:
                                  "run's worker once, so it cancelled the job".format(self.job_id))
 
     def _ended_early(self) -> SlurmCommandError:
+        scontrol = self._scontrol() or {}
+        # A requeue SIGTERMs the worker first: its exit code can arrive before squeue shows the job pending again.
+        if scontrol.get("JobState") in REQUEUED_STATES or scontrol.get("Restarts", "0") not in ("", "0"):
+            return self._requeued()
         return SlurmCommandError("SLURM job {} ended before the worker finished: {}".format(
-            self.job_id, explain_end(self._scontrol(), _read(os.path.join(self.job_dir, "slurm.out")))))
+            self.job_id, explain_end(scontrol, _read(os.path.join(self.job_dir, "slurm.out")))))
 
     def _scontrol(self) -> Optional[Dict[str, str]]:
         try:
