@@ -17,6 +17,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +47,8 @@ CLAIM_GRACE_S = 30
 # Beyond heartbeat_timeout_s + grace_seconds: the time a live flow gets to act on a silent worker
 # itself (stop it, clean up on the host) before reconciliation takes the flow for wedged.
 HEARTBEAT_MARGIN_S = 15
+# A disk with less room than this left is full, for a run that failed writing to it (a model is larger).
+DISK_FULL_BYTES = 1024 * 1024
 # How often reconciliation tries again to stop what a run left on a host it could not reach.
 RETRY_STOP_S = 15
 # Beyond UNREACHABLE_LIMIT_S and grace_seconds: when an unreachable agent has surely stopped its worker.
@@ -246,10 +249,12 @@ def describe_worker_failure(ctx, code: int) -> str:
     if result.get("error"):
         return str(result["error"])
     done = ctx.extra.get("done") or next((e.data for e in reversed(events) if e.kind == "done"), {})
+    # A local worker's job directory is the run directory: its disk filling up is the server's, and then
+    # the worker may not even have had room to say why it failed.
+    if ctx.backend.type == "local" and (f"[Errno {errno.ENOSPC}]" in str(done.get("error")) or
+                                        shutil.disk_usage(ctx.run_dir).free < DISK_FULL_BYTES):
+        return str(DiskFull(ctx.run_dir))
     if done.get("error"):
-        # A local worker's job directory is the run directory: its disk filling up is the server's.
-        if ctx.backend.type == "local" and f"[Errno {errno.ENOSPC}]" in str(done["error"]):
-            return str(DiskFull(ctx.run_dir))
         return str(done["error"])
     if code < 0:
         return f"The worker was killed by signal {-code}"

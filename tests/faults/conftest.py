@@ -10,7 +10,7 @@ run of the case before it. Its backends:
   cut, black-hole or slow down; ``cluster-requeue`` (the ``requeue``
   partition), ``cluster-small`` (``mem: 150M``) and ``cluster-timed``
   (``time: 1``) beside it; ``gpu-hung``
-  (the fake nvidia-smi hangs), ``readonly``/``cluster-readonly`` (a
+  and ``cluster-hung`` (the fake nvidia-smi hangs), ``readonly``/``cluster-readonly`` (a
   ``remote_dir`` the host's account cannot write);
 - ``lab`` (agent): ``potato training agent`` reaches the server through
   ``agent_proxy``.
@@ -76,6 +76,7 @@ def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: 
         "cluster-requeue": {**slurm, "partition": "requeue"},
         "cluster-small": {**slurm, "mem": "150M"},
         "cluster-timed": {**slurm, "time": "1"},
+        "cluster-hung": {**slurm, "env": {"FAKE_NVIDIA_SMI_HANG": "1"}},
         "cluster-readonly": {**slurm, "remote_dir": str(readonly / "potato-training")},
         "lab": {"type": "agent", "heartbeat_timeout_s": 20},
     }
@@ -127,6 +128,14 @@ def bench(prefect_api, sshd_service, slurm_service, shared_model, tmp_path_facto
         for directory in [*remote_dirs.values(), readonly]:
             with contextlib.suppress(OSError):
                 shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="session")
+def many_items(bench):
+    """1500 items nobody labelled, to put in place of data/more.jsonl: predictions of ~130 kB."""
+    path = bench.root / "many.jsonl"
+    path.write_text("".join(f'{{"id": "u{i}", "text": "not labelled yet, item {i}"}}\n' for i in range(1500)))
+    return path
 
 
 @pytest.fixture

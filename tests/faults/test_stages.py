@@ -50,15 +50,6 @@ def test_kill_the_flow_during_code_sync(bench, case, backend):
     bench.verdict("kill -9 the flow during code sync", run_id, "failed", flow_killed(bench, run_id), started=case)
 
 
-@pytest.fixture(scope="module")
-def many_items(bench):
-    """1500 items nobody labelled, for data/more.jsonl: their predictions (~130 kB) outgrow one ssh packet."""
-    path = bench.root / "many.jsonl"
-    path.write_text("".join(f'{{"id": "u{i}", "text": "not labelled yet, item {i}"}}\n' for i in range(1500)))
-    yield path
-    path.unlink(missing_ok=True)
-
-
 def _is_predictions_upload(first: bytes) -> bool:
     return first.startswith(b"PUT ") and b"/predictions " in first.split(b"\r\n", 1)[0]
 
