@@ -25,6 +25,7 @@ import contextlib
 import shutil
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -62,7 +63,7 @@ def _untrust_proxy(sshd_service) -> None:
 
 
 def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: dict[str, Path],
-             readonly: Path) -> Path:
+             readonly: Path, **model_training) -> Path:
     login = {"host": "127.0.0.1", "port": ssh_port, "user": sshd_service.user,
              "identity_file": str(sshd_service.identity_file), "python": str(sshd_service.python)}
     slurm = {"type": "slurm", **login, "job_python": str(sshd_service.python), "gres": "gpu:1",
@@ -84,7 +85,7 @@ def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: 
     config = make_project(root, n_items=40, labeled_fraction=0.9, model_training={
         "enabled": True, "max_wall_seconds": 300, "grace_seconds": 2, "heartbeat_timeout_s": 30,
         "writeback": {"schemas": ["sentiment"], "include_unlabeled": True, "min_confidence": 0.5},
-        "trainers": {"hf-text-classification": options}, "backends": backends})
+        "trainers": {"hf-text-classification": options}, "backends": backends, **model_training})
     # A second data file: the bundle-build case puts a file that never answers (a FIFO) in its place.
     more = root / "data" / "more.jsonl"
     write_items(more, ({"id": f"m{i}", "text": item_text(i, true_label(i))} for i in range(6)), "jsonl")
@@ -94,17 +95,16 @@ def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: 
     return config
 
 
-@pytest.fixture(scope="session")
-def bench(prefect_api, sshd_service, slurm_service, shared_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    remote_dirs = {name: sshd_service.shared_dir / f"faults-{name}" for name in ("gpu-server", "cluster")}
-    readonly = sshd_service.shared_dir / "faults-readonly"  # root's: the ssh user may read, not write
+@contextlib.contextmanager
+def open_bench(root: Path, services, ssh_proxy: TcpProxy, model: Path, **model_training) -> Iterator[FaultBench]:
+    """A fault project under *root* with its own ``potato start`` and agent proxy; the ssh proxy is shared."""
+    sshd_service, slurm_service = services
+    remote_dirs = {name: sshd_service.shared_dir / f"{root.name}-{name}" for name in ("gpu-server", "cluster")}
+    readonly = sshd_service.shared_dir / f"{root.name}-readonly"  # root's: the ssh user may read, not write
     readonly.mkdir(mode=0o755, exist_ok=True)
-    ssh_proxy = TcpProxy(sshd_service.port, lifetime_s=3600)
-    _trust_proxy(sshd_service, ssh_proxy.port)
     port = free_port()
     agent_proxy = TcpProxy(port, lifetime_s=3600)
-    config = _project(root, shared_model, sshd_service, ssh_proxy.port, remote_dirs, readonly)
+    config = _project(root, model, sshd_service, ssh_proxy.port, remote_dirs, readonly, **model_training)
     registered = potato("training", "register", "lab", str(config))
     assert registered.returncode == 0, registered.stderr
     cfg = load_config(config)
@@ -122,12 +122,27 @@ def bench(prefect_api, sshd_service, slurm_service, shared_model, tmp_path_facto
     finally:
         bench.stop_agents()
         server.stop()
-        for proxy in (ssh_proxy, agent_proxy):
-            proxy.close()
-        _untrust_proxy(sshd_service)
+        agent_proxy.close()
         for directory in [*remote_dirs.values(), readonly]:
             with contextlib.suppress(OSError):
                 shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="session")
+def ssh_proxy(sshd_service):
+    """The TCP proxy every fault project's ssh and slurm backends log in through (trusted in known_hosts)."""
+    proxy = TcpProxy(sshd_service.port, lifetime_s=3600)
+    _trust_proxy(sshd_service, proxy.port)
+    yield proxy
+    proxy.close()
+    _untrust_proxy(sshd_service)
+
+
+@pytest.fixture(scope="session")
+def bench(prefect_api, sshd_service, slurm_service, ssh_proxy, shared_model, tmp_path_factory):
+    with open_bench(tmp_path_factory.mktemp("faults"), (sshd_service, slurm_service), ssh_proxy,
+                    shared_model) as bench:
+        yield bench
 
 
 @pytest.fixture(scope="session")

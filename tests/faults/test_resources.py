@@ -70,7 +70,7 @@ def test_the_disk_of_the_run_directory_fills_up(bench, case, backend, request, m
 def test_an_unwritable_remote_dir_is_named_with_the_fix(bench, case, backend):
     run_id = bench.server.start_run(backend)
     bench.wait_for_end(run_id, 60)
-    remote_dir = bench.sshd_service.shared_dir / "faults-readonly" / "potato-training"
+    remote_dir = bench.sshd_service.shared_dir / f"{bench.root.name}-readonly" / "potato-training"
     bench.verdict("unwritable remote_dir", run_id, "failed",
                   f"remote_dir {remote_dir} on 127.0.0.1 is not writable by {bench.sshd_service.user}, and Potato "
                   f"keeps its code and the runs' job directories there. Fix: set the backend's remote_dir to a "
