@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.sshd, pytest.mark.slurm, pytest.mark.prefect, pytest.m
 BACKENDS = ["local"] * 8 + ["gpu-server", "cluster"] + ["local"] * 9 + ["lab"]
 
 
+@pytest.mark.slow
 def test_twenty_runs_at_once_through_the_api_and_the_cli(bench, case, request):
     bench.start_agent(bench.root / "agents" / "queue")
     before = {run.id for run in bench.store.list_runs()}
