@@ -20,6 +20,19 @@ compact file's candidates are tried from the end of the window, a few at most.
 The container's end is found the same way: orjson reports where the content
 after a complete document starts.
 
+Pretty-printed members need not even be parsed one by one. A chunk cut at a
+candidate is split at every ``,`` + indentation: if each piece is a key (a
+string without escapes) and a value text that orjson parses on its own, the
+chunk is that sequence of members, for JSON's grammar leaves no other
+reading, and any wrong split leaves a piece with an unclosed bracket, which
+does not parse. Only the *distinct* value texts are parsed: an annotator's
+labels map holds 500 k entries but a handful of distinct values, so this
+costs a third of a full parse (1 M-item bench project: 0.3 s a file instead
+of 0.9 s with the parse and a hashable key per entry). ``member_batches``
+yields ``(keys, texts, values)``: each member's key and its value's text, and
+the value of each distinct text; a chunk that does not split so is parsed by
+orjson and its values serialised back by ``orjson.dumps`` for their texts.
+
 Anything unusual (invalid JSON or UTF-8, a member larger than ``MAX_WINDOW``,
 too many wrong candidates) raises :class:`GiveUp`, and the caller reads the
 file with the careful reader, which names the problem precisely. Memory: one
@@ -30,7 +43,8 @@ half stays stdlib-only).
 from __future__ import annotations
 
 import re
-from typing import Any, BinaryIO, Iterator
+from operator import itemgetter, methodcaller
+from typing import Any, BinaryIO, Hashable, Iterator
 
 import orjson
 
@@ -40,6 +54,14 @@ MAX_WINDOW = 256 << 20
 _TRIES = 8
 _WS = re.compile(rb"[ \t\n\r]*")
 _OPEN = {b"{": b"}", b"[": b"]"}
+# What a key of a split member may not hold: a quote, an escape, a control character.
+_ODD_KEY = re.compile(rb'["\\\x00-\x1f]')
+_at_colon = methodcaller("partition", b'":')
+_first, _last = itemgetter(0), itemgetter(2)
+
+# A batch of members: their keys, their values' texts (hashable; equal texts,
+# equal values), and the value of each distinct text.
+Batch = tuple[list[str], list[Hashable], dict[Hashable, Any]]
 
 
 class GiveUp(Exception):
@@ -114,11 +136,13 @@ class ChunkReader:
         else:
             self.small_value()
 
-    def chunks(self) -> Iterator[Any]:
+    def chunks(self, split: bool = False) -> Iterator[Any]:
         """Yield the container at ``pos`` (``{`` or ``[``) as a series of smaller ones of the same kind.
 
         Dict chunks for an object (duplicate keys inside one chunk keep the
-        last, as ``json.loads`` does), list chunks for an array.
+        last, as ``json.loads`` does), list chunks for an array. With *split*
+        (objects only), a chunk of a pretty-printed object may come as a
+        ``Batch`` instead (``_split``; every member, duplicates included).
         """
         open_b = self.peek()
         close_b = _OPEN.get(open_b)
@@ -132,11 +156,16 @@ class ChunkReader:
             return
         sep = b"," + lead
         first_char = b'"' if open_b == b"{" else None
+        # One member a line: the only layout whose separator never occurs inside a member.
+        split = split and first_char is not None and b"\n" in lead
+        # Where such an object ends: its closing brace on a line less indented than its members.
+        indent = len(lead) - len(lead.rstrip(b" \t"))
+        closing = re.compile(rb"\n[ \t]{0,%d}\}" % (indent - 1)) if split and indent else None
         while True:
             self._fill(self.window)
             start = self.pos
             limit = min(len(self.buf), start + self.window)
-            found = self._cut(start, limit, sep, first_char, open_b, close_b)
+            found = self._cut(start, limit, sep, first_char, open_b, close_b, split, closing)
             if found is None:
                 found = self._end(start, limit, open_b)
             if found is None:  # one member is longer than the window: widen it
@@ -150,7 +179,7 @@ class ChunkReader:
                 return
 
     def _cut(self, start: int, limit: int, sep: bytes, first_char: bytes | None, open_b: bytes,
-             close_b: bytes) -> tuple[Any, int, bool] | None:
+             close_b: bytes, split: bool = False, closing: re.Pattern | None = None) -> tuple[Any, int, bool] | None:
         """``(chunk, next pos, container ended)`` at the last verified boundary before *limit*, or None."""
         hi, tries = limit, 0
         while True:
@@ -161,6 +190,16 @@ class ChunkReader:
             after = self.buf[cut + len(sep):cut + len(sep) + 1]
             if not after or after in b" \t\r\n" or (first_char and after != first_char):
                 continue  # deeper indentation, or not where a member starts
+            if split:
+                batch = self._split(start, cut, sep)
+                if batch is not None:
+                    return batch, cut + 1, False
+                # The object may have ended before this cut (its last window): split up to its end.
+                end = closing.search(self.buf, start, cut) if closing is not None else None
+                batch = self._split(start, end.start(), sep) if end is not None else None
+                if batch is not None:
+                    return batch, end.end(), True
+                split = False  # not this layout here: orjson decides
             body = open_b + self.buf[start:cut]
             try:
                 return orjson.loads(body + close_b), cut + 1, False
@@ -171,6 +210,27 @@ class ChunkReader:
                     tries += 1
                     if tries >= _TRIES:
                         raise GiveUp from None
+
+    def _split(self, start: int, cut: int, sep: bytes) -> Batch | None:
+        """The members between *start* and *cut* as a ``Batch``, when every piece
+        between separators is ``"key":`` and a value text that parses alone; else None."""
+        body = self.buf[start:cut].lstrip(b" \t\r\n")
+        if body[:1] != b'"':
+            return None
+        # Each piece: the key, '":', the value's text.
+        parts = list(map(_at_colon, body[1:].split(sep + b'"')))
+        keys = list(map(_first, parts))
+        joined = b"".join(keys)
+        if _ODD_KEY.search(joined):  # a quote, an escape or a control character: not a plain key
+            return None
+        texts = list(map(_last, parts))
+        values = dict.fromkeys(texts)
+        try:
+            for text in values:
+                values[text] = orjson.loads(text)
+            return list(map(bytes.decode, keys)), texts, values
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            return None
 
     def _end(self, start: int, limit: int, open_b: bytes) -> tuple[Any, int, bool] | None:
         """The container's last members when it ends before *limit*; None when it runs on past it."""
@@ -210,14 +270,16 @@ def object_members(reader: ChunkReader) -> Iterator[str]:
             raise GiveUp
 
 
-def member_chunks(path, name: str, window: int = WINDOW) -> Iterator[dict]:
-    """The top-level object member *name* of the JSON file at *path*, as dict chunks.
+def member_batches(path, name: str, window: int = WINDOW) -> Iterator[Batch]:
+    """The top-level object member *name* of the JSON file at *path*, as ``Batch`` es of its members.
 
     Other members are parsed chunk by chunk and dropped. A member that is
     ``null`` yields nothing; raises ``GiveUp`` for anything the careful reader
     should look at (the top level not an object, the member not an object,
     invalid JSON or UTF-8, content after the object), ``OSError`` when the
-    file cannot be opened or read.
+    file cannot be opened or read. A repeated key (Potato never writes one)
+    comes once with its last value from a parsed chunk, as ``json.loads``
+    reads it, and every time from a split one, as the careful reader yields it.
     """
     with open(path, "rb") as handle:
         reader = ChunkReader(handle, window)
@@ -229,8 +291,15 @@ def member_chunks(path, name: str, window: int = WINDOW) -> Iterator[dict]:
                 continue
             first = reader.peek()
             if first == b"{":
-                yield from reader.chunks()
+                for chunk in reader.chunks(split=True):
+                    yield chunk if type(chunk) is tuple else _as_batch(chunk)
             elif reader.small_value() is not None:
                 raise GiveUp
         if reader.peek() != b"":
             raise GiveUp
+
+
+def _as_batch(chunk: dict[str, Any]) -> Batch:
+    values = list(chunk.values())
+    texts = list(map(orjson.dumps, values))
+    return list(chunk), texts, dict(zip(texts, values))

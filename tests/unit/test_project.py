@@ -6,8 +6,10 @@ import hashlib
 import json
 import os
 import tarfile
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from potato import project
@@ -617,3 +619,168 @@ def test_missing_media_and_urls(tmp_path):
     config = _media_project(tmp_path, "https://example.org/x.png")
     info = build_bundle(config, ["sentiment"], tmp_path / "bundle2")
     assert info.warnings == () and info.media_files == 0
+
+
+# --------------------------------------------------------------------------- fast paths (issue 11)
+# Blocks written in C-level passes, distinct label entries interpreted once,
+# annotators' files parsed in forked children: each must give exactly what the
+# plain way gives, or step aside for it.
+
+
+_ODD_LINES = [
+    '{"id": "a1", "text": "plain"}',
+    "",
+    '{"id": "a2", "text": "x", "score": NaN}',
+    '{"id": "a3", "text": "crlf"}\r',
+    '{"id": "a4",\r"text": "a lone CR"}',
+    '{"id": 5, "text": "an int id"}',
+    '{"id": 12345678901234567890123, "text": "a big int id"}',
+    '{"id": "a6", "text": 1.5}',
+    '{"id": "a7", "text": "caf\\u00e9 \\u2713"}',
+    '{"id": "a8", "text": "lone \\ud800 surrogate"}',
+    '{"id": "a9", "text": "see photo.p\\u006eg"}',
+    '{"id": "a10", "text": "see clip.m\u212av"}',
+    '{"id": "a11", "text": "see img/a.png", "image": "img/a.png"}',
+    '{"id": "a12", "text": "quote \\" and backslash \\\\"}',
+]
+
+
+def test_blocks_write_what_the_line_by_line_way_writes(tmp_path, monkeypatch):
+    config = _config(tmp_path, n_items=0, user_labels={"alice": {"a1": "positive", "a7": "negative", "a9": "positive"}})
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.png").write_bytes(b"png")
+    lines = [json.dumps({"id": f"r{i}", "text": f"review {i}"}) for i in range(300)]
+    for i, odd in enumerate(_ODD_LINES):
+        lines.insert(i * 20, odd)
+    config.data_files[0].write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
+    results = []
+    for block, clean in [(1 << 20, True), (64, True), (1 << 20, False)]:
+        monkeypatch.setattr(project, "_LINES_BLOCK", block)
+        if not clean:  # every block goes line by line, as before blocks existed
+            monkeypatch.setattr(project, "_clean_block", lambda *a: None)
+        dest = tmp_path / f"bundle-{block}-{clean}"
+        info = build_bundle(config, ["sentiment"], dest)
+        results.append(((dest / "items.jsonl").read_bytes(), info.items, info.labeled, info.warnings, info.media_files))
+    assert results[0] == results[1] == results[2]
+    assert results[0][1] == 300 + len(_ODD_LINES) - 1  # the blank line is no item
+
+
+@pytest.mark.parametrize("block", [32, 1 << 20])
+def test_a_repeat_in_a_later_block_names_both_lines(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(project, "_LINES_BLOCK", block)
+    lines = [json.dumps({"id": f"r{i}", "text": "x"}) for i in range(40)] + [json.dumps({"id": "r3", "text": "y"})]
+    config = _with_data(tmp_path, "\n".join(lines) + "\n")
+    with pytest.raises(ProjectDataError, match=r"^data/reviews\.json line 41: duplicate item id 'r3', first used at "
+                                                r"data/reviews\.json line 4\."):
+        build_bundle(config, ["sentiment"], tmp_path / "bundle")
+
+
+def test_every_media_name_is_noticed_in_a_block():
+    # looks_like_media decides on the decoded string; the block's hint sees only its JSON text.
+    rng = __import__("random").Random(7)
+    exts = sorted(project.MEDIA_EXTENSIONS) + [".txt", ".pn", ".jpegg"]
+    for _ in range(3000):
+        stem = "".join(rng.choice("ab./\\\"é \u212a") for _ in range(rng.randint(0, 6)))
+        ext = rng.choice(exts)
+        ext = "".join(c.upper() if rng.random() < 0.3 else c for c in ext).replace("K", rng.choice("K\u212a"))
+        value = stem + ext
+        for text in (orjson.dumps({"f": value}), json.dumps({"f": value}).encode(),
+                     json.dumps({"f": value}).replace(".", "\\u002e").encode()):
+            if project.looks_like_media(value):
+                assert project._may_name_media(text), (value, text)
+    assert not project._may_name_media(b'{"id": "r1", "text": "Great product. (review 1)"}')
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1e-12, 0.2, 0.5, 1 - 2**-53, 1.0, 1.5, float("nan"), float("inf")])
+def test_holdout_flags_are_is_holdout(fraction):
+    ids = [f"item-{i}" for i in range(3000)] + ["", "é", "\u212a" * 40]
+    assert project.holdout_flags(ids, fraction) == [is_holdout(i, fraction) for i in ids]
+
+
+def test_two_schemas_in_one_bundle(tmp_path):
+    from dataclasses import replace
+
+    from potato.config import Scheme
+
+    config = _config(tmp_path, n_items=4, user_labels={})
+    config = replace(config, schemes=config.schemes + (Scheme("topic", "multiselect", ("price", "quality")),))
+    write_user_state(config.output_annotation_dir, "u1", {"r0": {"sentiment": "negative", "topic": ["quality"]},
+                                                          "r1": {"topic": ["price", "quality"]}, "r2": {"sentiment": "positive"}})
+    info = build_bundle(config, ["sentiment", "topic"], tmp_path / "bundle", holdout_fraction=0.0)
+    items = _items(tmp_path / "bundle" / "items.jsonl")
+    assert [i["labels"] for i in items] == [{"sentiment": "negative", "topic": "quality"}, {"topic": "price"},
+                                            {"sentiment": "positive"}, {}]
+    assert info.labeled == {"sentiment": 2, "topic": 2} and info.ties == {"sentiment": 0, "topic": 1}
+    assert info.label_counts == {"sentiment": {"positive": 1, "negative": 1}, "topic": {"price": 1, "quality": 1}}
+
+
+@pytest.mark.parametrize("consensus", [False, True])
+def test_a_file_broken_after_many_batches_takes_its_votes_back(tmp_path, monkeypatch, consensus):
+    config = _config(tmp_path, n_items=200, model_training={"aggregation": "consensus"} if consensus else None)
+    broken = config.output_annotation_dir / "bob" / "user_state.json"
+    text = broken.read_text()
+    cut = text.index('"instance_id_to_span_to_value"')
+    broken.write_text(text[:cut] + "oops" + text[cut:])  # valid up to the end of the labels
+    monkeypatch.setattr(project, "_USER_STATE_WINDOW", 64)  # many batches are counted before the break
+    with_broken = read_votes(config.output_annotation_dir, _scheme(config), per_user=consensus)
+    assert with_broken.users == ["alice", "carol"]
+    broken.unlink()
+    without = read_votes(config.output_annotation_dir, _scheme(config), per_user=consensus)
+    assert with_broken.votes == without.votes and with_broken.by_user == without.by_user
+
+
+def _forking(monkeypatch) -> list:
+    """Make read_votes fork for every file; returns the children it starts."""
+    started = []
+
+    class Counted(project.Forked):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self.pid)
+
+    monkeypatch.setattr(project, "_FORK_MIN_BYTES", 0)
+    monkeypatch.setattr(project, "_cpu_to_spare", lambda: True)
+    monkeypatch.setattr(project, "Forked", Counted)
+    return started
+
+
+@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+def test_files_parsed_in_children_count_as_files_parsed_here(tmp_path, monkeypatch):
+    config = _config(tmp_path, n_items=60, annotators=("a", "b", "c", "d", "e"), fmt=["pairs", "dict", "pairs", "dict", "pairs"])
+    write_user_state(config.output_annotation_dir, "f", {"r1": {"sentiment": "neutral"}, "r2": {"sentiment": "positive"}})
+    cut = config.output_annotation_dir / "c" / "user_state.json"
+    cut.write_bytes(cut.read_bytes()[:-40])
+    here = build_bundle(config, ["sentiment"], tmp_path / "here")
+    started = _forking(monkeypatch)
+    forked = build_bundle(config, ["sentiment"], tmp_path / "forked")
+    assert len(started) == 6
+    assert (tmp_path / "here" / "items.jsonl").read_bytes() == (tmp_path / "forked" / "items.jsonl").read_bytes()
+    assert (forked.users, forked.warnings, forked.skipped_annotations) == (here.users, here.warnings, here.skipped_annotations)
+    assert any(w.startswith("annotation_output/c/user_state.json: skipped, not valid JSON") for w in forked.warnings)
+
+
+@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+def test_a_child_that_fails_leaves_the_file_to_this_process(tmp_path, monkeypatch):
+    config = _config(tmp_path, n_items=30)
+    expected = read_votes(config.output_annotation_dir, _scheme(config))
+    started = _forking(monkeypatch)
+    monkeypatch.setattr(project, "_parsed_labels", lambda path: os.kill(os.getpid(), 9))
+    votes = read_votes(config.output_annotation_dir, _scheme(config))
+    assert len(started) == 3 and (votes.votes, votes.users) == (expected.votes, expected.users)
+
+
+@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+def test_no_child_outlives_a_failed_count(tmp_path, monkeypatch):
+    config = _config(tmp_path, n_items=30, annotators=("a", "b", "c", "d"))
+    started = _forking(monkeypatch)
+    parse = project._parsed_labels
+    # The first file parses; the children of the others are still at work when counting it fails.
+    monkeypatch.setattr(project, "_parsed_labels", lambda path: parse(path) if path.parent.name == "a" else time.sleep(60))
+    monkeypatch.setattr(project, "_tally_votes", lambda *a: 1 / 0)
+    t0 = time.monotonic()
+    with pytest.raises(ZeroDivisionError):
+        read_votes(config.output_annotation_dir, _scheme(config))
+    assert len(started) >= 2 and time.monotonic() - t0 < 30
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
