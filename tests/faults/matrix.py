@@ -92,7 +92,8 @@ def read_record(path: Path) -> dict[tuple[str, str], dict]:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 entry = json.loads(line)
-                cells[(entry["fault"], entry["type"])] = entry
+                if "type" in entry:  # lines without it come from the record's first format
+                    cells[(entry["fault"], entry["type"])] = entry
     return cells
 
 
