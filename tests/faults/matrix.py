@@ -80,6 +80,7 @@ CANNOT_HAPPEN: dict[tuple[str, str], str] = {
     **{(fault, backend): _SLURM_ONLY for fault in FAULTS if "SLURM" in fault or "scancel" in fault
        for backend in ("local", "ssh", "agent")},
     ("unwritable remote_dir", "local"): _NO_REMOTE_DIR + " (the run directory: the disk-full row)",
+    ("unwritable remote_dir", "agent"): _NO_REMOTE_DIR + " (the agent keeps its jobs under its own --workdir)",
     ("nvidia-smi hangs", "local"): "never asked: a local worker asks torch for the device",
     ("nvidia-smi hangs", "agent"): "never asked: the agent's worker asks torch for the device on its machine",
 }

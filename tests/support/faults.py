@@ -192,7 +192,7 @@ class FaultBench:
                 started: float, agent_workdir: Path | None = None, note: str = "") -> Run:
         """Assert the run's end and that nothing is left behind; record the case for the matrix."""
         run = self.store.get_run(run_id)
-        assert (run.state, run.error) == (state, message), self.run_log(run_id)[-4000:]
+        assert (run.state, run.error) == (state, message), f"{(run.state, run.error)!r}\n{self.run_log(run_id)[-4000:]}"
         self.assert_nothing_left(run_id, agent_workdir=agent_workdir)
         record(fault, run.backend, self.types[run.backend], run, seconds=time.monotonic() - started, note=note)
         return run
