@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.project import split_of
+from potato.holdout import split_of
 from tests.support.potato212 import Annotator, Potato212Server, free_port
 from tests.support.runs import POTATO, potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
