@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.project import split_of
-from tests.support.potato212 import Annotator, Potato212Server, free_port, wait_until
-from tests.support.runs import POTATO, potato, processes_matching
+from potato.holdout import split_of
+from tests.support.potato212 import Annotator, Potato212Server, free_port
+from tests.support.runs import POTATO, potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
@@ -102,7 +102,7 @@ class OurServer:
                 [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self.log = log
-        wait_until(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
+        wait_for(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
 
     def _try(self, path: str):
         if self.process.poll() is not None:
@@ -128,7 +128,7 @@ class OurServer:
 
     def watcher_saw(self, annotations: int) -> dict:
         """Wait for the watcher's check after the files hold *annotations*; return its status."""
-        return wait_until(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
+        return wait_for(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
                           f"the auto-retrain watcher to count {annotations} annotations")
 
     def stop(self) -> None:
@@ -159,9 +159,9 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
 
         # 2. potato start beside it: the project never auto-trained, 24 annotations >= 5: one auto run at once.
         ours = OurServer(config, tmp_path / "potato-start.log")
-        first = wait_until(lambda: ours.runs() and ours.runs()[-1], 30, "the first auto run")
+        first = wait_for(lambda: ours.runs() and ours.runs()[-1], 30, "the first auto run")
         assert (first["id"], first["trigger"], first["backend"]) == (1, "auto", "local")
-        done = wait_until(lambda: (r := ours.runs()[-1])["state"] in ("succeeded", "failed", "cancelled") and r,
+        done = wait_for(lambda: (r := ours.runs()[-1])["state"] in ("succeeded", "failed", "cancelled") and r,
                           240, "the first auto run to end")
         assert done["state"] == "succeeded", (tmp_path / "annotations/training/runs/1/run.log").read_text()
         held = [i for i in labelled if split_of(i, SPLITS, SEED) == "test"]
@@ -190,14 +190,14 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
         assert ours.watcher_saw(28)["text"] == "waiting for 1 more annotation(s) (4 of 5 since the last automatic run)"
         assert len(ours.runs()) == 1
         carol.label("tone", _tone(int(carol.current()[1:])))
-        second = wait_until(lambda: len(runs := ours.runs()) == 2 and runs[0], 30, "the second auto run")
+        second = wait_for(lambda: len(runs := ours.runs()) == 2 and runs[0], 30, "the second auto run")
         assert (second["trigger"], second["backend"]) == ("auto", "local")
         carol.next()
         carol.label("tone", _tone(int(carol.current()[1:])))
         status = ours.watcher_saw(30)
         assert status["since_last_auto_run"] == 1 and [r["id"] for r in ours.runs()] == [2, 1]
         ours.post("/runs/2/cancel")
-        wait_until(lambda: ours.runs()[0]["state"] == "cancelled", 60, "run 2 to be cancelled")
+        wait_for(lambda: ours.runs()[0]["state"] == "cancelled", 60, "run 2 to be cancelled")
 
         listed = potato("training", "runs", str(config)).stdout.splitlines()
         assert [line.split()[:4] for line in listed] == [

@@ -57,7 +57,7 @@ def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predi
     log = (run_dir_of(config, 2) / "run.log").read_text()
     assert "Calibrating run 1 (hf-text-classification, finished " in log
     assert "Schema 'sentiment': calibration kept (" in log and "it lowered holdout log-loss" in log
-    assert f"Run 1's predictions of sentiment now carry calibrated confidences" in log
+    assert "Run 1's predictions of sentiment now carry calibrated confidences" in log
 
     # The run's predictions are rewritten; the worker's original is kept beside them.
     assert (source / "predictions.uncalibrated.jsonl").read_text() == original
@@ -65,7 +65,14 @@ def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predi
     originals = {(r["id"], r["schema"]): r for r in _jsonl(source / "predictions.uncalibrated.jsonl")}
     assert rewritten.keys() == originals.keys()
     assert all(rewritten[k]["label"] == originals[k]["label"] for k in rewritten)
-    assert sum(rewritten[k]["confidence"] < originals[k]["confidence"] - 0.05 for k in rewritten) > len(rewritten) / 2
+    # On the held-out items the rewritten confidences are what was fitted: their mean moves towards the
+    # model's accuracy there (an over-confident model's mean confidence comes down).
+    gold = {(r["id"], "sentiment"): r["gold"] for r in holdout}
+    accuracy = sum(originals[k]["label"] == g for k, g in gold.items()) / len(gold)
+    mean_before = sum(originals[k]["confidence"] for k in gold) / len(gold)
+    mean_after = sum(rewritten[k]["confidence"] for k in gold) / len(gold)
+    assert mean_after < mean_before and abs(mean_after - accuracy) < abs(mean_before - accuracy), (
+        accuracy, mean_before, mean_after)
     # The writeback: run 1's predictions, with the calibrated confidences, min_confidence applied anew.
     after = {r["id"]: r["predictions"]["sentiment"] for r in _jsonl(writeback)}
     assert after and all(p["run_id"] == 1 for p in after.values())

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.runs import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("POTATO212_VENV") or REPO / ".venv-potato212")
 START_TIMEOUT_S = 90
@@ -53,17 +55,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(condition, timeout: float, what: str, interval: float = 0.2):
-    """Poll *condition* until it returns something truthy; fail after *timeout* saying *what*."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 class Potato212Server:
@@ -88,7 +79,7 @@ class Potato212Server:
             start_new_session=True,
         )
         out.close()
-        wait_until(self._answers, START_TIMEOUT_S, f"Potato 2.12.1 to serve {self.url} (log: {self.log})")
+        wait_for(self._answers, START_TIMEOUT_S, f"Potato 2.12.1 to serve {self.url} (log: {self.log})")
         return self
 
     def _answers(self) -> bool:
