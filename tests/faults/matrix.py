@@ -33,6 +33,7 @@ FAULTS = (
     "kill -9 the agent during predictions upload",
     "kill -9 potato start during training (restarted)",
     "kill -9 the Prefect worker during training (deployment)",
+    "kill -9 the Prefect worker and its flow during training (deployment)",
     "Prefect worker's SIGTERM to the flow's group (cancel in Prefect)",
     "ssh connection cut during training",
     "ssh connection cut during artifact copy",

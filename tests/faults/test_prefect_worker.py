@@ -8,6 +8,8 @@ start``.
 
 - The worker killed with -9 mid-run: the flow it started lives on in its own
   session, finishes the run, and the next run waits for a worker.
+- The worker and that flow both killed (a reboot, the OOM killer): the run is
+  reconciled like any dead flow's, by ``potato start``'s dispatcher.
 - A cancel in Prefect: the worker sends SIGTERM to the flow's whole process
   group. The run's ssh clients are not in it (``openssh`` starts them in
   sessions of their own), so the worker is stopped as Cancel run stops it —
@@ -100,6 +102,27 @@ def test_kill_the_prefect_worker_during_training(deployed, deployed_case, backen
     bench.verdict("kill -9 the Prefect worker during training (deployment)", run_id, "succeeded", None,
                   started=deployed_case, agent_workdir=workdir,
                   note="the flow (python -m prefect.engine, a session of its own) finished the run")
+
+
+@pytest.mark.parametrize("backend", ["local", "gpu-server", "cluster", "lab"])
+def test_kill_the_prefect_worker_and_its_flow_during_training(deployed, deployed_case, backend, request):
+    """The worker and the flow it started both die (a reboot, the OOM killer): reconciled like a dead flow."""
+    bench = deployed
+    workdir = start_agent_for(bench, backend, request)
+    run_id = bench.server.start_run(backend, **LONG)
+    run = bench.wait_for_training(run_id, timeout=180)
+    os.kill(bench.prefect_worker.process.pid, signal.SIGKILL)
+    bench.prefect_worker.process.wait(timeout=10)
+    os.kill(run.flow_pid, signal.SIGKILL)
+    try:
+        bench.wait_for_end(run_id, 120)
+    finally:
+        bench.prefect_worker.start()  # for the next run
+    bench.verdict("kill -9 the Prefect worker and its flow during training (deployment)", run_id, "failed",
+                  f"The run's flow process is gone (pid {run.flow_pid} ended without recording the run's end); "
+                  f"Potato stopped what the run left running and marked it failed",
+                  started=deployed_case, agent_workdir=workdir,
+                  note="potato start's reconciliation stopped the worker and freed the Prefect slot")
 
 
 @pytest.mark.parametrize("backend", ["local", "gpu-server", "cluster", "lab"])

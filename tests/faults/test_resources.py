@@ -1,8 +1,9 @@
 """Resources that run out or refuse (item 4): a full disk, an unwritable remote_dir, a hung nvidia-smi.
 
 The full disk is a small tmpfs mounted on the run's directory before the run
-starts, filled up once the worker trains (another job filling a shared disk),
-so that the model, or for the agent backend the predictions, no longer fit.
+starts, filled up once the worker trains (another job filling a shared disk;
+for the agent backend once the agent has claimed the run), so that the model,
+or for the agent backend the predictions, no longer fit.
 """
 
 from __future__ import annotations
@@ -55,7 +56,11 @@ def test_the_disk_of_the_run_directory_fills_up(bench, case, backend, request, m
             # (some seconds of it) when the disk fills; the others fill it before the copy back.
             run_id = bench.server.start_run(backend, **({"epochs": 20} if backend == "local" else {}))
             assert bench.run_dir(run_id) == run_dir
-            bench.wait_for_training(run_id)
+            if backend == "lab":  # its events come in 1 s batches, after which it may have uploaded already
+                bench.wait_for_event(run_id, lambda e: "claimed the run" in str(e.data.get("message")), 60,
+                                     f"an agent to claim run {run_id}")
+            else:
+                bench.wait_for_training(run_id)
             fill(run_dir, leave=(64 if backend == "lab" else 48) * 1024)
             bench.wait_for_end(run_id, 120)
     finally:
