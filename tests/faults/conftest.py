@@ -33,9 +33,9 @@ import yaml
 from potato.config import load_config
 from potato.prefect_runs import limit_name
 from tests.support import service_fixtures
-from tests.support.faults import FaultBench, PotatoServer, file_hashes, free_port
+from tests.support.faults import FaultBench, PotatoServer, file_hashes
 from tests.support.potato_project import item_text, make_project, true_label, write_items
-from tests.support.runs import potato, store_of
+from tests.support.runs import free_port, potato, store_of
 from tests.support.tcp_proxy import TcpProxy
 
 LAST = ("test_queue.py",)

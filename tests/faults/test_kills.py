@@ -27,6 +27,16 @@ BACKENDS = ["local", "gpu-server", "cluster", "lab"]
 LONG = {"epochs": 100000}
 
 
+def agent_killed(bench, backend: str, run_id: int) -> str:
+    """The message of a run whose agent was killed: a pull agent goes silent, an ssh one's connection ends."""
+    if backend == "lab":  # its worker died with it; the server hears nothing more
+        return "No word from the agent on lab for 20 seconds"
+    log = bench.run_dir(run_id) / "agent.log"
+    last = [line for line in log.read_text().splitlines() if line.strip()][-1]
+    return (f"The agent on 127.0.0.1 exited with status 255 before reporting a result; its last output "
+            f"is in {log}: {last}")
+
+
 def flow_killed(bench, run_id: int) -> str:
     return (f"The run's flow process was killed by SIGKILL before the run finished; Potato stopped what the run "
             f"left running (see {bench.run_dir(run_id) / 'flow.log'})")
@@ -130,15 +140,8 @@ def test_kill_the_agent_during_training(bench, case, backend, request):
     bench.wait_for_training(run_id)
     os.kill(agent_pid(bench, backend, workdir), signal.SIGKILL)
     bench.wait_for_end(run_id, 90)
-    if backend == "lab":  # its worker died with it; the server hears nothing more
-        message = "No word from the agent on lab for 20 seconds"
-    else:
-        log = bench.run_dir(run_id) / "agent.log"
-        last = [line for line in log.read_text().splitlines() if line.strip()][-1]
-        message = (f"The agent on 127.0.0.1 exited with status 255 before reporting a result; its last output "
-                   f"is in {log}: {last}")
-    bench.verdict("kill -9 the agent during training", run_id, "failed", message, started=case,
-                  agent_workdir=workdir)
+    bench.verdict("kill -9 the agent during training", run_id, "failed", agent_killed(bench, backend, run_id),
+                  started=case, agent_workdir=workdir)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from potato.tasks.code import code_archive
-from tests.faults.test_kills import LONG, agent_pid, flow_killed, start_agent_for
+from tests.faults.test_kills import LONG, agent_killed, agent_pid, flow_killed, start_agent_for
 from tests.support.runs import wait_for
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slurm, pytest.mark.prefect, pytest.mark.training]
@@ -81,13 +81,8 @@ def test_kill_during_the_predictions_upload(bench, case, backend, who, request, 
     bench.agent_proxy.heal()
     if who == "flow":
         message = flow_killed(bench, run_id)
-    elif backend == "lab":
-        message = "No word from the agent on lab for 20 seconds"
     else:
-        log = bench.run_dir(run_id) / "agent.log"
-        last = [line for line in log.read_text().splitlines() if line.strip()][-1]
-        message = (f"The agent on 127.0.0.1 exited with status 255 before reporting a result; its last output "
-                   f"is in {log}: {last}")
+        message = agent_killed(bench, backend, run_id)
     assert _upload_started(bench, run_id) == []  # the cut upload's temporary file is gone
     assert run.state == "failed"
     bench.verdict(f"kill -9 the {who} during predictions upload", run_id, "failed", message, started=case,

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -40,18 +39,12 @@ from typing import Any
 
 from potato.store import Run, Store
 from tests.support.remote_host import host_processes
-from tests.support.runs import POTATO, processes_matching, wait_for, wait_for_state
+from tests.support.runs import POTATO, processes_matching, stop_group, wait_for, wait_for_state
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "test-artifacts" / "faults.jsonl"
 ENDED = ("succeeded", "failed", "cancelled")
 API_KEY = "change-me"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def record(fault: str, backend: str, kind: str, run: Run | None, *, seconds: float, leftovers: str = "none",
@@ -101,13 +94,8 @@ class PotatoServer:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            stop_group(self.process, 60)
 
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, dict]:
         data = None if body is None else json.dumps(body).encode()
@@ -179,12 +167,7 @@ class FaultBench:
 
     def stop_agents(self) -> None:
         for agent in self.agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGTERM)
-                try:
-                    agent.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
+            stop_group(agent, 30)
         self.agents.clear()
 
     # -------------------------------------------------------------- the checks of every case

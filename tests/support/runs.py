@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -37,6 +38,25 @@ def tiny_project(root: Path, n_items: int = 60, *, trainer: Mapping[str, Any] | 
     return make_project(root, n_items=n_items, labeled_fraction=0.9, model_training=mt)
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_group(process: subprocess.Popen, grace: float) -> None:
+    """SIGTERM *process*'s group (it leads one: ``start_new_session``), SIGKILL it after *grace* seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
 @contextmanager
 def served(config) -> Iterator[str]:
     """``potato start`` in this process: the app on waitress, on a free loopback port, with its dispatcher.
@@ -47,9 +67,7 @@ def served(config) -> Iterator[str]:
     from potato.server.commands import make_server
 
     app = create_app(config, start_background=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     wsgi = make_server(app, "127.0.0.1", port, "waitress")
     thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
     thread.start()
