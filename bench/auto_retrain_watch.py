@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from potato.auto_retrain import AnnotationCounter  # noqa: E402
-from potato.project import count_user_state_annotations, find_user_states  # noqa: E402
+from potato.labels import count_user_state_annotations, find_user_states  # noqa: E402
 from tests.support.potato_project import write_user_state  # noqa: E402
 
 

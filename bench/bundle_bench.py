@@ -21,7 +21,7 @@ Targets (issue 11): 1 M items built in <= 4 s with peak RSS <= 300 MB,
 100 k in <= 0.4 s. The machine may be shared: the load average is printed,
 and CPU seconds are the figure that load disturbs least. Ours parses the
 annotators' files in forked children only when the load average leaves a CPU
-idle (``potato.project._cpu_to_spare``); their CPU and peak RSS are printed
+idle (``potato.labels._cpu_to_spare``); their CPU and peak RSS are printed
 apart when they ran.
 """
 

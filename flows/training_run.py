@@ -24,8 +24,10 @@ into the store's cancel request, which it then carries out as Cancel run does.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -42,7 +44,7 @@ from prefect.states import Cancelled
 
 from potato import calibration, prefect_runs, runs
 from potato.config import ProjectConfig, load_config
-from potato.errors import PotatoError, RunCancelled, RunError, WallTimeExceeded
+from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
 from potato.evaluation import record_evaluation
 from potato.prefect_api import ensure_concurrency_limit
 from potato.prefect_runs import CancelWatch
@@ -180,6 +182,7 @@ def training_run(
         run_id = _create_own_run(cfg, store, trainer=trainer, schemas=schemas, backend=backend, options=options)
         if run_id is None:
             return Cancelled(message="Potato's dispatcher took this run first; its own flow run executes it")
+    _output_to_flow_log(runs.run_dir(cfg, run_id))
     flow_run_id = _flow_run_id()
     store.update_run(run_id, prefect_flow_run_id=flow_run_id, flow_pid=os.getpid())
     if flow_run_id:
@@ -195,6 +198,29 @@ def training_run(
             if run.state == "queued":
                 store.transition(run_id, "running", from_states=("queued",))
             return _execute(cfg, store, run_id, cancel)
+
+
+def _output_to_flow_log(run_dir) -> None:
+    """Write this process's output to the run's ``flow.log`` if it went into a pipe (a Prefect worker's).
+
+    A process worker reads its flows' output through a pipe. Killed, it
+    leaves that pipe without a reader, and the next log line the flow writes
+    would fail with EPIPE, which Prefect's console handler (rich) turns into
+    ``SystemExit``: the run would fail because its worker went, not because
+    of anything it did. Its output in ``flow.log`` is where the dispatcher's
+    flows write theirs and where Potato's messages send the reader; the
+    Prefect UI has the flow's logs either way.
+    """
+    if not any(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (1, 2)):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(runs.private_dir(run_dir) / "flow.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
 
 
 def _create_own_run(cfg: ProjectConfig, store: Store, **request) -> int | None:
@@ -262,8 +288,12 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         error = str(exc)
         ctx.log.error(error)
     except Exception as exc:
-        error = f"Internal error: {type(exc).__name__}: {exc}"
-        ctx.log.error(traceback.format_exc())
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            error = str(DiskFull(ctx.run_dir))
+            ctx.log.error(f"{error} ({exc})")
+        else:
+            error = f"Internal error: {type(exc).__name__}: {exc}"
+            ctx.log.error(traceback.format_exc())
     except BaseException as exc:
         # Prefect's flow timeout arrives as a BaseException; the run still ends, with a reason.
         error = runs.describe_interruption(cfg, exc)

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from potato import runs
 from potato.config import AutoRetrainConfig, ProjectConfig
-from potato.project import UserStateError, count_user_state_annotations, find_user_states
+from potato.labels import UserStateError, count_user_state_annotations, find_user_states
 from potato.store import AUTO, Run, Store
 
 log = logging.getLogger(__name__)

@@ -55,7 +55,7 @@ def _probe_host(backend: BackendConfig, trainer: str, report: CheckReport) -> di
     try:
         connection.open()
         session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
-        return ssh.probe(session, backend.get("remote_dir"), trainer)
+        return ssh.probe(session, backend.get("remote_dir"), trainer, gpus=ssh.wants_gpus(backend))
     except PotatoError as exc:
         report.lines.append(str(exc))
         return None
@@ -74,10 +74,11 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-
     probe = _probe_host(backend, trainer, report)
     if probe is not None:
         lines.append(f"Python {probe['python']} ({probe['executable']})")
-        gpus = ssh.host_gpus(probe)
-        lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
-        report.data.update(python=probe["python"], gpus=[g.__dict__ for g in gpus], missing=probe["missing"])
+        report.data.update(python=probe["python"], missing=probe["missing"])
         try:
+            gpus = ssh.host_gpus(probe, backend.host)
+            lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
+            report.data["gpus"] = [g.__dict__ for g in gpus]
             choice = choose_for_backend(gpus, backend)
             lines.append(f"A run would take {choice.describe(gpus)}")
             report.data["would_use"] = list(choice.indices)

@@ -211,11 +211,13 @@ def training_register(name: str, config: str, server_url: str | None) -> None:
 @click.option("--keep", is_flag=True, help="Keep each job's bundle.")
 @click.option("--slurm-config", type=click.Path(dir_okay=False, exists=True),
               help="Submit each worker with sbatch: a JSON object of the slurm backend keys (--workdir on shared storage).")
-def training_agent(server, backend, token_file, python, once, workdir, keep, slurm_config) -> None:
+@click.option("--offline-limit", type=click.FloatRange(min=0, min_open=True, max=1e9), default=300.0,
+              metavar="SECONDS", help="Stop a job's worker (its run ends) after this long without the server (default 300).")
+def training_agent(server, backend, token_file, python, once, workdir, keep, slurm_config, offline_limit) -> None:
     """Run an agent backend's jobs on this machine, polling the server (no inbound port needed)."""
     from potato.training.agent import main as agent_main
 
-    argv = ["--server", server, "--backend", backend, "--workdir", workdir]
+    argv = ["--server", server, "--backend", backend, "--workdir", workdir, "--offline-limit", repr(offline_limit)]
     argv += ["--token-file", token_file] if token_file else []
     argv += ["--python", python] if python else []
     argv += ["--once"] * once + ["--keep"] * keep

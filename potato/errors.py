@@ -14,9 +14,13 @@ Importable without I/O. The tree::
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
     │   ├── RunCancelled        a cancel was requested and carried out
     │   └── NoPrefectWorker     no Prefect worker started a deployment's run in time
+    ├── DiskFull                the disk holding the run directory is full
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
+    │   │   └── ConnectionLost  a run's ssh connection dropped while the run was active
     │   ├── RemoteCommandError  a remote command ran and failed
+    │   ├── RemoteDirNotWritable  the host's account cannot write remote_dir
+    │   ├── GpuQueryHung        nvidia-smi on the host did not answer
     │   ├── SlurmError          sbatch/squeue/scancel/scontrol failed or the job ended early
     │   │   └── MissingSlurmCommand  the login node has no sbatch/squeue/scancel on PATH
     │   └── AgentError          an agent broke the protocol or was not there
@@ -117,6 +121,16 @@ class NoPrefectWorker(RunError):
             f"(model_training.max_wall_seconds); start one on the annotation server's host: {start}")
 
 
+class DiskFull(PotatoError):
+    """Raised when the disk holding a run's directory is full (ENOSPC)."""
+
+    def __init__(self, path: object):
+        self.path = path
+        super().__init__(
+            f"The disk holding {path} is full (No space left on device). Fix: free space on it, or move "
+            f"output_annotation_dir to a disk with room, then start the run again")
+
+
 class BackendError(PotatoError):
     """Raised when a backend cannot do what a run needs."""
 
@@ -125,8 +139,44 @@ class SshError(BackendError):
     """Raised when the OpenSSH client itself fails (exit status 255)."""
 
 
+class ConnectionLost(SshError):
+    """Raised when a run's ssh connection (its ControlMaster) drops while the run is active."""
+
+    def __init__(self, host: str, reason: str, *, copying: bool = False):
+        self.host = host
+        if copying:
+            super().__init__(
+                f"The ssh connection to {host} was lost while the model was copied back ({reason}); the run's "
+                f"predictions are saved; only model files are missing from artifacts/")
+        else:
+            super().__init__(
+                f"The ssh connection to {host} was lost during the run ({reason}); the agent there stops its "
+                f"worker when its connection ends, and Potato checks that nothing of the run is left there before "
+                f"it ends")
+
+
 class RemoteCommandError(BackendError):
     """Raised when a remote command ran and exited non-zero."""
+
+
+class RemoteDirNotWritable(BackendError):
+    """Raised when the account Potato logs in as cannot write the backend's ``remote_dir``."""
+
+    def __init__(self, host: str, user: str, remote_dir: str):
+        super().__init__(
+            f"remote_dir {remote_dir} on {host} is not writable by {user}, and Potato keeps its code and the "
+            f"runs' job directories there. Fix: set the backend's remote_dir to a directory {user} can write "
+            f"(the default is ~/.cache/potato-training)")
+
+
+class GpuQueryHung(BackendError):
+    """Raised when ``nvidia-smi`` on an ssh host does not answer, so no GPU can be chosen."""
+
+    def __init__(self, host: str, seconds: float):
+        super().__init__(
+            f"nvidia-smi on {host} did not answer within {seconds:g} s, so Potato cannot tell which GPU is free "
+            f"(a hung GPU driver?). Fix: check the host's GPUs (`ssh {host} nvidia-smi` must answer), or set "
+            f"the backend's gpus to none to train on its CPU")
 
 
 class SlurmError(BackendError):

@@ -48,11 +48,14 @@ class RunLog:
     def echo(self, level: str, message: str) -> None:
         """Write the line to ``run.log`` and Prefect only: its store event is written by the caller."""
         level = level if level in self.LEVELS else "info"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {level.upper():7} {message}\n")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(f"{stamp} {level.upper():7} {message}\n")
+        except OSError as exc:  # a full disk: the store keeps the line, and the run must still end with its reason
+            _module_logger.warning("run %s: run.log not written (%s): %s", self.run_id, exc, message)
         if self.mirror_to_prefect:
             _prefect_logger().log(self.LEVELS[level], message)
 

@@ -13,9 +13,11 @@ never wait for this one.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from typing import Any, Iterable
 
 from potato import prefect_runs
 from potato.config import ProjectConfig
-from potato.errors import HeartbeatTimeout, PotatoError, WallTimeExceeded
+from potato.errors import DiskFull, HeartbeatTimeout, PotatoError, WallTimeExceeded
 from potato.runlog import RunLog
 from potato.store import END_STATES, Run, Store
 from potato.tasks import leftovers
@@ -45,6 +47,8 @@ CLAIM_GRACE_S = 30
 # Beyond heartbeat_timeout_s + grace_seconds: the time a live flow gets to act on a silent worker
 # itself (stop it, clean up on the host) before reconciliation takes the flow for wedged.
 HEARTBEAT_MARGIN_S = 15
+# A disk with less room than this left is full, for a run that failed writing to it (a model is larger).
+DISK_FULL_BYTES = 1024 * 1024
 # How often reconciliation tries again to stop what a run left on a host it could not reach.
 RETRY_STOP_S = 15
 # Beyond UNREACHABLE_LIMIT_S and grace_seconds: when an unreachable agent has surely stopped its worker.
@@ -202,11 +206,23 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
         log.error(error)
     elif stopped.said:
         log.info(f"Stopped what the run left running: {stopped.said}")
+    _remove_partial_uploads(run_dir(config, run_id))
     store.transition(
         run_id, state, from_states=("queued", "running"), error=error, ending=None,
         step={"succeeded": "finished", "cancelled": "cancelled"}.get(state, "failed"),
     )
     return store.get_run(run_id)
+
+
+def partial_upload_prefix(target: Path) -> str:
+    """The name an upload into *target* is written under until complete (``potato.protocol.predictions``)."""
+    return f".{target.name}.upload-"
+
+
+def _remove_partial_uploads(directory: Path) -> None:
+    """An upload cut short by a killed flow (its own protocol server) leaves its temporary file: it goes."""
+    for path in directory.glob(partial_upload_prefix(directory / "predictions.jsonl") + "*"):
+        path.unlink(missing_ok=True)
 
 
 def _self_stop_deadline(config: ProjectConfig, run: Run) -> float | None:
@@ -233,6 +249,11 @@ def describe_worker_failure(ctx, code: int) -> str:
     if result.get("error"):
         return str(result["error"])
     done = ctx.extra.get("done") or next((e.data for e in reversed(events) if e.kind == "done"), {})
+    # A local worker's job directory is the run directory: its disk filling up is the server's, and then
+    # the worker may not even have had room to say why it failed.
+    if ctx.backend.type == "local" and (f"[Errno {errno.ENOSPC}]" in str(done.get("error")) or
+                                        shutil.disk_usage(ctx.run_dir).free < DISK_FULL_BYTES):
+        return str(DiskFull(ctx.run_dir))
     if done.get("error"):
         return str(done["error"])
     if code < 0:

@@ -18,6 +18,7 @@ from typing import BinaryIO
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from potato.jsonapi import ApiError
+from potato.runs import partial_upload_prefix
 from potato.protocol.bodies import BadField, check_prediction_line
 
 UPLOAD_CHUNK = 256 * 1024
@@ -63,7 +64,7 @@ def receive(stream: BinaryIO, target: Path, *, limit_mb: int, expected: int | No
     that ends short of it is refused.
     """
     limit = limit_mb * 1024 * 1024
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.upload-")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=partial_upload_prefix(target))
     total = 0
     lines = _Lines()
     try:

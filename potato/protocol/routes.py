@@ -13,6 +13,7 @@ busy agent does not turn every request into two writes).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 from flask import Blueprint, jsonify, request, send_file
 
 from potato import run_events, runs
+from potato.errors import DiskFull
 from potato.jobs import make_job
 from potato.jsonapi import ApiError, admits, json_body
 from potato.protocol import POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION, bodies, predictions
@@ -234,8 +236,14 @@ def upload_predictions(run_id: int):
     request.max_content_length = limit_mb * 1024 * 1024  # this route's own limit, not MAX_CONTENT_LENGTH
     directory = runs.run_dir(config(), run.id)
     directory.mkdir(parents=True, exist_ok=True)
-    total, lines = predictions.receive(request.stream, directory / "predictions.jsonl", limit_mb=limit_mb,
-                                       expected=request.content_length)
+    try:
+        total, lines = predictions.receive(request.stream, directory / "predictions.jsonl", limit_mb=limit_mb,
+                                           expected=request.content_length)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        # Not transient for the agent (it would retry until its offline limit): it reports the run failed.
+        raise ApiError(507, str(DiskFull(directory))) from None
     agent_state().heartbeat(store(), run.id, force=True)
     return jsonify({"run_id": run.id, "bytes": total, "lines": lines})
 

@@ -15,6 +15,7 @@ unpacks member by member (bench/ssh_bench.py: a pipe through Python ran at
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from potato.errors import BackendError
+from potato.errors import BackendError, ConnectionLost, DiskFull
 from potato.tasks.base import RunContext
 from potato.tasks.openssh import remote_path, with_env
 from potato.training.safe_paths import UnsafeName, create_file, expect_files, extract_tar, name_problem
@@ -140,6 +141,7 @@ class _Unpacker(threading.Thread):
         self.stream, self.partial, self.sizes = stream, partial, sizes
         self.refused: list[tuple[str, str]] = []
         self.error: str | None = None
+        self.disk_full = False
         self.start()
 
     def run(self) -> None:
@@ -149,6 +151,7 @@ class _Unpacker(threading.Thread):
                             refuse=lambda name, why: self.refused.append((name, why)))
         except (tarfile.TarError, OSError, UnsafeName) as exc:
             self.error = f"{type(exc).__name__}: {exc}"
+            self.disk_full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
         finally:
             self.stream.close()
 
@@ -164,6 +167,8 @@ def _watch_copy(ctx: RunContext, session: Any, processes: list[subprocess.Popen]
     what = f"copying the model from {session.host}"
     copied, last_growth = 0, time.monotonic()
     while True:
+        if unpacker is not None and unpacker.error:  # the remote tar would block on a pipe nobody reads
+            break
         running = [p for p in processes if p.poll() is None]
         if running:
             try:
@@ -187,9 +192,16 @@ def _watch_copy(ctx: RunContext, session: Any, processes: list[subprocess.Popen]
             raise BackendError(
                 f"The copy from {session.host} sent nothing for {stall:g} s (the run's predictions are "
                 f"saved; only model files are missing from artifacts/)")
+    if unpacker is not None and unpacker.disk_full:
+        raise DiskFull(ctx.run_dir)
+    lost = session.connection.lost()
+    if lost is not None:
+        raise ConnectionLost(session.host, lost, copying=True)
     for process in processes:
-        if process.returncode != 0:
+        if process.returncode not in (0, None):
             error = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []
+            if any("No space left on device" in line for line in error):  # ssh writing a large file here
+                raise DiskFull(ctx.run_dir)
             raise BackendError(f"The copy from {session.host} failed: {error[-1] if error else 'exit status %d' % process.returncode}")
     if unpacker is not None and unpacker.error:
         raise BackendError(f"The copy from {session.host} failed: its tar stream could not be read ({unpacker.error})")

@@ -9,6 +9,13 @@ One ControlMaster connection per run carries the reverse forward from a fresh
 UNIX socket in the remote ``/tmp`` to the run's protocol socket here; every
 remote command then runs through the master in ~15 ms.
 
+Every ``ssh`` starts in a session of its own. A Prefect process worker stops
+a flow by sending SIGTERM to the flow's whole process group: the ssh client
+carrying the remote agent must not die of that before the flow has stopped
+the run its own way (the cancel, ``grace_seconds``, then the connection
+closes). A flow killed outright leaves these clients behind, so
+``potato.tasks.leftovers`` finds them by the run's socket in their argv.
+
 Pure builders (``make_*``) on top; ``Connection`` below is the only code that
 starts ``ssh``.
 """
@@ -209,15 +216,22 @@ class Connection:
 
     def _check(self) -> bool:
         argv = make_ssh_argv(self.target, None, control_path=self.control_path, extra=["-O", "check"])
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10).returncode == 0
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                              start_new_session=True).returncode == 0
 
     def alive(self) -> bool:
         return self.master is not None and self.master.poll() is None
 
+    def lost(self) -> str | None:
+        """Why the master exited while still wanted (ssh's own words), or None while it runs."""
+        if self.master is None or self.master.poll() is None:
+            return None
+        return describe_ssh_failure(self.target.host, self._read_master_log())[0]
+
     def close(self) -> None:
         if self.master is not None and self.master.poll() is None:
             argv = make_ssh_argv(self.target, None, control_path=self.control_path, extra=["-O", "exit"])
-            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, start_new_session=True)
             try:
                 self.master.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -245,7 +259,7 @@ class Connection:
               stderr: int | IO | None = None) -> subprocess.Popen:
         argv = self.argv(command)
         log.debug("ssh (streaming): %s", shlex.join(argv))
-        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr)
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
 
 
 def run_once(target: SshTarget, command: str, *, input: bytes | None = None, timeout: float = 120,
@@ -264,7 +278,7 @@ def _run(target: SshTarget, argv: list[str], command: str, *, input: bytes | Non
     log.debug("ssh: %s", shlex.join(argv))
     try:
         done = subprocess.run(argv, input=input, capture_output=True, timeout=timeout,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+                              stdin=None if input is not None else subprocess.DEVNULL, start_new_session=True)
     except subprocess.TimeoutExpired as exc:
         raise RemoteCommandError(
             f"A command on {target.host} did not finish within {timeout:g} s: {command[:200]}") from exc

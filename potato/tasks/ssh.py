@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato.errors import BackendError, RemoteCommandError, TrainerImportError
+from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
 from potato.tasks import fetch, leftovers
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
@@ -81,8 +81,8 @@ class RemoteAgent:
 
 
 def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: list[str],
-                       env: dict | None = None) -> str:
-    words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages)])
+                       env: dict | None = None, *, gpus: bool = True) -> str:
+    words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages), "gpus" if gpus else "no-gpus"])
     return with_env(f"exec {remote_path(python)} {words}", env)
 
 
@@ -154,16 +154,20 @@ def connect(ctx: RunContext) -> SshSession:
         protocol.stop()
         ctx.store.update_run(ctx.run_id, remote_socket=None)  # no connection, so no socket on the host
         raise
-    ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket})")
+    ctx.log.info(f"Connected to {target.host} (reverse forward {remote_socket}); the run's protocol socket "
+                 f"here is {protocol.socket_path}")
     return SshSession(target=target, connection=connection, protocol=protocol, remote_socket=remote_socket,
                       python=ctx.backend.get("python", "python3"))
 
 
-def probe(session: SshSession, remote_dir: str, trainer: str) -> dict:
-    """What the host has (training/probe.py), in one round trip; maps a missing interpreter to its error."""
+def probe(session: SshSession, remote_dir: str, trainer: str, *, gpus: bool = True) -> dict:
+    """What the host has (training/probe.py), in one round trip; maps a missing interpreter to its error.
+
+    *gpus*: whether to ask ``nvidia-smi`` (not on a SLURM login node, nor for ``gpus: none``).
+    """
     code_hash, _ = code_archive()
     packages = list(TRAINER_PACKAGES.get(trainer, ()))
-    command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env)
+    command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env, gpus=gpus)
     done = session.connection.run(command, input=PROBE_SOURCE.read_bytes(), timeout=120, check=False)
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == 255:
@@ -187,16 +191,27 @@ def probe(session: SshSession, remote_dir: str, trainer: str) -> dict:
     return report
 
 
-def host_gpus(report: dict) -> list:
+def host_gpus(report: dict, host: str) -> list:
+    """The host's GPUs from the probe's report; raises ``GpuQueryHung`` when nvidia-smi did not answer."""
     smi = report.get("nvidia_smi") or {}
+    if smi.get("timed_out"):
+        raise GpuQueryHung(host, smi["timed_out"])
     if not smi.get("found") or smi.get("status") != 0:
         return []  # no nvidia-smi, or "No devices were found": a host without GPUs
     return mark_kernels(parse_nvidia_smi(smi.get("stdout", "")), report.get("torch"))
 
 
+def wants_gpus(backend) -> bool:
+    """Whether a run on *backend* asks the host's nvidia-smi: an ssh host's GPUs, unless ``gpus: none``."""
+    return backend.type == "ssh" and str(backend.get("gpus", "auto")).strip().lower() != "none"
+
+
 def probe_host(ctx: RunContext, session: SshSession) -> dict:
     """Probe the host once for the run; remember what the next steps need."""
-    report = probe(session, ctx.backend.get("remote_dir"), ctx.run.trainer)
+    remote_dir = ctx.backend.get("remote_dir")
+    report = probe(session, remote_dir, ctx.run.trainer, gpus=wants_gpus(ctx.backend))
+    if not report.get("remote_dir_writable", True):
+        raise RemoteDirNotWritable(session.host, report.get("user") or "the login account", remote_dir)
     session.probe = report
     session.remote_dir = _absolute(ctx.backend.get("remote_dir"), report["home"])
     session.code_hash = code_archive()[0]
@@ -207,7 +222,7 @@ def probe_host(ctx: RunContext, session: SshSession) -> dict:
 def pick_gpu(ctx: RunContext, session: SshSession) -> str:
     ctx.set_step(f"checking {session.host}: Python and GPUs")
     report = probe_host(ctx, session)
-    gpus = host_gpus(report)
+    gpus = host_gpus(report, session.host)
     for gpu in gpus:
         ctx.log.info(f"{session.host}: {gpu.describe()}")
     choice = choose_for_backend(gpus, ctx.backend)
@@ -255,9 +270,11 @@ def copy_code(ctx: RunContext, session: SshSession) -> str:
 def _install_code_command(remote_dir: str, code_hash: str) -> str:
     final = shlex.quote(f"{remote_dir}/code/{code_hash}")
     tmp = shlex.quote(f"{remote_dir}/code/.tmp-{code_hash}-{secrets.token_hex(4)}")
-    # Unpacked beside its place and renamed in: a copy cut short is never used.
-    return (f"mkdir -p {tmp} && tar xzf - -C {tmp} && "
-            f"{{ mv {tmp} {final} 2>/dev/null || rm -rf {tmp}; }} && test -f {final}/potato/__init__.py")
+    # Unpacked beside its place and renamed in: a copy cut short is never used, and its
+    # directory goes too (the connection dropped, or the flow was killed mid-copy).
+    return (f"t={tmp}; trap 'rm -rf \"$t\"' EXIT; trap 'exit 1' HUP INT TERM PIPE; "
+            f"mkdir -p \"$t\" && tar xzf - -C \"$t\" && {{ mv \"$t\" {final} 2>/dev/null || :; }} && "
+            f"test -f {final}/potato/__init__.py")
 
 
 def _packages_hash(packages: list[str]) -> str:
@@ -320,6 +337,9 @@ def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None
         code = _reported_exit_code(ctx)  # the result may have landed just before it exited
         if code is not None:
             return code
+        lost = session.connection.lost()
+        if lost is not None:
+            raise ConnectionLost(session.host, lost)
         raise BackendError(
             f"The agent on {session.host} exited with status {agent.process.returncode} before reporting a "
             f"result; its last output is in {ctx.run_dir / 'agent.log'}: {_last_line(ctx.run_dir / 'agent.log')}")

@@ -40,7 +40,8 @@ from typing import Any, Dict, List, Optional
 
 from potato.training.claims import BadClaim, check_claim
 from potato.training.client import (
-    Client, Link, Offline, ProtocolError, Unreachable, is_gone, is_transient,
+    REQUEST_TIMEOUT_S, UNREACHABLE_LIMIT_S, Client, DownloadCut, Link, Offline, ProtocolError, Unreachable, is_gone,
+    is_transient,
 )
 from potato.training.events import read_events
 from potato.training.safe_paths import UnsafeName, extract_tar
@@ -77,8 +78,33 @@ def _extract(archive: str, dest: str) -> None:
 # ------------------------------------------------------------------ one job
 
 
+def _die_with_parent() -> Optional[Any]:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this agent dies (Linux), else None.
+
+    The worker runs in a session of its own (so that its whole group can be
+    signalled); without this an agent killed with -9 would leave it training
+    on a machine the server cannot reach, for good.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the agent died before the line above
+            os._exit(1)
+
+    return set_death_signal
+
+
 class Worker:
-    """The worker as a process of this machine, in its own process group."""
+    """The worker as a process of this machine, in its own process group; it dies with the agent."""
 
     def __init__(self, python: str, job_dir: str):
         self.job_dir = job_dir
@@ -86,7 +112,7 @@ class Worker:
         self.process = subprocess.Popen(
             [python, "-m", "potato.training.worker", job_dir],
             cwd=job_dir, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT,
-            start_new_session=True, env=worker_environment(),
+            start_new_session=True, env=worker_environment(), preexec_fn=_die_with_parent(),
         )
         # So that the server's clean-up can end the worker's group even if this agent dies.
         with open(os.path.join(job_dir, "worker.pid"), "w") as fh:
@@ -154,13 +180,18 @@ class SlurmWorker:
         pass
 
 
-def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, lost: threading.Event) -> int:
-    """Run one checked claim in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code."""
-    link = Link()
+def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, lost: threading.Event,
+            offline_limit: float = UNREACHABLE_LIMIT_S) -> int:
+    """Run one checked claim in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code.
+
+    Past *offline_limit* seconds without the server the worker is stopped (SPEC §7).
+    """
+    link = Link(offline_limit)
     try:
         _fetch_bundle(client, claim, job_dir)
-    except (ProtocolError, Unreachable, UnsafeName, tarfile.TarError, OSError, EOFError) as exc:
-        why = str(exc) if isinstance(exc, (ProtocolError, UnsafeName)) else "{}: {}".format(type(exc).__name__, exc)
+    except (ProtocolError, Unreachable, DownloadCut, UnsafeName, tarfile.TarError, OSError, EOFError) as exc:
+        said = (ProtocolError, DownloadCut, UnsafeName)
+        why = str(exc) if isinstance(exc, said) else "{}: {}".format(type(exc).__name__, exc)
         return _fail(client, link, claim, [], "The agent on {} could not get the run's bundle: {}".format(
             socket.gethostname(), why))
     pending = []  # type: List[Dict[str, Any]]
@@ -328,6 +359,8 @@ def _report(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, cod
             if is_gone(exc):
                 raise
             log("run {}: predictions refused: {}".format(claim["run_id"], exc))
+            # The run must not pass for a success whose predictions the server does not have.
+            code, error = code or 1, "The server did not take the run's predictions: {}".format(exc)
     scores = None
     try:
         with open(os.path.join(job_dir, "scores.json"), encoding="utf-8") as fh:
@@ -416,7 +449,8 @@ def run_polling(args: argparse.Namespace) -> int:
         log("no token: set {} or pass --token-file (from `potato training register`)".format(TOKEN_VARIABLE))
         return 2
     workdir = os.path.abspath(os.path.expanduser(args.workdir or "~/.cache/potato-training"))
-    client = Client(token, server=args.server)
+    # A request may not hang longer than the offline limit: a black-holed link must show as offline in time.
+    client = Client(token, server=args.server, timeout=min(REQUEST_TIMEOUT_S, args.offline_limit))
     # Ctrl-C or SIGTERM: stop the running job's worker (it lives in its own session), then exit.
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *a: stop.set())
@@ -445,7 +479,7 @@ def run_polling(args: argparse.Namespace) -> int:
             continue
         job_dir = os.path.join(workdir, "jobs", str(claim["run_id"]))
         _remove(job_dir)
-        code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), stop)
+        code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), stop, args.offline_limit)
         if not args.keep:
             shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
         log("run {}: worker exited with {}".format(claim["run_id"], code))
@@ -481,7 +515,19 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--slurm-config", help="submit the worker with sbatch; a JSON object of the slurm keys")
+    parser.add_argument("--offline-limit", type=_seconds, default=UNREACHABLE_LIMIT_S, metavar="SECONDS",
+                        help="stop a job's worker after this long without the server (default %(default)s)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("{!r} is not a number of seconds above 0".format(text))
+    return value
 
 
 def main(argv: Optional[List[str]] = None) -> int:

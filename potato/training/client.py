@@ -31,7 +31,9 @@ GONE_STATUSES = frozenset({401, 403, 404, 409, 410})
 UNREACHABLE_LIMIT_S = 300   # SPEC §7: the agent cancels the run after this long without the server
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
-DOWNLOAD_ATTEMPTS = 5       # SPEC §7: an interrupted download resumes up to 5 times
+REQUEST_TIMEOUT_S = 60.0
+DOWNLOAD_RESUMES = 5        # SPEC §7: an interrupted download resumes up to 5 times
+RESUME_WAITS_S = (1, 2, 4, 4, 4)
 
 T = TypeVar("T")
 
@@ -53,6 +55,14 @@ class Unreachable(Exception):
 
 class Offline(Exception):
     """The server has not answered for longer than the offline limit."""
+
+
+class DownloadCut(Exception):
+    """A download was cut off more often than it may be resumed."""
+
+    def __init__(self, cuts: int, last: BaseException):
+        super().__init__("the download was cut off {} times (the agent resumes it at most {} times); the last "
+                         "time: {}".format(cuts, DOWNLOAD_RESUMES, last))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -86,7 +96,7 @@ class Client:
     """The protocol's HTTP client, over a URL or a UNIX socket."""
 
     def __init__(self, token: str, server: Optional[str] = None, unix_socket: Optional[str] = None,
-                 timeout: float = 60.0):
+                 timeout: float = REQUEST_TIMEOUT_S):
         if not token:
             raise ValueError("no token")
         self.token = token
@@ -105,8 +115,13 @@ class Client:
         return http.client.HTTPConnection(self.netloc, timeout=self.timeout)
 
     def request(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                into: Any = None) -> Tuple[int, Dict[str, str], bytes]:
-        """Send one request; with *into* (a file), stream a 2xx answer's body there."""
+                sink: Optional[Callable[[int, Dict[str, str]], Any]] = None) -> Tuple[int, Dict[str, str], bytes]:
+        """Send one request; with *sink*, stream a 2xx answer's body into the file ``sink(status, headers)`` opens.
+
+        A streamed body that ends before its ``Content-Length`` raises
+        ``Unreachable``: a connection cut part-way must not pass for a whole answer
+        (``http.client`` ends such a read quietly).
+        """
         all_headers = {"Authorization": "Bearer " + self.token, "User-Agent": "potato-agent"}
         all_headers.update(headers or {})
         conn = self._connection()
@@ -114,12 +129,18 @@ class Client:
             conn.request(method, self.base_path + path, body=body, headers=all_headers)
             response = conn.getresponse()
             answer_headers = {k.lower(): v for k, v in response.getheaders()}
-            if into is not None and 200 <= response.status < 300:
-                while True:
-                    chunk = response.read(CHUNK)
-                    if not chunk:
-                        break
-                    into.write(chunk)
+            if sink is not None and 200 <= response.status < 300:
+                expected = _content_length(answer_headers)
+                received = 0
+                with sink(response.status, answer_headers) as out:
+                    while True:
+                        chunk = response.read(CHUNK)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        received += len(chunk)
+                if expected is not None and received < expected:
+                    raise Unreachable("the connection closed after {} of {} bytes".format(received, expected))
                 return response.status, answer_headers, b""
             return response.status, answer_headers, response.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -134,32 +155,36 @@ class Client:
 
     def download(self, path: str, dest: str, sha256: Optional[str] = None,
                  log: Callable[[str], None] = lambda message: None) -> None:
-        """Download *path* to *dest*, resuming with ``Range`` after an interruption (5 tries)."""
-        attempt = 0
+        """Download *path* to *dest*; a cut download resumes where it stopped (``Range``), up to 5 times.
+
+        Raises ``DownloadCut`` on the sixth cut, ``ProtocolError`` when the
+        server refuses, or when the whole file does not match *sha256*.
+        """
+        cuts = 0
         while True:
             have = os.path.getsize(dest) if os.path.exists(dest) else 0
-            headers = {"Range": "bytes={}-".format(have)} if have else {}
+
+            def sink(status: int, headers: Dict[str, str]) -> Any:
+                # 206 continues the file; a 200 (the server ignored Range) starts it over.
+                return open(dest, "ab" if status == 206 and _range_start(headers) == have else "wb")
+
             try:
-                with open(dest, "ab") as out:
-                    status, answer_headers, data = self.request("GET", path, headers=headers, into=out)
-                if status == 416:  # we already have it all
+                status, answer_headers, data = self.request(
+                    "GET", path, headers={"Range": "bytes={}-".format(have)} if have else {}, sink=sink)
+                if status == 416:  # we already have it all; the checksum says whether it is right
                     break
-                if status >= 400:
-                    _answer(status, answer_headers, data)
-                if have and status == 200:  # the server ignored Range: start over
-                    with open(dest, "rb+") as fh:
-                        fh.seek(0)
-                        content = fh.read()[have:]
-                        fh.seek(0)
-                        fh.write(content)
-                        fh.truncate()
+                _answer(status, answer_headers, data)
                 break
             except (Unreachable, ProtocolError) as exc:
-                attempt += 1
-                if not is_transient(exc) or attempt > DOWNLOAD_ATTEMPTS:
+                if not is_transient(exc):
                     raise
-                log("bundle download interrupted ({}); resuming, try {} of {}".format(exc, attempt, DOWNLOAD_ATTEMPTS))
-                time.sleep(min(2 ** attempt, 10))
+                cuts += 1
+                if cuts > DOWNLOAD_RESUMES:
+                    raise DownloadCut(cuts, exc) from exc
+                wait = RESUME_WAITS_S[cuts - 1]
+                log("bundle download interrupted ({}); resuming in {:g} s, try {} of {}".format(
+                    exc, wait, cuts, DOWNLOAD_RESUMES))
+                time.sleep(wait)
         if sha256 and _sha256(dest) != sha256:
             raise ProtocolError(0, "the bundle's checksum does not match what the server announced")
 
@@ -182,6 +207,18 @@ def _answer(status: int, headers: Dict[str, str], data: bytes) -> Dict[str, Any]
         raise ProtocolError(status, str(answer.get("error") or "HTTP {}".format(status)), answer,
                             _retry_after(headers))
     return answer
+
+
+def _content_length(headers: Dict[str, str]) -> Optional[int]:
+    value = headers.get("content-length", "")
+    return int(value) if value.isdigit() else None
+
+
+def _range_start(headers: Dict[str, str]) -> Optional[int]:
+    """Where a 206 answer's ``Content-Range: bytes START-END/TOTAL`` starts."""
+    unit, _, spec = headers.get("content-range", "").partition(" ")
+    start = spec.partition("-")[0]
+    return int(start) if unit == "bytes" and start.isdigit() else None
 
 
 def _sha256(path: str) -> str:

@@ -29,15 +29,19 @@ SBATCH_FLAGS = {
 COMMAND_TIMEOUT_S = 60
 EXIT_SIGTERM = 143  # the worker's exit code after it stopped on SIGTERM
 
-# scontrol's JobState -> why the job ended (SPEC §6), and the slurm.out line that says the same.
+# scontrol's JobState -> why the job ended (SPEC §6), and the slurm.out lines that say the same. First match wins:
+# a job killed for its memory also says "CANCELLED AT" in slurm.out, and scontrol calls it FAILED
+# (JobLaunchFailure) when slurmstepd's own memory watch (JobAcctGatherParams=OverMemoryKill) killed it.
 END_REASONS = (
-    ("TIMEOUT", "DUE TO TIME LIMIT", "it reached its time limit"),
-    ("NODE_FAIL", "DUE TO NODE FAILURE", "its node failed"),
-    ("PREEMPTED", "DUE TO PREEMPTION", "it was preempted by a job of higher priority"),
-    ("OUT_OF_MEMORY", "oom-kill", "it ran out of memory (raise the backend's mem)"),
-    ("CANCELLED", "CANCELLED AT", "it was cancelled with scancel outside Potato"),
-    ("FAILED", None, "its batch script failed (see slurm.out and stderr.log in the job directory)"),
+    ("TIMEOUT", ("DUE TO TIME LIMIT",), "it reached its time limit"),
+    ("NODE_FAIL", ("DUE TO NODE FAILURE",), "its node failed"),
+    ("PREEMPTED", ("DUE TO PREEMPTION",), "it was preempted by a job of higher priority"),
+    ("OUT_OF_MEMORY", ("oom-kill", "Exceeded job memory limit"), "it ran out of memory (raise the backend's mem)"),
+    ("CANCELLED", ("CANCELLED AT",), "it was cancelled with scancel outside Potato"),
+    ("FAILED", (), "its batch script failed (see slurm.out and stderr.log in the job directory)"),
 )
+# squeue states of a job that has gone back to the queue after it ran: the scheduler requeued it.
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 
 
 # A newline in a value would end its line of job.sh and start a shell command
@@ -139,8 +143,12 @@ def explain_end(scontrol: Optional[Dict[str, str]], slurm_out: str) -> str:
     state = (scontrol or {}).get("JobState", "")
     if (scontrol or {}).get("Reason") == "TimeLimit":  # still COMPLETING, but already judged
         state = "TIMEOUT"
-    for job_state, line, reason in END_REASONS:
-        if state == job_state or (line and line in slurm_out):
+    for job_state, lines, reason in END_REASONS:
+        if state == job_state or any(line in slurm_out for line in lines):
+            if job_state == "FAILED":  # job.sh execs the worker: a signal that ended the job ended the worker
+                signal = (scontrol or {}).get("ExitCode", "").partition(":")[2]
+                if signal.isdigit() and int(signal):
+                    return "its worker was killed by signal {}".format(signal)
             return reason
     if state:
         return "the scheduler ended it ({})".format(state)
@@ -169,6 +177,7 @@ class SlurmJob:
             self.job_id, " ".join(make_sbatch_flags(config)) or "no flags"))
         self._next_check = 0.0
         self._last_state = None  # type: Optional[str]
+        self._ran = False
         self.gone = False
         self.cancelling = False
 
@@ -192,6 +201,10 @@ class SlurmJob:
             if text != self._last_state:
                 self._last_state = text
                 self.log(text)
+            if queued[0] == "RUNNING":
+                self._ran = True
+            elif self._ran and queued[0] in REQUEUED_STATES:
+                raise self._requeued()
             return None
         self.gone = True
         code = _read_exit_code(self.job_dir)  # the worker may have ended between the two reads
@@ -205,9 +218,19 @@ class SlurmJob:
             raise self._ended_early()
         return code
 
+    def _requeued(self) -> SlurmCommandError:
+        """A job back in the queue after it ran would start the worker over: one run, one worker, so it goes."""
+        self._cancel(["scancel", self.job_id])
+        return SlurmCommandError("SLURM job {} was requeued by the scheduler after it had started; Potato runs a "
+                                 "run's worker once, so it cancelled the job".format(self.job_id))
+
     def _ended_early(self) -> SlurmCommandError:
+        scontrol = self._scontrol() or {}
+        # A requeue SIGTERMs the worker first: its exit code can arrive before squeue shows the job pending again.
+        if scontrol.get("JobState") in REQUEUED_STATES or scontrol.get("Restarts", "0") not in ("", "0"):
+            return self._requeued()
         return SlurmCommandError("SLURM job {} ended before the worker finished: {}".format(
-            self.job_id, explain_end(self._scontrol(), _read(os.path.join(self.job_dir, "slurm.out")))))
+            self.job_id, explain_end(scontrol, _read(os.path.join(self.job_dir, "slurm.out")))))
 
     def _scontrol(self) -> Optional[Dict[str, str]]:
         try:

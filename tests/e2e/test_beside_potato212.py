@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -27,9 +26,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.project import split_of
-from tests.support.potato212 import Annotator, Potato212Server, free_port
-from tests.support.runs import POTATO, potato, processes_matching, wait_for
+from potato.holdout import split_of
+from tests.support.potato212 import Annotator, Potato212Server
+from tests.support.runs import POTATO, free_port, potato, processes_matching, stop_group, wait_for
 from tests.support.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
@@ -132,9 +131,7 @@ class OurServer:
                           f"the auto-retrain watcher to count {annotations} annotations")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=60)
+        stop_group(self.process, 60)
 
 
 def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import threading
 import urllib.request
 
 import pytest
@@ -24,7 +22,7 @@ from potato.config import load_config
 from potato.prefect_runs import project_key_of
 from tests.e2e.test_training_page import ARTIFACTS, browser  # noqa: F401  (the module's Chromium)
 from tests.support.runs import (
-    processes_matching, store_of, tiny_project, wait_for, wait_for_state, wait_for_training,
+    processes_matching, served, store_of, tiny_project, wait_for, wait_for_state, wait_for_training,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.prefect, pytest.mark.training]
@@ -37,23 +35,9 @@ UI_TIMEOUT_MS = 60_000
 @pytest.fixture
 def potato_server(tmp_path, prefect_api):
     """``potato start`` on loopback (waitress, the dispatcher, the session's Prefect API); yields (URL, config)."""
-    from potato.server import create_app
-    from potato.server.commands import make_server
-
     config_path = tiny_project(tmp_path, n_items=30, grace_seconds=5)
-    app = create_app(load_config(config_path), start_background=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    wsgi = make_server(app, "127.0.0.1", port, "waitress")
-    thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}", config_path
-    finally:
-        wsgi.close()
-        app.extensions["potato.background"].stop()
-        thread.join(5)
+    with served(load_config(config_path)) as url:
+        yield url, config_path
 
 
 def _start_run(base: str, epochs: int) -> int:

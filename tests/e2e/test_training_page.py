@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -57,9 +55,8 @@ def browser():
 def server(tmp_path, prefect_api):
     """The app served by waitress with the dispatcher running; yields its base URL."""
     from potato.config import load_config
-    from potato.server import create_app
-    from potato.server.commands import make_server
     from tests.support.potato_project import make_project
+    from tests.support.runs import served
     from tests.support.tiny_model import tiny_model_path
     from tests.unit.test_server_support import BACKENDS
 
@@ -70,20 +67,8 @@ def server(tmp_path, prefect_api):
         "trainers": {"hf-text-classification": {"model": str(tiny_model_path()), "epochs": 4,
                                                 "learning_rate": 0.003, "batch_size": 8}},
     })
-    config = load_config(path)
-    app = create_app(config, start_background=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    wsgi = make_server(app, "127.0.0.1", port, "waitress")
-    thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        wsgi.close()
-        app.extensions["potato.background"].stop()
-        thread.join(5)
+    with served(load_config(path)) as url:
+        yield url
 
 
 def _shot(page, name: str) -> None:

@@ -1,11 +1,14 @@
 """The real agent against a server that misbehaves on purpose (issue 9, items 2, 3 and 10).
 
 The agent (``python -m potato.training.agent --server …``) and its worker are
-real; the server is a scripted peer speaking docs/agent-protocol.md, because
-what is tested is the agent's side of the contract: a claim it must refuse,
-a bundle it cannot get or must not unpack, a server that is busy (503), one
-that refuses one event of a batch (400 naming its ``seq``), and one that says
-the run is over (409).
+real; the server is a scripted peer speaking docs/agent-protocol.md. Each case
+here is an answer the real ``potato start`` never gives — a claim the agent
+must refuse, a bundle it must not unpack (a link, a setuid file), a 503 when
+the run store is busy, a 400 naming one event of a batch — so the agent's
+side of the contract can only be tested against a peer that gives it. What a
+real server and a real network do to the agent (a restart, a cut or
+black-holed link, a run that ended: 409) is in tests/faults/, against the
+real ``potato start``.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predi
     log = (run_dir_of(config, 2) / "run.log").read_text()
     assert "Calibrating run 1 (hf-text-classification, finished " in log
     assert "Schema 'sentiment': calibration kept (" in log and "it lowered holdout log-loss" in log
-    assert f"Run 1's predictions of sentiment now carry calibrated confidences" in log
+    assert "Run 1's predictions of sentiment now carry calibrated confidences" in log
 
     # The run's predictions are rewritten; the worker's original is kept beside them.
     assert (source / "predictions.uncalibrated.jsonl").read_text() == original

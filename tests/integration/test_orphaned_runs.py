@@ -1,7 +1,8 @@
 """A flow that dies or hangs must not cost the one-run rule or the queue (issue 9, items 3 and 4).
 
 Each test kills (-9) or stops a real flow process while its real worker
-trains: locally, over the real sshd, on the real SLURM. What the user must
+trains locally, driven by `potato training run` (the fault matrix, tests/faults/,
+kills flows on every backend under `potato start`). What the user must
 see: the run fails with a reason that says what happened, whatever it left
 running is gone before the next run starts, and the queue moves on without a
 restart.
@@ -19,10 +20,7 @@ import pytest
 
 from potato import runs
 from potato.config import load_config
-from tests.integration.test_slurm_backend import job_id_of, slurm_project, user_jobs
-from tests.integration.test_ssh_backend import remote_job_dir, ssh_project
 from tests.support.potato_project import make_project
-from tests.support.remote_host import assert_host_clean, host_processes
 from tests.support.runs import (
     potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project, wait_for,
     wait_for_state, wait_for_training,
@@ -110,57 +108,6 @@ def test_a_wedged_flow_is_failed_when_its_heartbeat_is_stale(prefect_api, tmp_pa
     assert processes_matching(str(tmp_path)) == []
 
 
-@pytest.mark.sshd
-def test_a_killed_ssh_flow_leaves_nothing_running_when_the_next_run_starts(
-        prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
-    config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python)
-    cli = _queue_behind_a_long_run(config, tmp_path)
-    store = store_of(config)
-    try:
-        first = wait_for_training(store, 1)
-        job, sock = remote_job_dir(config, 1), first.remote_socket
-        assert first.remote_job_dir == str(job) and sock.startswith("/tmp/potato-1-")  # recorded as the run went
-        os.kill(first.flow_pid, signal.SIGKILL)
-        wait_for_state(store, 2, ("running", *ENDED), timeout=90)
-        # By now nothing of run 1 runs, on the host (agent, worker) or here (ssh master, agent client).
-        assert [p for p in host_processes(sshd_service) if str(job) in p or sock in p] == []
-        assert processes_matching(sock) == []
-        assert not job.exists() and not Path(sock).exists()
-        assert cli.wait(timeout=240) == 0, (tmp_path / "cli.log").read_text()
-    finally:
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
-    first = store.get_run(1)
-    assert first.state == "failed" and first.error.startswith("The run's flow process was killed by SIGKILL")
-    log = (run_dir_of(config, 1) / "run.log").read_text()
-    assert f"Stopped what the run left running: killed 2 process(es) of the run on {ssh_user_config}" in log
-    assert "closed the run's ssh connection on this machine" in log
-    assert (first.remote_job_dir, first.remote_socket) == (None, None)
-    assert store.get_run(2).state == "succeeded"
-    assert_host_clean(sshd_service, config)
-
-
-@pytest.mark.sshd
-@pytest.mark.slurm
-def test_a_killed_slurm_flow_has_its_job_cancelled_before_the_run_ends(
-        prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model, tmp_path):
-    config = slurm_project(tmp_path, shared_model, ssh_user_config, sshd_service, trainer={"epochs": 100000})
-    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
-    store = store_of(config)
-    try:
-        first = wait_for_training(store, 1)
-        job = job_id_of(config)
-        wait_for(lambda: store.get_run(1).slurm_job_id == job, 10, "the job id in the store")
-        os.kill(first.flow_pid, signal.SIGKILL)
-        failed = wait_for_state(store, 1, ENDED, timeout=90)
-        assert user_jobs(slurm_service) == ""  # squeue no longer lists it when the run ends
-        assert cli.wait(timeout=60) == 1
-    finally:
-        if cli.poll() is None:
-            os.killpg(cli.pid, signal.SIGKILL)
-    assert failed.state == "failed" and failed.error.startswith("The run's flow process was killed by SIGKILL")
-    assert "Stopped what the run left running: " in (run_dir_of(config, 1) / "run.log").read_text()
-    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_a_stop_that_cannot_be_verified_holds_the_queue_until_the_agent_has_stopped_itself(tmp_path):

@@ -16,7 +16,7 @@ import yaml
 
 from potato.config import POTATO_212_KEYS
 from potato.consensus import dawid_skene
-from potato.project import split_of
+from potato.holdout import split_of
 from potato.validate import validate_config_file
 from tests.unit.test_config import write_project
 from tests.unit.test_config_potato212 import POTATO_212_MODEL_TRAINING

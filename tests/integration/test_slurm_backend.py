@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 
 import pytest
 
 from tests.support.remote_host import assert_host_clean
 from tests.support.potato_project import make_project
 from tests.support.runs import (
-    potato, potato_background, processes_matching, run_dir_of, store_of, wait_for, wait_for_state,
+    potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state,
     wait_for_training,
 )
 
-
-def _cmdline(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-        return fh.read().replace(b"\0", b" ").decode(errors="replace")
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slurm, pytest.mark.prefect, pytest.mark.training]
 
@@ -77,57 +71,7 @@ def test_cancel_scancels_the_job(prefect_api, slurm_service, sshd_service, ssh_u
     assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
-def test_a_job_the_scheduler_ends_fails_the_run_with_its_reason(
-        prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model, tmp_path):
-    config = slurm_project(tmp_path, shared_model, ssh_user_config, sshd_service, trainer={"epochs": 100000})
-    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
-    store = store_of(config)
-    try:
-        wait_for_training(store, 1)
-        job = job_id_of(config)
-        slurm_service.run("scancel", job)  # someone else's scancel: not Potato's
-        run = wait_for_state(store, 1, ("failed",), timeout=60)
-    finally:
-        cli.wait(timeout=60)
-    assert run.error == (f"SLURM job {job} ended before the worker finished: "
-                         "it was cancelled with scancel outside Potato")
-    assert user_jobs(slurm_service) == ""
-    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
-
-def test_a_dropped_connection_frees_the_allocation(
-        prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model, tmp_path):
-    config = slurm_project(tmp_path, shared_model, ssh_user_config, sshd_service, trainer={"epochs": 100000})
-    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
-    store = store_of(config)
-    try:
-        wait_for_training(store, 1)
-        job = job_id_of(config)
-        assert job in user_jobs(slurm_service)
-        # The network drops: the run's ssh master connection dies.
-        masters = [pid for pid in processes_matching("/tmp/potato-1-") if "-M" in _cmdline(pid).split()]
-        assert masters
-        for pid in masters:
-            os.kill(pid, signal.SIGKILL)
-        wait_for_state(store, 1, ("failed",), timeout=60)
-    finally:
-        cli.wait(timeout=60)
-    wait_for(lambda: user_jobs(slurm_service) == "", 30, "the job's allocation to be freed")
-    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
-
-
-def test_the_time_limit_is_named(prefect_api, slurm_service, sshd_service, ssh_user_config, shared_model,
-                                 tmp_path):
-    config = slurm_project(tmp_path, shared_model, ssh_user_config, sshd_service, time="1",
-                           trainer={"epochs": 100000})
-    done = potato("training", "run", str(config), timeout=240)  # SLURM ends a 1-minute job after ~60-80 s
-    assert done.returncode == 1
-    job = job_id_of(config)
-    message = f"SLURM job {job} ended before the worker finished: it reached its time limit"
-    assert store_of(config).get_run(1).error == message
-    assert f"Run 1 failed: {message}" in done.stdout
-    assert user_jobs(slurm_service) == ""
-    assert_host_clean(sshd_service, config, sshd_service.shared_dir / "potato-training")
 
 
 def test_the_job_never_sees_the_agents_token(slurm_service, tmp_path, monkeypatch):

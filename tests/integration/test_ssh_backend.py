@@ -271,22 +271,6 @@ def test_a_silent_agent_fails_the_run_and_keeps_its_log(
     assert_host_clean(sshd_service, config)
 
 
-def test_a_killed_agent_fails_the_run_at_once_and_its_worker_goes_too(
-        prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
-    config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python,
-                         trainer={"epochs": 100000})
-    cli = potato_background("training", "run", str(config), log=tmp_path / "cli.log")
-    store = store_of(config)
-    try:
-        wait_for_training(store, 1)
-        agents = [line for line in host_processes(sshd_service) if "potato.training.agent" in line]
-        os.kill(int(agents[0].split(":")[0]), signal.SIGKILL)
-        run = wait_for_state(store, 1, ("failed",), timeout=30)
-    finally:
-        cli.wait(timeout=60)
-    assert run.error.startswith(f"The agent on {ssh_user_config} exited with status")
-    assert_host_clean(sshd_service, config)
-
 
 def test_a_stalled_copy_fails_with_predictions_saved(
         prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):

@@ -21,8 +21,6 @@ import http.cookiejar
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import wait_for
+from tests.support.runs import free_port, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("POTATO212_VENV") or REPO / ".venv-potato212")
@@ -49,12 +47,6 @@ def potato212() -> Path:
             pytest.fail(f"{reason} (CI=true: the Potato 2.12 tests must run)")
         pytest.skip(reason)
     return command
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Potato212Server:
@@ -94,14 +86,8 @@ class Potato212Server:
             return False
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            stop_group(self.process, 20)
 
     def status_of(self, path: str) -> int:
         try:

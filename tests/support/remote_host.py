@@ -50,7 +50,7 @@ def host_processes(sshd_service) -> list[str]:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "potato.training" in cmdline or "tar cf" in cmdline or cmdline.startswith("cat "):
+        if "potato.training" in cmdline or cmdline.startswith(("tar ", "cat ")):
             found.append(f"{entry}: {cmdline}")
     return found
 

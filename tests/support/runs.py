@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from potato.store import Run, Store
 from tests.support.potato_project import item_text, make_project, true_label
@@ -32,6 +36,47 @@ def tiny_project(root: Path, n_items: int = 60, *, trainer: Mapping[str, Any] | 
     }
     mt.update(model_training)
     return make_project(root, n_items=n_items, labeled_fraction=0.9, model_training=mt)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_group(process: subprocess.Popen, grace: float) -> None:
+    """SIGTERM *process*'s group (it leads one: ``start_new_session``), SIGKILL it after *grace* seconds."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+@contextmanager
+def served(config) -> Iterator[str]:
+    """``potato start`` in this process: the app on waitress, on a free loopback port, with its dispatcher.
+
+    Yields the base URL; afterwards the server is closed and the dispatcher stopped.
+    """
+    from potato.server import create_app
+    from potato.server.commands import make_server
+
+    app = create_app(config, start_background=True)
+    port = free_port()
+    wsgi = make_server(app, "127.0.0.1", port, "waitress")
+    thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        wsgi.close()
+        app.extensions["potato.background"].stop()
+        thread.join(5)
 
 
 def store_of(config_yaml: Path) -> Store:

@@ -10,7 +10,7 @@ import pytest
 from potato import runs
 from potato.auto_retrain import AnnotationCounter, AutoRetrainWatcher, decide
 from potato.config import AutoRetrainConfig, load_config
-from potato.project import count_user_state_annotations
+from potato.labels import count_user_state_annotations
 from tests.support.potato_project import make_project, user_state_dict, write_user_state
 
 ON = AutoRetrainConfig(enabled=True, schemas=("sentiment",), update_frequency=5, min_interval_s=600)

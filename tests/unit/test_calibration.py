@@ -45,7 +45,7 @@ def test_overconfident_holdout_is_calibrated_and_kept(method, n):
     if method == "temperature":
         assert result["map"]["temperature"] > 1  # over-confidence is cooled
     line = describe("sentiment", result, 0.9)
-    assert line.startswith(f"Schema 'sentiment': calibration kept (") and "it lowered holdout log-loss" in line
+    assert line.startswith("Schema 'sentiment': calibration kept (") and "it lowered holdout log-loss" in line
 
 
 def test_a_calibrated_model_is_left_alone():

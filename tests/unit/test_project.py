@@ -12,17 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from potato import project
+from potato import labels, project
 from potato.errors import ProjectDataError
-from potato.project import (
-    aggregate_votes,
-    build_bundle,
-    is_holdout,
-    pack_bundle,
-    read_items,
-    read_votes,
-    split_holdout,
-)
+from potato.holdout import holdout_flags, is_holdout, split_holdout
+from potato.labels import aggregate_votes, read_votes
+from potato.project import build_bundle, pack_bundle, read_items
 from tests.support.potato_project import (
     make_project,
     project_config,
@@ -322,14 +316,14 @@ def test_unreadable_user_state_reasons(tmp_path, text, reason):
 def test_user_state_streaming_matches_a_whole_parse(tmp_path, monkeypatch, indent):
     config = _config(tmp_path, n_items=60, fmt=["pairs", "dict", "pairs"], indent=indent)
     whole = read_votes(config.output_annotation_dir, _scheme(config)).as_dict()
-    monkeypatch.setattr(project, "_USER_STATE_CHUNK", 3)
-    monkeypatch.setattr(project, "_USER_STATE_WINDOW", 16)
+    monkeypatch.setattr(labels, "_USER_STATE_CHUNK", 3)
+    monkeypatch.setattr(labels, "_USER_STATE_WINDOW", 16)
     assert read_votes(config.output_annotation_dir, _scheme(config)).as_dict() == whole
     expected: dict = {}
     for user in ("alice", "bob", "carol"):
         state = json.loads((config.output_annotation_dir / user / "user_state.json").read_text())
         for item_id, entry in state["instance_id_to_label_to_value"].items():
-            for schema, label, _ in project.parse_label_entries(entry):
+            for schema, label, _ in labels.parse_label_entries(entry):
                 counts = expected.setdefault(item_id, {}).setdefault(schema, {})
                 counts[label] = counts.get(label, 0) + 1
     assert whole == expected
@@ -694,7 +688,7 @@ def test_every_media_name_is_noticed_in_a_block():
 @pytest.mark.parametrize("fraction", [0.0, 1e-12, 0.2, 0.5, 1 - 2**-53, 1.0, 1.5, float("nan"), float("inf")])
 def test_holdout_flags_are_is_holdout(fraction):
     ids = [f"item-{i}" for i in range(3000)] + ["", "é", "\u212a" * 40]
-    assert project.holdout_flags(ids, fraction) == [is_holdout(i, fraction) for i in ids]
+    assert holdout_flags(ids, fraction) == [is_holdout(i, fraction) for i in ids]
 
 
 def test_two_schemas_in_one_bundle(tmp_path):
@@ -721,7 +715,7 @@ def test_a_file_broken_after_many_batches_takes_its_votes_back(tmp_path, monkeyp
     text = broken.read_text()
     cut = text.index('"instance_id_to_span_to_value"')
     broken.write_text(text[:cut] + "oops" + text[cut:])  # valid up to the end of the labels
-    monkeypatch.setattr(project, "_USER_STATE_WINDOW", 64)  # many batches are counted before the break
+    monkeypatch.setattr(labels, "_USER_STATE_WINDOW", 64)  # many batches are counted before the break
     with_broken = read_votes(config.output_annotation_dir, _scheme(config), per_user=consensus)
     assert with_broken.users == ["alice", "carol"]
     broken.unlink()
@@ -733,18 +727,18 @@ def _forking(monkeypatch) -> list:
     """Make read_votes fork for every file; returns the children it starts."""
     started = []
 
-    class Counted(project.Forked):
+    class Counted(labels.Forked):
         def __init__(self, *args):
             super().__init__(*args)
             started.append(self.pid)
 
-    monkeypatch.setattr(project, "_FORK_MIN_BYTES", 0)
-    monkeypatch.setattr(project, "_cpu_to_spare", lambda: True)
-    monkeypatch.setattr(project, "Forked", Counted)
+    monkeypatch.setattr(labels, "_FORK_MIN_BYTES", 0)
+    monkeypatch.setattr(labels, "_cpu_to_spare", lambda: True)
+    monkeypatch.setattr(labels, "Forked", Counted)
     return started
 
 
-@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+@pytest.mark.skipif(not labels.can_fork(), reason="forks only on Linux")
 def test_files_parsed_in_children_count_as_files_parsed_here(tmp_path, monkeypatch):
     config = _config(tmp_path, n_items=60, annotators=("a", "b", "c", "d", "e"), fmt=["pairs", "dict", "pairs", "dict", "pairs"])
     write_user_state(config.output_annotation_dir, "f", {"r1": {"sentiment": "neutral"}, "r2": {"sentiment": "positive"}})
@@ -759,24 +753,24 @@ def test_files_parsed_in_children_count_as_files_parsed_here(tmp_path, monkeypat
     assert any(w.startswith("annotation_output/c/user_state.json: skipped, not valid JSON") for w in forked.warnings)
 
 
-@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+@pytest.mark.skipif(not labels.can_fork(), reason="forks only on Linux")
 def test_a_child_that_fails_leaves_the_file_to_this_process(tmp_path, monkeypatch):
     config = _config(tmp_path, n_items=30)
     expected = read_votes(config.output_annotation_dir, _scheme(config))
     started = _forking(monkeypatch)
-    monkeypatch.setattr(project, "_parsed_labels", lambda path: os.kill(os.getpid(), 9))
+    monkeypatch.setattr(labels, "_parsed_labels", lambda path: os.kill(os.getpid(), 9))
     votes = read_votes(config.output_annotation_dir, _scheme(config))
     assert len(started) == 3 and (votes.votes, votes.users) == (expected.votes, expected.users)
 
 
-@pytest.mark.skipif(not project.can_fork(), reason="forks only on Linux")
+@pytest.mark.skipif(not labels.can_fork(), reason="forks only on Linux")
 def test_no_child_outlives_a_failed_count(tmp_path, monkeypatch):
     config = _config(tmp_path, n_items=30, annotators=("a", "b", "c", "d"))
     started = _forking(monkeypatch)
-    parse = project._parsed_labels
+    parse = labels._parsed_labels
     # The first file parses; the children of the others are still at work when counting it fails.
-    monkeypatch.setattr(project, "_parsed_labels", lambda path: parse(path) if path.parent.name == "a" else time.sleep(60))
-    monkeypatch.setattr(project, "_tally_votes", lambda *a: 1 / 0)
+    monkeypatch.setattr(labels, "_parsed_labels", lambda path: parse(path) if path.parent.name == "a" else time.sleep(60))
+    monkeypatch.setattr(labels, "_tally_votes", lambda *a: 1 / 0)
     t0 = time.monotonic()
     with pytest.raises(ZeroDivisionError):
         read_votes(config.output_annotation_dir, _scheme(config))

@@ -9,7 +9,8 @@ from pathlib import Path
 import yaml
 
 from potato.config import load_config
-from potato.project import build_bundle, describe_bundle, read_items, split_of
+from potato.holdout import split_of
+from potato.project import build_bundle, describe_bundle, read_items
 from tests.support.potato_project import make_project, project_config, write_items, write_user_state
 
 

@@ -12,19 +12,9 @@ from potato.runs import run_dir
 from potato.store import hash_token
 from potato.tokens import (TokenError, check_agent, issue_run_token, register_agent, register_text)
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
-from tests.unit.test_server_support import make_config
+from tests.unit.test_server_support import V1, bearer, make_config
 
-V1 = "/training/agent/v1"
 BAD_TOKEN = "Missing or invalid agent token: send Authorization: Bearer <token>"
-
-
-def bearer(token):
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture
-def token(project, store):
-    return register_agent(project, store, "lab-workstation")
 
 
 @pytest.fixture

@@ -18,16 +18,11 @@ from potato.errors import StoreError, UnknownRun
 from potato.runs import open_store, run_dir
 from potato.server import create_app
 from potato.store import Store
-from potato.tokens import issue_run_token, register_agent
+from potato.tokens import issue_run_token
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
-from tests.unit.test_server_support import ADMIN
+from tests.unit.test_server_support import ADMIN, V1, bearer
 
-V1 = "/training/agent/v1"
 API = "/admin/training/api"
-
-
-def bearer(token):
-    return {"Authorization": f"Bearer {token}"}
 
 
 def strict_json(data: bytes):
@@ -35,11 +30,6 @@ def strict_json(data: bytes):
     def refuse(name):
         raise ValueError(f"{name} is not JSON")
     return json.loads(data, parse_constant=refuse)
-
-
-@pytest.fixture
-def token(project, store):
-    return register_agent(project, store, "lab-workstation")
 
 
 @pytest.fixture

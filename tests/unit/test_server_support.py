@@ -14,11 +14,14 @@ from potato.config import ProjectConfig, load_config
 from potato.runs import open_store, run_dir
 from potato.server import create_app
 from potato.store import Store
+from potato.tokens import register_agent
 from tests.support.potato_project import make_project
 
-__all__ = ["ADMIN", "BACKENDS", "project", "store", "app", "client", "admin", "running_run", "make_config"]
+__all__ = ["ADMIN", "BACKENDS", "V1", "project", "store", "app", "client", "admin", "running_run", "token",
+           "bearer", "make_config"]
 
 ADMIN = {"X-API-Key": "change-me"}
+V1 = "/training/agent/v1"
 
 # SPEC §1's example backends.
 BACKENDS = {
@@ -92,3 +95,13 @@ def running_run(project, store):
         return store.get_run(run.id)
 
     return make
+
+
+@pytest.fixture
+def token(project, store) -> str:
+    """The agent token of SPEC §1's lab-workstation backend."""
+    return register_agent(project, store, "lab-workstation")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -86,6 +86,14 @@ SCONTROL = ("JobId=28 JobName=potato-run-1\n   UserId=potatotest(1001) GroupId=p
     ({"JobState": "CANCELLED"}, "", "it was cancelled with scancel outside Potato"),
     (None, "slurmstepd-node07: error: Detected 1 oom-kill event(s) in StepId=49.batch", "it ran out of memory (raise the backend's mem)"),
     (None, "", "it left the queue without a word in slurm.out"),
+    # slurmstepd's own memory watch (JobAcctGatherParams=OverMemoryKill), recorded on the test SLURM 22.05:
+    ({"JobState": "FAILED", "Reason": "JobLaunchFailure", "ExitCode": "0:9"},
+     "slurmstepd-vm: error: StepId=1.batch exceeded memory limit (176005120 > 104857600), being killed\n"
+     "slurmstepd-vm: error: *** JOB 1 ON vm CANCELLED AT 2026-11-30T21:44:30 ***\n"
+     "slurmstepd-vm: error: Exceeded job memory limit\n", "it ran out of memory (raise the backend's mem)"),
+    ({"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "0:9"}, "", "its worker was killed by signal 9"),
+    ({"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "1:0"}, "",
+     "its batch script failed (see slurm.out and stderr.log in the job directory)"),
 ])
 def test_explain_end(scontrol, slurm_out, reason):
     fields = parse_scontrol(scontrol) if isinstance(scontrol, str) else scontrol

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from potato.config import WritebackConfig
-from potato.project import build_bundle, is_holdout
+from potato.holdout import is_holdout
+from potato.project import build_bundle
 from potato.writeback import WritebackError, write_back, writeback_path
 from tests.support.potato_project import project_config, write_items, write_user_state
 
