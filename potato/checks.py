@@ -67,7 +67,7 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-
     """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
     from potato.errors import PotatoError
     from potato.tasks import ssh
-    from potato.tasks.gpus import choose_gpus
+    from potato.tasks.gpus import choose_for_backend
 
     report = CheckReport(backend=backend.name, type="ssh", ok=False, lines=[f"{backend.name}: ssh to {backend.host}"])
     lines = report.lines
@@ -79,7 +79,7 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = "hf-
             gpus = ssh.host_gpus(probe, backend.host)
             lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
             report.data["gpus"] = [g.__dict__ for g in gpus]
-            choice = choose_gpus(gpus, backend.get("gpus", "auto"), int(backend.get("min_free_gpu_mb", 2000)))
+            choice = choose_for_backend(gpus, backend)
             lines.append(f"A run would take {choice.describe(gpus)}")
             report.data["would_use"] = list(choice.indices)
             report.ok = True

@@ -405,6 +405,10 @@ _HEARTBEAT = Key(
     "heartbeat_timeout_s", "float", "a run whose agent sends nothing for this long fails",
     minimum=1, default_text="`120` (`model_training.heartbeat_timeout_s`)",
 )
+_PROCESSES_MEANING = (
+    "training processes, data-parallel (torch's launcher): on GPUs one per GPU, at most as many as the run "
+    "has; on the CPU this many processes sharing the threads (gloo), e.g. to try the multi-GPU path without GPUs"
+)
 
 SSH_KEYS: tuple[Key, ...] = (
     _TYPE,
@@ -420,6 +424,9 @@ SSH_KEYS: tuple[Key, ...] = (
         default="auto"),
     Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free",
         default=2000, minimum=0),
+    Key("max_gpus", "int", "how many GPUs `gpus: auto` may take, most free memory first, each with "
+        "`min_free_gpu_mb` free; a run with several trains data-parallel on all of them", default=1, minimum=1),
+    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default_text="one per GPU the run has (1 on the CPU)"),
     Key("packages", "list of str",
         "pip requirement strings, installed once into a venv under `remote_dir` (`--system-site-packages`)",
         default=()),
@@ -472,6 +479,7 @@ LOCAL_KEYS: tuple[Key, ...] = (
         default_text="`model_training.num_threads`"),
     Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
         default_text="`model_training.max_ram_mb`"),
+    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default=1),
 )
 
 BACKEND_KEYS: Mapping[str, tuple[Key, ...]] = {
@@ -488,6 +496,7 @@ UNSUPPORTED: Mapping[tuple[str, str], str] = {
         "compute nodes' interpreter in job_python and load modules in prelude"),
     ("a slurm backend", "gpus"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
     ("a slurm backend", "min_free_gpu_mb"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
+    ("a slurm backend", "max_gpus"): "the scheduler assigns GPUs; ask for several with gres (e.g. gres: gpu:2)",
 }
 
 # Types a config may give a backend it names (local is built in).
@@ -1344,10 +1353,18 @@ def render_backends_doc() -> str:
     ]
     sections = (
         ("local", "The built-in backend: a subprocess of the annotation server. A "
-                  "`backends.local` entry may set these; otherwise they come from `model_training`."),
-        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server)."),
+                  "`backends.local` entry may set these; otherwise they come from `model_training`. "
+                  "`processes: 2` trains data-parallel in two CPU processes (gloo): the several-GPU "
+                  "path, tried without GPUs."),
+        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server). Several GPUs: a run "
+                "given more than one (`gpus: \"0,1\"`, or `gpus: auto` with `max_gpus: 2`) trains "
+                "data-parallel on all of them, one process per GPU under torch's launcher (NCCL), and "
+                "predicts, scores and saves as a one-GPU run does; the run log says how many devices "
+                "trained. On a host without GPUs, `processes: N` asks for N CPU processes (gloo)."),
         ("slurm", "Compute nodes behind a SLURM login node. `remote_dir` must be on storage the "
-                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`."),
+                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`. "
+                  "`gres: gpu:2` gives a run two GPUs, and it trains data-parallel on both (one "
+                  "process per GPU, NCCL), as an ssh run with several GPUs does."),
         ("agent", "A machine the server cannot reach; `potato training agent` there polls the server."),
     )
     for type_, intro in sections:

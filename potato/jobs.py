@@ -35,7 +35,19 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
         "max_ram_mb": mt.max_ram_mb if local else None,
         "include_unlabeled": mt.writeback.include_unlabeled,
         "grace_seconds": mt.grace_seconds,
+        "processes": processes_for(backend),
     }
+
+
+def processes_for(backend: Any) -> int | str | None:
+    """job.json's ``processes``: the backend's setting, else one per GPU where the backend chose
+    the GPUs (ssh: ``gpus``/``max_gpus``; slurm: ``gres``), else one process (local, agent)."""
+    configured = backend.get("processes") if backend is not None else None
+    if configured:
+        return configured
+    if backend is not None and backend.type in ("ssh", "slurm"):
+        return "per_gpu"
+    return None
 
 
 def write_job(job_dir: Path, job: dict[str, Any]) -> Path:

@@ -1,7 +1,8 @@
 """GPU choice for the ssh backend (SPEC §5): parse ``nvidia-smi``, pick by free memory.
 
 ``gpus: auto`` takes the GPU with the most *free memory* (on a shared server a
-card with low utilisation can still be full), refuses when none has
+card with low utilisation can still be full) — with ``max_gpus: N``, up to N
+of them, each with ``min_free_gpu_mb`` free — refuses when none has
 ``min_free_gpu_mb`` free, skips GPUs the host's torch has no kernels for, and
 trains on the CPU on a host with no GPU at all. ``"1"`` / ``"0,1"`` pin;
 ``none`` trains on the CPU.
@@ -14,9 +15,10 @@ chosen here mean the same GPUs to CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from potato.errors import BackendError, ParseError
+from potato.training.device import has_kernels as device_has_kernels
 
 FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu", "pci.bus_id", "compute_cap")
 
@@ -114,22 +116,13 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
 def has_kernels(capability: tuple[int, int] | None, arch_list: Sequence[str]) -> bool:
     """True when torch built for *arch_list* can run on a GPU of *capability*.
 
-    An ``sm_XY`` entry runs on exactly that capability; a ``compute_XY`` entry
-    (PTX) can be JIT-compiled for any capability at or above it.
+    The worker's own rule (``potato.training.device.has_kernels``: ``sm_XY``
+    runs on the same major version at or above minor Y, ``compute_XY`` PTX on
+    anything at or above X.Y), so the server and the GPU host never disagree.
     """
-    if capability is None or not arch_list:
+    if capability is None:
         return True  # nothing to judge by: let the worker find out
-    wanted = capability[0] * 10 + capability[1]
-    for arch in arch_list:
-        kind, _, number = arch.partition("_")
-        if not number.isdigit():
-            continue
-        value = int(number)
-        if kind == "sm" and value == wanted:
-            return True
-        if kind == "compute" and value <= wanted:
-            return True
-    return False
+    return device_has_kernels(capability, arch_list)
 
 
 def mark_kernels(gpus: Sequence[Gpu], torch: dict | None) -> list[Gpu]:
@@ -149,8 +142,19 @@ def mark_kernels(gpus: Sequence[Gpu], torch: dict | None) -> list[Gpu]:
     return [replace(g, has_kernels=has_kernels(g.compute_cap, arch_list)) for g in gpus]
 
 
-def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int) -> GpuChoice:
-    """Apply the backend's ``gpus`` setting to the host's GPUs; raise when a run must not start."""
+def choose_for_backend(gpus: Sequence[Gpu], backend: Any) -> GpuChoice:
+    """:func:`choose_gpus` with an ssh backend's ``gpus``, ``min_free_gpu_mb`` and ``max_gpus``."""
+    return choose_gpus(gpus, backend.get("gpus", "auto"), int(backend.get("min_free_gpu_mb", 2000)),
+                       int(backend.get("max_gpus", 1)))
+
+
+def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int, max_gpus: int = 1) -> GpuChoice:
+    """Apply the backend's ``gpus`` setting to the host's GPUs; raise when a run must not start.
+
+    ``auto`` takes the GPU with the most free memory, or with ``max_gpus`` > 1
+    up to that many of those with ``min_free_gpu_mb`` free, most free first
+    (a run with several GPUs trains data-parallel on all of them).
+    """
     setting = str(setting).strip().lower() if setting is not None else "auto"
     if setting == "none":
         return GpuChoice((), "gpus: none")
@@ -169,7 +173,9 @@ def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int) -> GpuChoic
     usable = [g for g in gpus if g.has_kernels]
     if not usable:
         raise NoKernels()
-    best = max(usable, key=lambda g: (g.memory_free_mb, -g.index))
-    if best.memory_free_mb < min_free_mb:
+    ranked = sorted(usable, key=lambda g: (-g.memory_free_mb, g.index))
+    taken = [g for g in ranked[:max(1, max_gpus)] if g.memory_free_mb >= min_free_mb]
+    if not taken:
         raise NoFreeGpu(min_free_mb)
-    return GpuChoice((best.index,), f"most free memory: {best.memory_free_mb} MB")
+    free = ", ".join(str(g.memory_free_mb) for g in taken)
+    return GpuChoice(tuple(g.index for g in taken), f"most free memory: {free} MB")

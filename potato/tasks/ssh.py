@@ -36,7 +36,7 @@ from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteComm
 from potato.tasks import fetch, leftovers
 from potato.tasks.base import RunContext
 from potato.tasks.code import code_archive
-from potato.tasks.gpus import GpuChoice, choose_gpus, mark_kernels, parse_nvidia_smi
+from potato.tasks.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
 from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path, with_env
 from potato.tasks.protocol_server import ProtocolServer
 
@@ -225,7 +225,7 @@ def pick_gpu(ctx: RunContext, session: SshSession) -> str:
     gpus = host_gpus(report, session.host)
     for gpu in gpus:
         ctx.log.info(f"{session.host}: {gpu.describe()}")
-    choice = choose_gpus(gpus, ctx.backend.get("gpus", "auto"), int(ctx.backend.get("min_free_gpu_mb", 2000)))
+    choice = choose_for_backend(gpus, ctx.backend)
     session.gpu = choice
     used = choice.describe(gpus)
     ctx.log.info(f"The run uses {used} on {session.host}")

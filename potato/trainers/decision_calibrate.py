@@ -28,11 +28,13 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from potato.trainers.options import check_keys, is_int, is_number
 from potato.training import calibration as cal
 from potato.training.events import TrainerFailure, write_atomic
 
 NAME = "decision-calibrate"
 REQUIRED_MODULES = ()  # type: tuple
+USES_DEVICE = False  # the worker chooses no torch device for it, so it never imports torch
 
 DEFAULT_OPTIONS = {
     "run": None,  # the run to calibrate; None: the newest succeeded run that trained the schemas
@@ -45,30 +47,19 @@ DEFAULT_OPTIONS = {
 SOURCE_DIR = "calibrate"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
-    options = options or {}
-    if not isinstance(options, dict):
-        return ["options must be a mapping, got {!r}".format(options)]
-    problems = []
-    for key in options:
-        if key not in DEFAULT_OPTIONS:
-            problems.append("{!r} is not an option of decision-calibrate; valid options: {}".format(
-                key, ", ".join(sorted(DEFAULT_OPTIONS))))
+    options, problems = check_keys(options, DEFAULT_OPTIONS, NAME)
     run = options.get("run")
-    if run is not None and not (_is_int(run) and run > 0):
+    if run is not None and not (is_int(run) and run > 0):
         problems.append("run must be a run id (a positive integer), got {!r}".format(run))
     if options.get("method", "auto") not in ("auto", "temperature", "platt"):
         problems.append("method must be auto, temperature or platt, got {!r}".format(options["method"]))
     for key, low in (("bins", 2), ("folds", 2)):
-        if key in options and not (_is_int(options[key]) and low <= options[key] <= 100):
+        if key in options and not (is_int(options[key]) and low <= options[key] <= 100):
             problems.append("{} must be an integer from {} to 100, got {!r}".format(key, low, options[key]))
     target = options.get("target_precision", 0.9)
-    if not (isinstance(target, (int, float)) and not isinstance(target, bool) and 0 < target < 1):
+    if not (is_number(target) and 0 < target < 1):
         problems.append("target_precision must be a number between 0 and 1, got {!r}".format(target))
     return problems
 

@@ -95,6 +95,13 @@ def usable_cuda_indices(torch=None) -> List[int]:
         return []
 
 
+def usable_cuda_devices() -> List[Tuple[str, str]]:
+    """``(device, name)`` of each visible CUDA GPU the installed torch has kernels for, e.g.
+    ``("cuda:0", "CUDA 0: NVIDIA H200 (141 GB)")``: the GPUs a data-parallel run trains on."""
+    torch = _torch()
+    return [("cuda:{}".format(i), _cuda_name(torch, i)) for i in usable_cuda_indices(torch)]
+
+
 def _mps_available(torch) -> bool:
     try:
         return bool(torch.backends.mps.is_available())

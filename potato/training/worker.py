@@ -11,8 +11,12 @@ Exit codes: 0 succeeded, 1 failed, 3 the trainer could not be imported,
 4 over ``max_ram_mb``, 143 stopped by SIGTERM.
 
 SIGTERM asks the trainer to stop at its next step; the worker then writes
-``done`` with status ``cancelled`` and exits 143. The worker starts no
-child processes.
+``done`` with status ``cancelled`` and exits 143. A one-device run starts no
+child processes. A data-parallel run (job.json's ``processes``; see
+``potato/training/data_parallel.py``) starts one training process per device
+under torch's launcher, in the worker's own process group, and merges their
+events into ``events.jsonl``; the worker stays the one process its
+supervisor signals.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, Iterable, List, Optional
+from array import array
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.trainers import import_failure_message
 from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
@@ -46,7 +51,8 @@ class Job:
     ``manifest`` (the bundle's ``manifest.json``), ``options`` (as given; the
     trainer merges its defaults), ``device`` (the torch device chosen, e.g.
     ``cpu``), ``device_name``, ``num_threads``, ``max_ram_mb``,
-    ``include_unlabeled``, ``artifacts_dir``.
+    ``include_unlabeled``, ``processes``, ``artifacts_dir``, ``group`` (None, or in
+    a data-parallel run this process's place among the training processes).
     """
 
     def __init__(self, job_dir: str, spec: Dict[str, Any]):
@@ -62,10 +68,12 @@ class Job:
         self.num_threads = spec.get("num_threads")
         self.max_ram_mb = spec.get("max_ram_mb")
         self.include_unlabeled = bool(spec.get("include_unlabeled", False))
+        self.processes = spec.get("processes")
         self.grace_seconds = spec.get("grace_seconds", 20)
         self.artifacts_dir = os.path.join(self.dir, "artifacts")
         self.device = "cpu"
         self.device_name = "CPU"
+        self.group = None  # a data-parallel run's DataParallelGroup (potato/training/process_group.py)
         self._manifest = None  # type: Optional[Dict[str, Any]]
 
     @property
@@ -75,19 +83,24 @@ class Job:
                 self._manifest = json.load(f)
         return self._manifest
 
+    @property
+    def items_path(self) -> str:
+        return os.path.join(self.bundle_dir, "items.jsonl")
+
+    def iter_items(self) -> Iterator[Dict[str, Any]]:
+        """The bundle's items (``items.jsonl``), in order, one at a time."""
+        with open(self.items_path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield _parse_item(line, self.items_path, number)
+
+    def index_items(self) -> "ItemIndex":
+        """The bundle's items for a trainer that predicts many: see :class:`ItemIndex`."""
+        return ItemIndex(self.items_path)
+
     def read_items(self) -> List[Dict[str, Any]]:
         """The bundle's items (``items.jsonl``), in order."""
-        path = os.path.join(self.bundle_dir, "items.jsonl")
-        items = []
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    items.append(json.loads(line))
-                except ValueError as exc:
-                    raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
-        return items
+        return list(self.iter_items())
 
     def write_predictions(self, records: Iterable[Dict[str, Any]]) -> int:
         """Write ``predictions.jsonl`` (temp name, then rename); returns the count."""
@@ -98,6 +111,67 @@ class Job:
     def write_scores(self, scores: Dict[str, Any]) -> None:
         """Write ``scores.json`` (temp name, then rename)."""
         write_atomic(os.path.join(self.dir, "scores.json"), json.dumps(scores, indent=1, sort_keys=True) + "\n")
+
+
+def _parse_item(line: Any, path: str, number: int) -> Dict[str, Any]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise TrainerFailure("{} line {} is not valid JSON: {}".format(path, number, exc))
+    if not isinstance(item, dict):
+        raise TrainerFailure("{} line {} is not a JSON object".format(path, number))
+    return item
+
+
+class ItemIndex:
+    """The bundle's items, with only the labelled ones in memory; the others are read back when needed.
+
+    A run that predicts 100 000 unlabelled items must not hold them all: the
+    index keeps, per item, where its line starts and its text's length (12
+    bytes), and the labelled items whole (``labelled``: position -> item).
+    :meth:`read` returns any item's ``(id, text)``, from memory or from its line.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offsets = array("q")
+        self.text_lengths = array("i")
+        self.labelled = {}  # type: Dict[int, Dict[str, Any]]
+        with open(path, "rb") as f:
+            offset, number = 0, 0
+            for line in f:
+                number += 1
+                if line.strip():
+                    item = _parse_item(line, path, number)
+                    labels = item.get("labels")
+                    if isinstance(labels, dict) and labels:
+                        self.labelled[len(self.offsets)] = item
+                    self.offsets.append(offset)
+                    self.text_lengths.append(len(_text(item)))
+                offset += len(line)
+        self._file = open(path, "rb")
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def labels(self, position: int) -> Dict[str, Any]:
+        item = self.labelled.get(position)
+        return item["labels"] if item is not None else {}
+
+    def read(self, position: int) -> Tuple[Any, str]:
+        """``(id, text)`` of the item at ``position``."""
+        item = self.labelled.get(position)
+        if item is None:
+            self._file.seek(self.offsets[position])
+            item = json.loads(self._file.readline())
+        return item.get("id"), _text(item)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _text(item: Dict[str, Any]) -> str:
+    return str(item.get("text") or "")
 
 
 def read_job(job_dir: str) -> Job:
@@ -188,37 +262,90 @@ def _one_line(exc: BaseException) -> str:
     return "{}: {}".format(type(exc).__name__, first) if first else type(exc).__name__
 
 
+Outcome = Tuple[int, str, Optional[str]]  # (exit code, status of the done event, its error)
+SUCCEEDED = (EXIT_SUCCEEDED, "succeeded", None)  # type: Outcome
+
+
 def run(job_dir: str) -> int:
     """Run the job in ``job_dir``; returns the exit code (also written to ``exit_code``)."""
     job_dir = os.path.abspath(job_dir)
     events = EventWriter(os.path.join(job_dir, "events.jsonl"))
+    job, trainer, code = _prepare(job_dir, events)
+    if trainer is None:
+        return code
+    return _guarded(job_dir, events, lambda: _train_or_lead(job, events, trainer))
+
+
+def run_rank(job_dir: str, plan: Dict[str, Any]) -> None:
+    """One process of a data-parallel run (``potato/training/data_parallel.py`` starts it).
+
+    Writes its events and exit code under ``ranks/<rank>/``; the leader merges
+    them. Exits with the worker's codes (0, 1, 3, 4, 143).
+    """
+    from potato.training.predictions import rank_dir
+
+    rank = int(os.environ["RANK"])
+    own_dir = rank_dir(job_dir, rank)
+    os.makedirs(own_dir, exist_ok=True)
+    events = EventWriter(os.path.join(own_dir, "events.jsonl"))
+    job, trainer, code = _prepare(job_dir, events, exit_dir=own_dir, num_threads=plan["threads"], announce=False)
+    if trainer is None:
+        sys.exit(code)
+
+    def train() -> Outcome:
+        from potato.training.process_group import DataParallelGroup
+
+        job.device, job.device_name = plan["devices"][rank], plan["names"][rank]
+        job.group = DataParallelGroup(plan["backend"], job.device)
+        try:
+            _started(job, events)
+            trainer.train(job, events)
+        finally:
+            job.group.close()
+        if events.cancelled:
+            raise Cancelled("Cancelled")
+        return SUCCEEDED
+
+    code = _guarded(own_dir, events, train)
+    if code:
+        sys.exit(code)
+
+
+def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
+             num_threads: Optional[int] = None, announce: bool = True) -> Tuple[Any, Any, int]:
+    """Read the job, arm SIGTERM and the memory watchdog, set threads, import the trainer.
+
+    Returns ``(job, trainer module, 0)``, or ``(job, None, exit code)`` after
+    writing ``done`` and ``exit_code`` into ``exit_dir`` (default ``job_dir``).
+    """
+    exit_dir = exit_dir or job_dir
 
     def on_sigterm(signum: int, frame: Any) -> None:
         events.request_cancel()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-
     try:
         job = read_job(job_dir)
     except Exception as exc:
-        return _finish(job_dir, events, EXIT_FAILED, "failed", "Could not read job.json: {}".format(_one_line(exc)))
-
+        return None, None, _finish(exit_dir, events, EXIT_FAILED, "failed",
+                                   "Could not read job.json: {}".format(_one_line(exc)))
     if job.max_ram_mb:
-        _start_watchdog(job_dir, events, float(job.max_ram_mb))
-    apply_num_threads(job.num_threads)
+        _start_watchdog(exit_dir, events, float(job.max_ram_mb))
+    num_threads = num_threads or job.num_threads
+    apply_num_threads(num_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from potato.trainers import TRAINERS
 
     module_name = TRAINERS.get(job.trainer)
     if module_name is None:
-        return _finish(
-            job_dir, events, EXIT_FAILED, "failed",
+        return job, None, _finish(
+            exit_dir, events, EXIT_FAILED, "failed",
             "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(TRAINERS))),
         )
     tried = module_name
-    # Said at once: importing torch and friends takes seconds, and silence counts against the heartbeat.
-    events.log("Loading trainer {!r} and its packages".format(job.trainer))
+    if announce:  # at once: importing torch and friends takes seconds, and silence counts against the heartbeat
+        events.log("Loading trainer {!r} and its packages".format(job.trainer))
     try:
         trainer = importlib.import_module(module_name)
         for tried in getattr(trainer, "REQUIRED_MODULES", ()):
@@ -226,59 +353,99 @@ def run(job_dir: str) -> int:
     except ImportError as exc:
         message = import_error_message(job.trainer, exc, tried)
         events.log("{}: {}".format(message, _one_line(exc)), level="error")
-        return _finish(job_dir, events, EXIT_IMPORT, "failed", message)
+        return job, None, _finish(exit_dir, events, EXIT_IMPORT, "failed", message)
     except Exception as exc:  # a package that is there but breaks on import (e.g. a CUDA mismatch)
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         events.log(tb.rstrip(), level="error")
-        return _finish(
-            job_dir, events, EXIT_IMPORT, "failed",
+        return job, None, _finish(
+            exit_dir, events, EXIT_IMPORT, "failed",
             "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
         )
+    if num_threads and uses_device(trainer):
+        import torch
 
-    try:
-        from potato.training.device import choose_device
+        torch.set_num_threads(int(num_threads))  # once, before any work
+    return job, trainer, 0
 
+
+def uses_device(trainer: Any) -> bool:
+    """Whether ``trainer`` computes on a torch device (its ``USES_DEVICE``, true unless it says not).
+
+    One that does not (decision-calibrate rescales stored probabilities) gets
+    no device choice, no thread setting and no data-parallel processes: each
+    of those imports torch, which such a trainer must not need.
+    """
+    return bool(getattr(trainer, "USES_DEVICE", True))
+
+
+def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
+    """Train in this process, or lead a data-parallel run when the job has several devices."""
+    from potato.training.data_parallel import PlanError, check_processes, lead, plan_processes
+    from potato.training.device import DeviceChoice, choose_device, usable_cuda_devices
+
+    problem = check_processes(job.processes)
+    if problem:
+        raise TrainerFailure("Job: " + problem)
+    if uses_device(trainer):
         choice = choose_device(job.device_setting, job.num_threads)
+        try:
+            cuda = usable_cuda_devices() if choice.device.startswith("cuda") else []
+            plan = plan_processes(job.processes, choice.device, choice.name, cuda, job.num_threads)
+        except PlanError as exc:
+            raise TrainerFailure(str(exc))
+    else:
+        choice = DeviceChoice("cpu", "CPU (no device needed)", None)
+        plan = plan_processes(1, choice.device, choice.name, [], job.num_threads)
+    if plan.size == 1:  # a data-parallel run's started event comes when all its processes have started
         job.device, job.device_name = choice.device, choice.name
-        if job.num_threads:
-            import torch
+        _started(job, events)
+    for warning in (choice.warning, plan.warning):
+        if warning:
+            events.log(warning, level="warning")
+    problems = trainer.check_options(job.options)
+    if problems:
+        raise TrainerFailure("Trainer options: " + "; ".join(problems))
+    if plan.size > 1:
+        return lead(job, events, plan, run_rank)
+    events.check_cancelled()
+    trainer.train(job, events)
+    if events.cancelled:
+        raise Cancelled("Cancelled")
+    return SUCCEEDED
 
-            torch.set_num_threads(int(job.num_threads))
-        events.emit(
-            "started",
-            pid=os.getpid(),
-            python=".".join(str(v) for v in sys.version_info[:3]),
-            device=job.device,
-            device_name=job.device_name,
-            trainer=job.trainer,
-            schemas=job.schemas,
-        )
-        if choice.warning:
-            events.log(choice.warning, level="warning")
 
-        problems = trainer.check_options(job.options)
-        if problems:
-            raise TrainerFailure("Trainer options: " + "; ".join(problems))
-        events.check_cancelled()
-        trainer.train(job, events)
-        if events.cancelled:
-            raise Cancelled("Cancelled")
+def _started(job: Job, events: EventWriter) -> None:
+    events.emit(
+        "started",
+        pid=os.getpid(),
+        python=".".join(str(v) for v in sys.version_info[:3]),
+        device=job.device,
+        device_name=job.device_name,
+        trainer=job.trainer,
+        schemas=job.schemas,
+    )
+
+
+def _guarded(exit_dir: str, events: EventWriter, body: Callable[[], Outcome]) -> int:
+    """Run ``body``; write its outcome, or the failure or cancel it raised, as ``done`` and ``exit_code``."""
+    try:
+        code, status, error = body()
     except Cancelled:
         events.log("Stopped on SIGTERM", level="warning")
-        return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
     except TrainerFailure as exc:
         if events.cancelled:
-            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
-        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+            return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+        return _finish(exit_dir, events, EXIT_FAILED, "failed", _one_line(exc))
     except Exception as exc:
         if events.cancelled:
-            return _finish(job_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
+            return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         events.log(tb.rstrip(), level="error")
-        return _finish(job_dir, events, EXIT_FAILED, "failed", _one_line(exc))
-    return _finish(job_dir, events, EXIT_SUCCEEDED, "succeeded", None)
+        return _finish(exit_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+    return _finish(exit_dir, events, code, status, error)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -117,6 +117,14 @@ def test_full_fine_tune_learns_and_writes_the_job_directory(tmp_path, tiny_model
     assert {p["id"] for p in predictions} == {it["id"] for it in items}
     assert all(p["schema"] == "sentiment" and p["label"] in ("positive", "negative") for p in predictions)
     assert all(0.5 <= p["confidence"] <= 1.0 for p in predictions)
+    holdout_ids = {it["id"] for it in items if it["holdout"]}
+    # Holdout records carry the whole softmax, in label order; the others do not.
+    assert {p["id"] for p in predictions if "probs" in p} == holdout_ids
+    for p in predictions:
+        if "probs" in p:
+            assert len(p["probs"]) == 2 and abs(sum(p["probs"]) - 1) < 1e-4
+            best = max(p["probs"])
+            assert p["confidence"] == best and p["label"] == ["positive", "negative"][p["probs"].index(best)]
 
     saved = job / "artifacts" / "sentiment"
     assert json.loads((saved / "labels.json").read_text())["labels"] == ["positive", "negative"]
@@ -224,6 +232,45 @@ def test_a_hub_id_that_is_not_here_fails_fast_offline(tmp_path):
     assert "'nobody-here/no-such-model' is not on this machine" in error
     assert "download it on a machine with network access" in error
     assert "set model to that directory" in error
+
+
+def test_a_max_length_past_the_models_is_lowered_with_a_warning(tmp_path, tiny_model):
+    job = write_job(tmp_path / "job", items=easy_items(20, unlabeled=0),
+                    options=dict(TINY, model=tiny_model, epochs=1, max_length=512))
+    result = run_worker(job, timeout=60)
+    assert result.returncode == 0, result.stderr
+    warnings = [e["message"] for e in events_of(job) if e["type"] == "log" and e["level"] == "warning"]
+    assert warnings == ["max_length 512 is more than the model takes; using its 128"]
+    assert json.loads((job / "artifacts/sentiment/labels.json").read_text())["max_length"] == 128
+
+
+def test_decision_calibrate_runs_without_torch(tmp_path):
+    """It only rescales stored probabilities: the worker must choose no device (that imports torch),
+    set no torch threads and start no data-parallel processes for it, whatever the job asks."""
+    job = write_job(tmp_path / "job", items=easy_items(4, unlabeled=0), trainer="decision-calibrate",
+                    num_threads=1, processes=2)
+    source = job / "bundle" / "calibrate"
+    source.mkdir()
+    (source / "source.json").write_text(json.dumps({"run_id": 7, "schemas": {"sentiment": ["positive", "negative"]}}))
+    rows = [{"id": f"h{i}", "schema": "sentiment", "holdout": True, "gold": "positive",
+             "label": "positive" if i % 4 else "negative", "confidence": 0.99} for i in range(40)]
+    (source / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (source / "predictions.jsonl").write_text("".join(
+        json.dumps({"id": r["id"], "schema": "sentiment", "label": r["label"], "confidence": 0.99}) + "\n"
+        for r in rows))
+    blocked = tmp_path / "no_torch"
+    (blocked / "torch").mkdir(parents=True)
+    (blocked / "torch" / "__init__.py").write_text("raise ImportError('torch is blocked by this test')\n")
+
+    result = run_worker(job, env=worker_env(blocked), timeout=60)
+
+    assert result.returncode == 0, result.stderr
+    events = events_of(job)
+    started = [e for e in events if e["type"] == "started"]
+    assert [(e["device"], e["device_name"]) for e in started] == [("cpu", "CPU (no device needed)")]
+    assert done_of(job)["status"] == "succeeded"
+    assert "torch is blocked" not in result.stderr
+    assert len((job / "predictions.jsonl").read_text().splitlines()) == 40
 
 
 def test_bad_options_fail_with_the_key(tmp_path, tiny_model):

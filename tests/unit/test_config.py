@@ -141,11 +141,13 @@ def test_seed_backends_have_every_key_with_defaults(tmp_path):
 
 def test_tables_hold_exactly_the_spec_keys():
     # SPEC §1 "Keys per backend type", column by column, plus copy_stall_timeout_s: SPEC §9's
-    # "sent nothing for 180 s" as a setting (a slow link may need more).
+    # "sent nothing for 180 s" as a setting (a slow link may need more); and issue 11's several
+    # GPUs: max_gpus widens `gpus: auto`, processes asks for data-parallel processes (ssh, local).
     common_ssh_slurm = {"type", "description", "host", "user", "port", "identity_file", "python",
                         "remote_dir", "env", "num_threads", "max_artifact_mb", "fetch_artifacts",
                         "keep_remote", "heartbeat_timeout_s", "copy_stall_timeout_s"}
-    assert {k.name for k in BACKEND_KEYS["ssh"]} == common_ssh_slurm | {"gpus", "min_free_gpu_mb", "packages"}
+    assert {k.name for k in BACKEND_KEYS["ssh"]} == common_ssh_slurm | {
+        "gpus", "min_free_gpu_mb", "packages", "max_gpus", "processes"}
     assert {k.name for k in BACKEND_KEYS["slurm"]} == common_ssh_slurm | {
         "job_python", "prelude", "partition", "account", "qos", "gres", "time", "mem",
         "cpus_per_task", "constraint", "poll_interval_s"}
@@ -202,7 +204,7 @@ def test_heartbeat_and_local_settings_come_from_model_training(tmp_path):
     assert backends["gpu-server"].get("heartbeat_timeout_s") == 60
     assert backends["cluster"].get("heartbeat_timeout_s") == 300
     assert backends["local"].options == {"description": None, "device": "cpu", "num_threads": 4,
-                                         "max_ram_mb": 8000}
+                                         "max_ram_mb": 8000, "processes": 1}
 
 
 def test_a_local_entry_may_override_local_settings(tmp_path):

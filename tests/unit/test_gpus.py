@@ -38,6 +38,16 @@ def test_choose(setting, min_free, expected):
     assert choose_gpus(parse_nvidia_smi(SMI), setting, min_free).indices == expected
 
 
+def test_auto_widened_by_max_gpus_takes_the_most_free_that_each_have_enough():
+    gpus = parse_nvidia_smi(SMI)
+    choice = choose_gpus(gpus, "auto", 1000, max_gpus=2)
+    assert choice.indices == (1, 2) and choice.reason == "most free memory: 21920, 11341 MB"
+    assert choose_gpus(gpus, "auto", 5000, max_gpus=3).indices == (1, 2)  # GPU 0 has too little free
+    assert choose_gpus(gpus, "auto", 15000, max_gpus=2).indices == (1,)  # fewer than asked: as many as fit
+    assert choice.describe(gpus) == (
+        "GPU 1 (NVIDIA A100-SXM4-80GB), GPU 2 (Tesla K80) (most free memory: 21920, 11341 MB)")
+
+
 def test_auto_refuses_when_no_gpu_has_enough_free():
     with pytest.raises(NoFreeGpu, match=r"^No GPU has 40000 MB free\. Fix: "):
         choose_gpus(parse_nvidia_smi(SMI), "auto", 40000)
@@ -62,10 +72,12 @@ def test_auto_skips_gpus_without_kernels():
 
 @pytest.mark.parametrize("capability, arch_list, expected", [
     ((8, 0), ["sm_80"], True),
-    ((8, 6), ["sm_80"], False),
+    ((8, 6), ["sm_80"], True),                 # binary compatible within a major version (torch's own rule)
+    ((9, 0), ["sm_80"], False),
     ((8, 6), ["sm_80", "compute_80"], True),   # PTX JIT-compiles upward
     ((7, 0), ["compute_80"], False),
     ((3, 7), [], True),                        # nothing to judge by
+    (None, ["sm_80"], True),                   # nvidia-smi did not say: the worker finds out
 ])
 def test_has_kernels(capability, arch_list, expected):
     assert has_kernels(capability, arch_list) is expected

@@ -18,7 +18,7 @@ from tests.unit.test_config import SEED_CONFIG, seed_dict, write_project
 
 B = "model_training.backends"
 SSH_ACCEPTS = ("type, description, host, user, port, identity_file, python, remote_dir, env, "
-               "num_threads, gpus, min_free_gpu_mb, packages, max_artifact_mb, fetch_artifacts, "
+               "num_threads, gpus, min_free_gpu_mb, max_gpus, processes, packages, max_artifact_mb, fetch_artifacts, "
                "keep_remote, copy_stall_timeout_s, heartbeat_timeout_s")
 SLURM_ACCEPTS = ("type, description, host, user, port, identity_file, python, remote_dir, env, "
                  "num_threads, max_artifact_mb, fetch_artifacts, keep_remote, copy_stall_timeout_s, heartbeat_timeout_s, "

