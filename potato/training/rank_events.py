@@ -20,7 +20,6 @@ Part of the remote half: Python 3.8, standard library only.
 """
 
 import os
-import signal
 from typing import Any, Dict, List, Optional, Tuple
 
 from potato.training.data_parallel import describe_devices

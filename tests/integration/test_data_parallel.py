@@ -11,8 +11,6 @@ a cancel.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from potato.training.events import read_events
 from tests.integration.test_ssh_backend import ssh_project
 from tests.support.remote_host import assert_host_clean
 from tests.support.runs import (
-    potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
+    potato, potato_background, potato_watching, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
     wait_for, wait_for_state, wait_for_training,
 )
 
@@ -123,24 +121,15 @@ def test_an_ssh_run_trains_in_two_processes_on_the_host(
                          gpus="none", processes=2)
     jobs = Path(sshd_service.user_home) / ".cache/potato-training/jobs"
     seen: set[int] = set()
-    stop = threading.Event()
 
     def watch_host():  # the training processes' pids, from the job directory on the host
-        while not stop.is_set():
-            for job_dir in jobs.glob("*"):
-                try:
-                    seen.update(rank_pids(job_dir))
-                except OSError:
-                    pass
-            time.sleep(0.1)
+        for job_dir in jobs.glob("*"):
+            try:
+                seen.update(rank_pids(job_dir))
+            except OSError:
+                pass
 
-    watcher = threading.Thread(target=watch_host)
-    watcher.start()
-    try:
-        done = potato("training", "run", str(config))
-    finally:
-        stop.set()
-        watcher.join()
+    done = potato_watching(watch_host, "training", "run", str(config))
     assert done.returncode == 0, done.stdout + done.stderr
     run = store_of(config).get_run(1)
     assert (run.state, run.gpu) == ("succeeded", TWO_CPUS)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import stat
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import pytest
 
 from tests.support.potato_project import make_project
 from tests.support.runs import (
-    assert_private, potato, potato_background, run_dir_of, store_of, wait_for, wait_for_state, wait_for_training,
+    assert_private, potato, potato_background, potato_watching, run_dir_of, store_of, wait_for, wait_for_state,
+    wait_for_training,
 )
 from tests.support.remote_host import assert_host_clean, host_processes
 
@@ -68,31 +68,22 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     shutil.rmtree(Path(sshd_service.user_home) / ".cache/potato-training/code", ignore_errors=True)  # a new host
     seen_cmdlines: set[str] = set()
     sockets: list[tuple[int, int]] = []
-    stop = threading.Event()
 
     def watch_host():  # what any account on a shared server could see during the run
-        while not stop.is_set():
-            for entry in os.listdir("/proc"):
-                try:
-                    with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                        seen_cmdlines.update(fh.read().decode(errors="replace").split("\0"))
-                except OSError:
-                    pass
-            for sock in Path("/tmp").glob("potato-1-*.sock"):
-                try:
-                    st = sock.stat()
-                    sockets.append((stat.S_IMODE(st.st_mode), st.st_uid))
-                except OSError:
-                    pass
-            time.sleep(0.05)
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    seen_cmdlines.update(fh.read().decode(errors="replace").split("\0"))
+            except OSError:
+                pass
+        for sock in Path("/tmp").glob("potato-1-*.sock"):
+            try:
+                st = sock.stat()
+                sockets.append((stat.S_IMODE(st.st_mode), st.st_uid))
+            except OSError:
+                pass
 
-    watcher = threading.Thread(target=watch_host)
-    watcher.start()
-    try:
-        done = potato("training", "run", str(config))
-    finally:
-        stop.set()
-        watcher.join()
+    done = potato_watching(watch_host, "training", "run", str(config), interval=0.05)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Run 1 queued: hf-text-classification on sentiment, runs on gpu-server (ssh to " in done.stdout
     run = store.get_run(1)

@@ -94,6 +94,24 @@ def potato(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedPr
                           stdin=subprocess.DEVNULL, **kwargs)
 
 
+def potato_watching(sample: Callable[[], None], *args: str, interval: float = 0.1) -> subprocess.CompletedProcess:
+    """``potato(*args)`` while a thread calls *sample* every *interval* seconds (to see what a run leaves about)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            sample()
+            time.sleep(interval)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        return potato(*args)
+    finally:
+        stop.set()
+        watcher.join()
+
+
 def potato_background(*args: str, log: Path) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = open(log, "wb")
