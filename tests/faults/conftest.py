@@ -42,24 +42,15 @@ LAST = ("test_queue.py",)
 
 
 def pytest_collection_modifyitems(items):
-    """The queue case last (it checks that every backend's next run succeeds after the faults)."""
-    items.sort(key=lambda item: item.path.name in LAST)
+    """The queue case last of the fault cases (it checks that every backend's next run succeeds after them).
 
-
-def _trust_proxy(sshd_service, port: int) -> None:
-    """Add the host's key for ``[127.0.0.1]:<proxy port>`` to this account's known_hosts, marked for removal."""
-    _, known = service_fixtures._marked_files()
-    key = " ".join(sshd_service.known_hosts.read_text().split()[1:3])
-    with service_fixtures._machine_lock():
-        known.parent.mkdir(mode=0o700, exist_ok=True)
-        with open(known, "a") as fh:
-            fh.write(f"# >>> potato-test {sshd_service.tag}\n[127.0.0.1]:{port} {key}\n"
-                     f"# <<< potato-test {sshd_service.tag}\n")
-
-
-def _untrust_proxy(sshd_service) -> None:
-    with service_fixtures._machine_lock():
-        service_fixtures._strip_block(service_fixtures._marked_files()[1], sshd_service.tag)
+    The hook sees the whole session's items: only the fault cases are reordered, in place.
+    """
+    here = Path(__file__).parent
+    places = [k for k, item in enumerate(items) if item.path.parent == here]
+    ordered = sorted((items[k] for k in places), key=lambda item: item.path.name in LAST)
+    for k, item in zip(places, ordered):
+        items[k] = item
 
 
 def _project(root: Path, model: Path, sshd_service, ssh_port: int, remote_dirs: dict[str, Path],
@@ -132,10 +123,10 @@ def open_bench(root: Path, services, ssh_proxy: TcpProxy, model: Path, **model_t
 def ssh_proxy(sshd_service):
     """The TCP proxy every fault project's ssh and slurm backends log in through (trusted in known_hosts)."""
     proxy = TcpProxy(sshd_service.port, lifetime_s=3600)
-    _trust_proxy(sshd_service, proxy.port)
+    service_fixtures.trust_forwarded_port(sshd_service, proxy.port)
     yield proxy
     proxy.close()
-    _untrust_proxy(sshd_service)
+    service_fixtures.untrust_forwarded_ports(sshd_service)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from potato.errors import DiskFull
-from tests.faults.test_kills import start_agent_for
+from tests.faults.test_kills import LONG, start_agent_for
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slurm, pytest.mark.prefect, pytest.mark.training]
 
@@ -52,16 +52,17 @@ def test_the_disk_of_the_run_directory_fills_up(bench, case, backend, request, m
         shutil.copyfile(many_items, more)
     try:
         with small_disk(run_dir):
-            # A local worker writes its model straight into the run directory: it must still be training
-            # (some seconds of it) when the disk fills; the others fill it before the copy back.
-            run_id = bench.server.start_run(backend, **({"epochs": 20} if backend == "local" else {}))
+            # A local worker writes straight into the run directory: it trains until the disk is full
+            # (its events, then, cannot be written: however fast it trains, it fails on the full disk);
+            # the others' runs are short, and their disk fills before the copy back.
+            run_id = bench.server.start_run(backend, **(LONG if backend == "local" else {}))
             assert bench.run_dir(run_id) == run_dir
             if backend == "lab":  # its events come in 1 s batches, after which it may have uploaded already
                 bench.wait_for_event(run_id, lambda e: "claimed the run" in str(e.data.get("message")), 60,
                                      f"an agent to claim run {run_id}")
             else:
                 bench.wait_for_training(run_id)
-            fill(run_dir, leave=(64 if backend == "lab" else 48) * 1024)
+            fill(run_dir, leave={"local": 4, "lab": 64}.get(backend, 48) * 1024)
             bench.wait_for_end(run_id, 120)
     finally:
         if saved.exists():

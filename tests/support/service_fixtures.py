@@ -582,6 +582,31 @@ def _strip_block(path: Path, tag: str) -> None:
 def _remove_user_ssh_blocks(tag: str) -> None:
     for path in _marked_files():
         _strip_block(path, tag)
+    _strip_block(_marked_files()[1], _forwarded_tag(tag))
+
+
+def _forwarded_tag(tag: str) -> str:
+    # Its own marker: ssh_user_config's teardown must not take a forwarded port's key with its own block.
+    return f"{tag}-forwarded"
+
+
+def trust_forwarded_port(sshd_service, port: int) -> None:
+    """Trust the sshd's host key at ``[127.0.0.1]:<port>`` (a proxy in front of it) in this account's known_hosts.
+
+    Marked with the session's tag, so ``untrust_forwarded_ports`` (or, after a crash, the next session) removes it.
+    """
+    _, known = _marked_files()
+    key = " ".join(sshd_service.known_hosts.read_text().split()[1:3])
+    tag = _forwarded_tag(sshd_service.tag)
+    with _machine_lock():
+        known.parent.mkdir(mode=0o700, exist_ok=True)
+        with open(known, "a") as fh:
+            fh.write(f"# >>> potato-test {tag}\n[127.0.0.1]:{port} {key}\n# <<< potato-test {tag}\n")
+
+
+def untrust_forwarded_ports(sshd_service) -> None:
+    with _machine_lock():
+        _strip_block(_marked_files()[1], _forwarded_tag(sshd_service.tag))
 
 
 @pytest.fixture
@@ -614,7 +639,8 @@ def ssh_user_config(sshd_service) -> str:
         yield alias
     finally:
         with _machine_lock():
-            _remove_user_ssh_blocks(sshd_service.tag)
+            for path in (config, known):
+                _strip_block(path, sshd_service.tag)
 
 
 # --------------------------------------------------------------------------
