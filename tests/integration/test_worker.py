@@ -294,3 +294,31 @@ def test_the_same_seed_gives_the_same_predictions(tmp_path, tiny_model, monkeypa
         hf.train(job, EventWriter(str(tmp_path / name / "events.jsonl")))
         outputs.append((tmp_path / name / "predictions.jsonl").read_text())
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 44
+
+
+def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path, tiny_model, monkeypatch):
+    """auto predicts in bf16 where this CPU computes it (fp32 where not); fp32 asks for fp32; the log says which."""
+    import torch
+
+    from potato.trainers import hf_text_classification as hf
+    from potato.training.events import EventWriter
+    from potato.training.worker import read_job
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    items = easy_items(60, unlabeled=20)
+    runs = {}
+    for precision in ("auto", "fp32"):
+        path = write_job(tmp_path / precision, items=items,
+                         options=dict(TINY, model=tiny_model, predict_precision=precision), include_unlabeled=True)
+        hf.train(read_job(str(path)), EventWriter(str(path / "events.jsonl")))
+        model_line = next(e["message"] for e in events_of(path) if e["type"] == "log" and e["message"].startswith("Model "))
+        predictions = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
+        runs[precision] = (model_line, {p["id"]: p for p in predictions})
+    bf16 = hf.cpu_has_bf16(torch)
+    assert runs["auto"][0].endswith(", trains in full precision (fp32), predicts in " + (
+        "bf16 autocast (the CPU has bf16 instructions)" if bf16 else "fp32"))
+    assert runs["fp32"][0].endswith(", trains in full precision (fp32), predicts in fp32")
+    auto, fp32 = runs["auto"][1], runs["fp32"][1]
+    assert auto.keys() == fp32.keys() and len(auto) == 80
+    assert all(auto[i]["label"] == fp32[i]["label"] for i in auto)  # a trained model: no item near 0.5
+    assert max(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) < (0.01 if bf16 else 1e-9)

@@ -49,6 +49,7 @@ def test_estimated_tokens_are_capped_at_max_length():
     assert hf.estimated_tokens(0, 256) == 2
     assert hf.estimated_tokens(400, 256) == 102
     assert hf.estimated_tokens(4000, 256) == 256
+    assert hf.estimated_tokens(400, 256, 16) == 112 and hf.estimated_tokens(4000, 250, 16) == 256
 
 
 # -- the plan ----------------------------------------------------------------------
@@ -257,3 +258,17 @@ def test_a_job_without_processes_reads_as_one_process(tmp_path):
 
     assert Job(str(tmp_path), {}).processes is None
     assert Job(str(tmp_path), {"processes": "per_gpu"}).processes == "per_gpu"
+
+
+def test_padding_multiples_never_pass_the_models_positions():
+    import torch
+
+    dev = hf.ComputeDevice(torch, "cpu", "fp32")
+    dev.pad_multiple, dev.predict_pad_multiple = 8, 16  # as on CUDA / on a CPU predicting in bf16
+    dev.fit_padding(128, 512)
+    assert (dev.pad_multiple, dev.predict_pad_multiple) == (8, 16)
+    dev.fit_padding(250, 250)  # 256 would index past the 250 position embeddings
+    assert (dev.pad_multiple, dev.predict_pad_multiple) == (1, 1)
+    dev.pad_multiple, dev.predict_pad_multiple = 8, 16
+    dev.fit_padding(200, None)  # the model does not say: no further than max_length
+    assert (dev.pad_multiple, dev.predict_pad_multiple) == (8, 1)
