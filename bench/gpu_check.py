@@ -169,7 +169,7 @@ def probe_host() -> None:
 def kernel_check() -> None:
     import torch
 
-    from potato.trainers.hf_text_classification import ComputeDevice
+    from potato.trainers.hf_common import ComputeDevice
     from potato.training.device import choose_device, has_kernels
 
     arch = list(torch.cuda.get_arch_list()) if torch.cuda.is_available() else []

@@ -118,7 +118,7 @@ def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    from potato.trainers.hf_text_classification import _model_max_length
+    from potato.trainers.hf_common import model_max_length as _model_max_length
 
     rows = [json.loads(line) for line in open(work / "texts.jsonl")]
     classify = pipeline("text-classification", model=model, device=0 if torch.cuda.is_available() else -1)

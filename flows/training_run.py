@@ -55,6 +55,7 @@ from potato.store import MANUAL, SCHEDULE, Store
 from potato.tasks.base import RunContext, backend_module
 from potato.tasks.openssh import is_transient
 from potato.tasks.relay import watch
+from potato.trainers import metrics
 from potato.writeback import write_back
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
@@ -126,8 +127,7 @@ def record_results_task(ctx: RunContext) -> dict:
     calibrating = ctx.run.trainer == calibration.NAME
     for schema, s in scores.items():
         if not calibrating:  # decision-calibrate's worker logged its own line per schema
-            ctx.log.info(f"Holdout {schema}: accuracy {s.get('accuracy', 0):.3f}, "
-                         f"macro-F1 {s.get('macro_f1', 0):.3f} (n={s.get('n', 0)})")
+            ctx.log.info(metrics.describe(schema, s))
     if scores:
         create_table_artifact(
             [{"schema": k, **v} for k, v in scores.items()],

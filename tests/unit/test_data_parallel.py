@@ -10,7 +10,7 @@ import pytest
 
 from potato.config import BackendConfig
 from potato.jobs import processes_for
-from potato.trainers import hf_text_classification as hf
+from potato.trainers import hf_common as hf
 from potato.training.data_parallel import PlanError, check_processes, describe_devices, plan_processes
 from potato.training.events import EventWriter, read_events
 from potato.training.predictions import PredictionStream, publish_parts

@@ -1,0 +1,40 @@
+"""Kinds of answer: what a schema's annotators give, as a trainer and a metric see it.
+
+A schema's ``annotation_type`` decides its kind, as Potato 2.12 classifies
+them (its ``SchemaKind``), so the two tools agree on which trainer fits which
+schema. Trainers declare the kinds they train; the bundle carries each
+schema's kind to the worker (docs/answer-types.md says what each kind's
+answers, predictions, scores and writeback look like). A type that is not
+here has kind ``unsupported``: nothing trains it.
+
+Pure data: no I/O, importable anywhere.
+"""
+
+from __future__ import annotations
+
+NOMINAL = "nominal"          # one label of several (radio, select)
+ORDINAL = "ordinal"          # one point of an ordered scale (likert)
+CONTINUOUS = "continuous"    # a number in a range (slider, number)
+MULTILABEL = "multilabel"    # any set of labels (multiselect)
+SPAN = "span"                # labelled character ranges of the item's text (span)
+TEXT = "text"                # free text (text, textbox)
+UNSUPPORTED = "unsupported"
+
+KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT)
+
+KIND_BY_TYPE = {
+    "radio": NOMINAL,
+    "select": NOMINAL,
+    "likert": ORDINAL,
+    "slider": CONTINUOUS,
+    "number": CONTINUOUS,
+    "multiselect": MULTILABEL,
+    "span": SPAN,
+    "text": TEXT,
+    "textbox": TEXT,
+}
+
+
+def kind_of_type(annotation_type: str) -> str:
+    """The kind of answer a schema of ``annotation_type`` collects (``unsupported`` when none)."""
+    return KIND_BY_TYPE.get((annotation_type or "").strip().lower(), UNSUPPORTED)
