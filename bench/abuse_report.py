@@ -75,7 +75,7 @@ class Server:
     """A live ``potato start`` on a project in *root*, and the run store it writes."""
 
     def __init__(self, root: Path):
-        from potato.runs import open_store
+        from potato.runs.paths import open_store
         from potato.config import load_config
         from potato.tokens import register_agent
         from tests.support.potato_project import make_project
@@ -114,7 +114,9 @@ class Server:
         self.store.close()
 
     def run_dir(self, run_id: int) -> Path:
-        return self.config.training_dir / "runs" / str(run_id)
+        from potato.runs.paths import run_paths
+
+        return run_paths(self.config, run_id).dir
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None) -> Answer:

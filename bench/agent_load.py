@@ -44,7 +44,7 @@ def _free_port() -> int:
 def prepare(root: Path, posters: int) -> tuple[Path, str, list[int]]:
     """A project with an agent backend, its token, and *posters* claimed running runs."""
     from potato.config import load_config
-    from potato.runs import open_store
+    from potato.runs.paths import open_store
     from potato.tokens import register_agent
     from tests.support.potato_project import make_project
 

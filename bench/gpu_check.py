@@ -2,7 +2,7 @@
 
 Built on the remote half (potato/training, potato/trainers) and the trainer's
 packages, plus the stdlib parts of the server's GPU choice
-(potato/tasks/gpus.py): no Prefect, Flask or YAML is needed where it runs. The
+(potato/backends/ssh/gpus.py): no Prefect, Flask or YAML is needed where it runs. The
 GPU machine has its own python3 with a CUDA torch, transformers and peft, no
 package registry and no model hub, and only a working tree of at most 64 MiB
 travels to it — so the model and the example project's bundle are prepared
@@ -142,7 +142,7 @@ class Steps:
 
 def probe_host() -> None:
     from potato.errors import PotatoError
-    from potato.tasks.gpus import choose_gpus, mark_kernels, parse_nvidia_smi
+    from potato.backends.ssh.gpus import choose_gpus, mark_kernels, parse_nvidia_smi
     from potato.training.probe import TRAINING_PACKAGES, probe
 
     report = probe("~/.cache/potato-training", "", list(TRAINING_PACKAGES))

@@ -22,13 +22,16 @@ import time
 from pathlib import Path
 
 
-from potato import runs
+from potato.runs.paths import open_store, run_paths
+
+from potato.runs.queue import create_run
 from potato.config import load_config
 from potato.runlog import RunLog
-from potato.tasks import fetch, ssh
-from potato.tasks.base import RunContext
-from potato.tasks.code import code_archive
-from potato.tasks.openssh import Connection, SshTarget
+from potato.backends.ssh import fetch
+from potato.backends.ssh import steps as ssh
+from potato.backends.base import RunContext
+from potato.backends.ssh.code import code_archive
+from potato.backends.ssh.openssh import Connection, SshTarget
 from tests.support.runs import potato, store_of, tiny_project
 
 SIZE_MB = 300
@@ -36,11 +39,11 @@ SIZE_MB = 300
 
 def _ctx(config_yaml: Path, backend: str) -> RunContext:
     cfg = load_config(config_yaml)
-    store = runs.open_store(cfg)
-    run = runs.create_run(cfg, store, backend=backend)
+    store = open_store(cfg)
+    run = create_run(cfg, store, backend=backend)
     store.transition(run.id, "cancelled", from_states=("queued",))  # a record for the context only
     return RunContext(cfg, store, store.get_run(run.id), cfg.model_training.backends[backend],
-                      RunLog(store, run.id, runs.run_dir(cfg, run.id) / "run.log"))
+                      RunLog(store, run.id, run_paths(cfg, run.id).dir / "run.log"))
 
 
 def _project(root: Path, alias: str, python: str) -> Path:

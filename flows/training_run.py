@@ -1,12 +1,14 @@
-"""THE flow: one training run, as the seven steps of DESIGN.md.
+"""THE flow: one training run, as its steps (docs/architecture.md, "One run, end to end").
 
     build bundle → connect → pick GPU → sync code → spawn → relay events
     → (record results, write back) → fetch artifacts → clean up
 
 Each step is a Prefect task named for what it does on this run, so the Prefect
-UI traces a run the way its log reads. Step bodies live in ``potato.tasks.<backend>``
-and test without Prefect; the tasks here only call them. Clean-up runs in
-``finally:``, so failures, timeouts and cancels run it too.
+UI traces a run the way its log reads. Step bodies live in the run's backend
+type's steps module (``potato.backends.base.Steps``) and in ``potato.results``,
+and test without Prefect; the tasks here only call them. Nothing here names a
+backend type or a trainer: what differs comes from their declarations. Clean-up
+runs in ``finally:``, so failures, timeouts and cancels run it too.
 
 Started by the dispatcher as ``python -m flows.training_run --config C --run-id N``
 (the flow then owns its process's main thread, so Prefect's timeout interrupts
@@ -42,27 +44,34 @@ from prefect.concurrency.sync import concurrency
 from prefect.flow_engine import run_flow
 from prefect.states import Cancelled
 
-from potato import calibration, prefect_runs, runs
+from prefect.exceptions import TerminationSignal
+
+from potato import prefect_runs
+from potato.backends.base import RunContext, Steps, steps_of
+from potato.backends.relay import check_limits, describe_worker_failure, watch
+from potato.backends.ssh.openssh import is_transient
 from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
-from potato.evaluation import record_evaluation
 from potato.prefect_api import ensure_concurrency_limit
 from potato.prefect_runs import CancelWatch
 from potato.project import build_bundle, describe_bundle
+from potato.results import record_results
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
+from potato.runs.ending import after_flow, end_run
+from potato.runs.paths import open_store, private_dir, run_paths
+from potato.runs.queue import create_run
 from potato.store import MANUAL, SCHEDULE, Store
-from potato.tasks.base import RunContext, backend_module
-from potato.tasks.openssh import is_transient
-from potato.tasks.relay import watch
-from potato.trainers import metrics
-from potato.writeback import write_back
+from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, hook
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (notes/prefect-3.md).
 LEASE_SECONDS = 60
 # True in a process that main() started, i.e. the dispatcher's child.
 _DISPATCHED = False
+# Added to max_wall_seconds for Prefect's own flow timeout: the relay step's
+# one-second check stops the run first; Prefect's timeout is the backstop.
+FLOW_TIMEOUT_MARGIN_S = 60
 
 
 def _task(name: str):
@@ -78,8 +87,9 @@ def build_bundle_task(ctx: RunContext) -> dict:
     for warning in info.warnings:
         ctx.log.warning(warning)
     ctx.log.info(describe_bundle(info))
-    if ctx.run.trainer == calibration.NAME:
-        calibration.prepare(ctx)
+    prepare = hook(TRAINERS[ctx.run.trainer], "prepare")
+    if prepare is not None:
+        prepare(ctx)
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}
 
 
@@ -114,40 +124,20 @@ def spawn_task(ctx: RunContext, backend, session) -> Any:
 
 
 @_task("relay-events")
-def relay_events_task(ctx: RunContext, backend, session, handle) -> int:
-    progress = _ProgressArtifact(ctx)
-    ctx.extra["on_progress"] = progress.update
-    return watch(ctx, session, handle, backend, heartbeat_timeout=runs.heartbeat_timeout(ctx.config, ctx.run.backend))
+def relay_events_task(ctx: RunContext, backend: Steps, session, handle) -> int:
+    ctx.on_progress = _ProgressArtifact(ctx).update
+    return watch(ctx, session, handle, backend)
 
 
 @_task("record-results")
 def record_results_task(ctx: RunContext) -> dict:
-    scores = runs.read_scores(ctx.run_dir)
-    ctx.store.update_run(ctx.run_id, scores=scores)
-    calibrating = ctx.run.trainer == calibration.NAME
-    for schema, s in scores.items():
-        if not calibrating:  # decision-calibrate's worker logged its own line per schema
-            ctx.log.info(metrics.describe(schema, s))
+    scores = record_results(ctx)
     if scores:
         create_table_artifact(
             [{"schema": k, **v} for k, v in scores.items()],
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
-    if calibrating:
-        calibration.apply(ctx)
-        return scores
-    # The holdout evaluation and the leak guard read the server's own bundle: it is removed only at clean-up.
-    try:
-        record_evaluation(ctx.run_id, ctx.run_dir, ctx.bundle_dir, ctx.run.schemas)
-    except (OSError, ValueError, KeyError) as exc:  # the pictures and calibration need it; the run does not
-        ctx.log.warning(f"The holdout evaluation could not be kept: {type(exc).__name__}: {exc}")
-    predictions = ctx.run_dir / "predictions.jsonl"
-    summary = write_back(ctx.config, ctx.run_id, ctx.run.schemas, predictions, ctx.bundle_dir)
-    bad_lines = summary.describe_bad_lines(predictions)
-    if bad_lines:
-        ctx.log.warning(bad_lines)
-    ctx.log.info(summary.describe())
     return scores
 
 
@@ -169,7 +159,7 @@ def _named(t, text: str):
 def training_run(
     config: str,
     run_id: int | None = None,
-    trainer: str = runs.DEFAULT_TRAINER,
+    trainer: str = DEFAULT_TRAINER,
     schemas: list[str] | None = None,
     backend: str | None = None,
     options: dict | None = None,
@@ -177,12 +167,12 @@ def training_run(
     """Execute training run *run_id* of the project at *config* (or create one first)."""
     os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     cfg = load_config(config)
-    store = runs.open_store(cfg)
+    store = open_store(cfg)
     if run_id is None:
         run_id = _create_own_run(cfg, store, trainer=trainer, schemas=schemas, backend=backend, options=options)
         if run_id is None:
             return Cancelled(message="Potato's dispatcher took this run first; its own flow run executes it")
-    _output_to_flow_log(runs.run_dir(cfg, run_id))
+    _output_to_flow_log(run_paths(cfg, run_id).flow_log)
     flow_run_id = _flow_run_id()
     store.update_run(run_id, prefect_flow_run_id=flow_run_id, flow_pid=os.getpid())
     if flow_run_id:
@@ -200,7 +190,7 @@ def training_run(
             return _execute(cfg, store, run_id, cancel)
 
 
-def _output_to_flow_log(run_dir) -> None:
+def _output_to_flow_log(flow_log) -> None:
     """Write this process's output to the run's ``flow.log`` if it went into a pipe (a Prefect worker's).
 
     A process worker reads its flows' output through a pipe. Killed, it
@@ -215,7 +205,8 @@ def _output_to_flow_log(run_dir) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    fd = os.open(runs.private_dir(run_dir) / "flow.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    private_dir(flow_log.parent)
+    fd = os.open(flow_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -232,14 +223,14 @@ def _create_own_run(cfg: ProjectConfig, store: Store, **request) -> int | None:
     run and this one has nothing to do (None).
     """
     scheduled = _started_by_a_schedule()
-    run = runs.create_run(cfg, store, trigger=SCHEDULE if scheduled else MANUAL, **request)
+    run = create_run(cfg, store, trigger=SCHEDULE if scheduled else MANUAL, **request)
     if not store.transition(run.id, "running", from_states=("queued",), step="waiting for this project's turn"):
         return None
     from prefect.runtime import deployment
 
     source = f"deployment {training_run.name}/{deployment.name}" if deployment.id else f"flow {training_run.name}"
     how = "by a schedule of the" if scheduled else "in Prefect, from the"
-    RunLog(store, run.id, runs.run_dir(cfg, run.id) / "run.log").info(f"Run {run.id} was started {how} {source}")
+    RunLog(store, run.id, run_paths(cfg, run.id).run_log).info(f"Run {run.id} was started {how} {source}")
     return run.id
 
 
@@ -254,7 +245,7 @@ def _started_by_a_schedule() -> bool:
 def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFromPrefect"):
     run = store.get_run(run_id)
     backend_cfg = cfg.model_training.backends[run.backend]
-    ctx = RunContext(cfg, store, run, backend_cfg, RunLog(store, run_id, runs.run_dir(cfg, run_id) / "run.log"))
+    ctx = RunContext(cfg, store, run, backend_cfg, RunLog(store, run_id, run_paths(cfg, run_id).run_log))
     where = backend_cfg.host or "this machine"
     backend = session = handle = None
     final_state, error = "failed", None
@@ -264,12 +255,14 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         # wall-clock limit stops the run before its next step; from then on the
         # relay step watches both and stops the worker with its grace period.
         if handle is None:
-            _check_limits(ctx)
+            limit = check_limits(ctx, ctx.refresh(), time.time())
+            if limit is not None:
+                raise limit
         return _named(t, name)(ctx, *args)
 
     try:
         ctx.log.info(f"Run {run_id}: {run.trainer} on {', '.join(run.schemas)}, on backend {backend_cfg.describe()}")
-        backend = backend_module(backend_cfg)
+        backend = steps_of(backend_cfg)
         step(build_bundle_task, f"build the bundle of run {run_id}")
         session = step(connect_task, f"connect to {where}", backend)
         step(pick_gpu_task, f"pick GPU on {where}", backend, session)
@@ -277,7 +270,7 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         handle = step(spawn_task, f"spawn the worker on {where}", backend, session)
         code = step(relay_events_task, f"relay events from {where}", backend, session, handle)
         if code != 0:
-            raise RunError(runs.describe_worker_failure(ctx, code))
+            raise RunError(describe_worker_failure(ctx, code))
         step(record_results_task, f"record results of run {run_id}")
         step(fetch_artifacts_task, f"fetch artifacts from {where}", backend, session, handle)
         final_state = "succeeded"
@@ -296,7 +289,7 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
             ctx.log.error(traceback.format_exc())
     except BaseException as exc:
         # Prefect's flow timeout arrives as a BaseException; the run still ends, with a reason.
-        error = runs.describe_interruption(cfg, exc)
+        error = _describe_interruption(cfg, exc)
         ctx.log.error(error)
         raise
     finally:
@@ -308,7 +301,7 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         except Exception as exc:  # clean-up failing must not hide why the run ended
             ctx.log.error(f"Clean-up failed: {type(exc).__name__}: {exc}")
         # Ends the run only once what it started is verified gone; else reconciliation finishes it.
-        runs.end_run(cfg, store, run_id, final_state, error, log=ctx.log)
+        end_run(cfg, store, run_id, final_state, error, log=ctx.log)
         _prune(cfg, store, ctx)
     if final_state == "cancelled":
         return Cancelled(message=prefect_runs.cancel_message(run_id, in_prefect=cancel.requested))
@@ -329,13 +322,24 @@ def _prune(cfg: ProjectConfig, store: Store, ctx: RunContext) -> None:
                      f"(model_training.retain_runs: {cfg.model_training.retain_runs})")
 
 
-def _check_limits(ctx: RunContext) -> None:
-    run = ctx.refresh()
-    if run.cancel_requested_at:
-        raise RunCancelled("Cancelled by request")
-    limit = ctx.config.model_training.max_wall_seconds
-    if limit and run.started_at and time.time() - run.started_at > limit:
-        raise WallTimeExceeded(limit)
+def _describe_interruption(config: ProjectConfig, exc: BaseException) -> str:
+    """Why the flow stopped when Prefect or a signal interrupted it."""
+    # Inside a flow Prefect's own handler turns SIGTERM into TerminationSignal.
+    if isinstance(exc, (SystemExit, TerminationSignal)):
+        return "The flow process was stopped (SIGTERM) while the run was active"
+    if isinstance(exc, KeyboardInterrupt):
+        return "The flow process was interrupted while the run was active"
+    limit = config.model_training.max_wall_seconds
+    if limit:
+        return str(WallTimeExceeded(limit))
+    return f"The flow was interrupted: {type(exc).__name__}: {exc}"
+
+
+def _flow_timeout_seconds(config: ProjectConfig) -> float | None:
+    mt = config.model_training
+    if not mt.max_wall_seconds:
+        return None
+    return mt.max_wall_seconds + mt.grace_seconds + FLOW_TIMEOUT_MARGIN_S
 
 
 class _CancelFromPrefect:
@@ -345,7 +349,7 @@ class _CancelFromPrefect:
         self.store = store
         self.run_id = run_id
         self.grace = cfg.model_training.grace_seconds
-        self.log = RunLog(store, run_id, runs.run_dir(cfg, run_id) / "run.log")
+        self.log = RunLog(store, run_id, run_paths(cfg, run_id).run_log)
         self.requested = False
 
     def request(self) -> None:
@@ -422,13 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     global _DISPATCHED
     _DISPATCHED = True
     cfg = load_config(args.config)
-    flow = training_run.with_options(timeout_seconds=runs.flow_timeout_seconds(cfg))
+    flow = training_run.with_options(timeout_seconds=_flow_timeout_seconds(cfg))
     parameters = {"config": str(cfg.path), "run_id": args.run_id}
-    run = runs.open_store(cfg).get_run(args.run_id)
+    store = open_store(cfg)
+    run = store.get_run(args.run_id)
     flow_run = prefect_runs.create_dispatched_flow_run(flow, parameters, f"run-{run.id}",
                                                        prefect_runs.flow_run_tags(cfg, run))
     state = run_flow(flow, flow_run=flow_run, parameters=parameters, return_type="state")
-    runs.after_flow(cfg, args.run_id, state)
+    after_flow(cfg, store, args.run_id, state)
     return 0 if state.is_completed() else 1
 
 

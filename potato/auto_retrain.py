@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from potato import runs
+from potato.runs.queue import create_run
 from potato.config import AutoRetrainConfig, ProjectConfig
 from potato.labels import UserStateError, count_user_state_annotations, find_user_states
 from potato.store import AUTO, Run, Store
@@ -133,7 +133,7 @@ class AutoRetrainWatcher:
                           last_finished_at=self.store.last_finished_at(), now=self.clock())
         run = None
         if decision.queue:
-            run = runs.create_run(
+            run = create_run(
                 self.config, self.store, trainer=settings.trainer, schemas=list(settings.schemas),
                 backend=settings.backend, options=dict(settings.params), trigger=AUTO,
                 annotation_count=annotations, only_when_idle=True,

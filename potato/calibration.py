@@ -1,8 +1,9 @@
 """decision-calibrate on the server: which earlier run it calibrates, and the rewrite afterwards.
 
 The trainer (``potato.trainers.decision_calibrate``) runs in the worker like
-any other; the server does the two things only it can, as parts of the flow's
-usual steps:
+any other; the server does the two things only it can, as the trainer's
+server-side hooks (its declaration in ``potato.trainers.registry``), at the
+flow's usual steps:
 
 - ``prepare`` (build bundle): choose the run — the ``run`` option, else the
   newest succeeded run of another trainer that trained every chosen schema —
@@ -11,7 +12,7 @@ usual steps:
   (nothing is copied; both files are only ever replaced, never written in
   place). A run calibrated before gives its worker's original predictions
   (``predictions.uncalibrated.jsonl``), so calibrations never compound.
-- ``apply`` (record results): for each schema whose calibration was kept,
+- ``apply`` (record results, in place of the usual evaluation and writeback): for each schema whose calibration was kept,
   that run's ``predictions.jsonl`` gets the recalibrated lines (the worker's
   original stays as ``predictions.uncalibrated.jsonl``, so it is always
   recoverable), and the writeback is rewritten through ``potato.writeback``
@@ -30,19 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from potato.errors import PotatoError
-from potato.evaluation import LABELS_FILE, read_evaluation, trained_on, write_evaluation
-from potato.runs import run_dir
+from potato.backends.base import RunContext
+from potato.errors import CalibrationError
+from potato.evaluation import read_evaluation, trained_on, write_evaluation
+from potato.runs.paths import RunPaths, run_paths
 from potato.store import SUCCEEDED, Run, Store
-from potato.tasks.base import RunContext
-from potato.trainers.decision_calibrate import NAME, SOURCE_DIR
+from potato.trainers.decision_calibrate import NAME, SOURCE_DIR, SOURCE_FILE
+from potato.training import job_paths
 from potato.writeback import write_back
-
-ORIGINAL = "predictions.uncalibrated.jsonl"
-
-
-class CalibrationError(PotatoError):
-    """Raised when decision-calibrate has no run it can calibrate; the message says why and what to do."""
 
 
 def _why_not(run: Run, schemas: list[str]) -> str | None:
@@ -69,9 +65,9 @@ def choose_source(store: Store, schemas: list[str], wanted: int | None, config) 
             raise CalibrationError(
                 f"decision-calibrate needs a succeeded training run of {', '.join(schemas)} to calibrate, and "
                 "there is none yet: train one first")
-    directory = run_dir(config, run.id)
-    evaluation = read_evaluation(directory)
-    if evaluation is None or not (directory / LABELS_FILE).is_file() or not _predictions(directory).is_file():
+    paths = run_paths(config, run.id)
+    evaluation = read_evaluation(paths.dir)
+    if evaluation is None or not paths.labels.is_file() or not _predictions(paths).is_file():
         raise CalibrationError(
             f"Run {run.id} has no holdout evaluation to calibrate with: its directory was deleted "
             "(model_training.retain_runs) or it finished before Potato kept one; train a new run and "
@@ -79,9 +75,10 @@ def choose_source(store: Store, schemas: list[str], wanted: int | None, config) 
     return run
 
 
-def _predictions(directory: Path) -> Path:
-    original = directory / ORIGINAL
-    return original if original.is_file() else directory / "predictions.jsonl"
+def _predictions(paths: RunPaths) -> Path:
+    """The run's predictions as its worker made them (decision-calibrate may have rewritten the others)."""
+    original = paths.uncalibrated_predictions
+    return original if original.is_file() else paths.predictions
 
 
 def _link(source: Path, target: Path) -> None:
@@ -96,15 +93,14 @@ def prepare(ctx: RunContext) -> Run:
     """Put the chosen run's holdout evaluation and predictions into this run's bundle."""
     schemas = list(ctx.run.schemas)
     source = choose_source(ctx.store, schemas, (ctx.run.options or {}).get("run"), ctx.config)
-    directory = run_dir(ctx.config, source.id)
-    evaluation = read_evaluation(directory)
+    paths = run_paths(ctx.config, source.id)
+    evaluation = read_evaluation(paths.dir)
     target = ctx.bundle_dir / SOURCE_DIR
     target.mkdir(parents=True, exist_ok=True)
-    _link(directory / LABELS_FILE, target / LABELS_FILE)
-    _link(_predictions(directory), target / "predictions.jsonl")
+    _link(paths.labels, target / job_paths.LABELS)
+    _link(_predictions(paths), target / job_paths.PREDICTIONS)
     labels = {s: evaluation["schemas"][s]["labels"] for s in schemas if s in evaluation["schemas"]}
-    (target / "source.json").write_text(json.dumps({"run_id": source.id, "schemas": labels}), encoding="utf-8")
-    ctx.extra["calibrated_run"] = source.id
+    (target / SOURCE_FILE).write_text(json.dumps({"run_id": source.id, "schemas": labels}), encoding="utf-8")
     ctx.log.info(f"Calibrating run {source.id} ({source.trainer}, finished "
                  f"{_when(source.finished_at)}) for {', '.join(schemas)}")
     return source
@@ -116,28 +112,29 @@ def _when(t: float | None) -> str:
 
 def apply(ctx: RunContext) -> None:
     """Rewrite the calibrated run's predictions, evaluation and writeback (module docstring)."""
-    source_id = ctx.extra["calibrated_run"]
+    # The run prepare() put into the bundle, which is removed only at clean-up, after this.
+    source_id = json.loads((ctx.bundle_dir / SOURCE_DIR / SOURCE_FILE).read_text(encoding="utf-8"))["run_id"]
     result = json.loads((ctx.artifacts_dir / "calibration.json").read_text(encoding="utf-8"))
     if result.get("run_id") != source_id:
         raise CalibrationError(f"The worker calibrated run {result.get('run_id')!r}, not run {source_id}")
-    directory = run_dir(ctx.config, source_id)
+    paths = run_paths(ctx.config, source_id)
     schemas: dict[str, Any] = result["schemas"]
 
-    evaluation = read_evaluation(directory) or {"format": 1, "run_id": source_id, "schemas": {}}
+    evaluation = read_evaluation(paths.dir) or {"format": 1, "run_id": source_id, "schemas": {}}
     for schema, outcome in schemas.items():
         entry = {key: value for key, value in outcome.items() if key != "reliability_before"}
         entry.update(by_run=ctx.run_id, target_precision=result.get("target_precision"))
         evaluation["schemas"].setdefault(schema, {})["calibration"] = entry
-    write_evaluation(directory, evaluation)
+    write_evaluation(paths.dir, evaluation)
     write_evaluation(ctx.run_dir, evaluation)
 
     kept = [schema for schema, outcome in schemas.items() if outcome.get("kept")]
     if not kept:
         ctx.log.info(f"Nothing was calibrated: run {source_id}'s predictions and the writeback stay as they were")
         return
-    _rewrite_predictions(directory, ctx.run_dir / "predictions.jsonl", set(kept))
+    _rewrite_predictions(paths, ctx.paths.predictions, set(kept))
     ctx.log.info(f"Run {source_id}'s predictions of {', '.join(kept)} now carry calibrated confidences; its "
-                 f"worker's original predictions are {directory / ORIGINAL}")
+                 f"worker's original predictions are {paths.uncalibrated_predictions}")
 
     newer = {s: r.id for r in ctx.store.list_runs() if r.id > source_id and _why_not(r, []) is None
              for s in r.schemas if s in kept}
@@ -146,17 +143,17 @@ def apply(ctx: RunContext) -> None:
     written = [s for s in kept if s not in newer]
     if not written:
         return
-    summary = write_back(ctx.config, source_id, written, directory / "predictions.jsonl", ctx.bundle_dir,
-                         trained_on=trained_on(directory, written))
+    summary = write_back(ctx.config, source_id, written, paths.predictions, ctx.bundle_dir,
+                         trained_on=trained_on(paths.dir, written))
     ctx.log.info(summary.describe())
 
 
-def _rewrite_predictions(directory: Path, calibrated: Path, kept: set[str]) -> None:
+def _rewrite_predictions(paths: RunPaths, calibrated: Path, kept: set[str]) -> None:
     """The run's predictions with the *kept* schemas' lines taken from *calibrated*; the original kept once."""
-    current = directory / "predictions.jsonl"
-    if not (directory / ORIGINAL).exists():
-        _link(current, directory / ORIGINAL)
-    tmp = directory / ".predictions.jsonl.tmp"
+    current = paths.predictions
+    if not paths.uncalibrated_predictions.exists():
+        _link(current, paths.uncalibrated_predictions)
+    tmp = current.with_name(f".{current.name}.tmp")
     with open(tmp, "wb") as out:
         for path, take in ((current, lambda s: s not in kept), (calibrated, lambda s: s in kept)):
             with open(path, "rb") as fh:

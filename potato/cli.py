@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from potato.trainers.registry import DEFAULT_TRAINER
+
 
 @click.group()
 @click.version_option(package_name="potato-annotation")
@@ -82,30 +84,34 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
 @training.command("run")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--backend", help="A backend of model_training.backends (default: model_training.backend, else local).")
-@click.option("--trainer", default="hf-text-classification", show_default=True)
+@click.option("--trainer", default=DEFAULT_TRAINER, show_default=True)
 @click.option("--schema", "schemas", multiple=True, help="A schema to train (repeatable; default: writeback.schemas).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A trainer option (JSON value), e.g. epochs=3.")
 @click.option("--detach", is_flag=True, help="Queue the run and return; a running `potato start` dispatches it.")
 def training_run(config, backend, trainer, schemas, options, detach) -> None:
     """Queue a training run and follow it to its end (exit 0 when it succeeds)."""
-    from potato import runs
+    from potato.errors import RunRequestError
     from potato.follow import follow
     from potato.prefect_api import embedded_prefect
+    from potato.runs.dispatcher import Dispatcher
+    from potato.runs.paths import open_store
+    from potato.runs.queue import cancel_run, create_run
+    from potato.runs.reconcile import reconcile
 
     cfg = _load(config)
-    store = runs.open_store(cfg)
+    store = open_store(cfg)
     try:
-        run = runs.create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
-                              options=_parse_options(options))
-    except runs.RunRequestError as exc:
+        run = create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
+                         options=_parse_options(options))
+    except RunRequestError as exc:
         raise click.ClickException(str(exc)) from None
     where = cfg.model_training.backends[run.backend].describe()
     click.echo(f"Run {run.id} queued: {run.trainer} on {', '.join(run.schemas)}, runs on {where}")
     if detach:
         return
     with embedded_prefect(cfg.training_dir):
-        dispatcher = runs.Dispatcher(cfg, store)
-        runs.reconcile(cfg, store)
+        dispatcher = Dispatcher(cfg, store)
+        reconcile(cfg, store)
         tty = sys.stdout.isatty()
         while True:
             try:
@@ -114,7 +120,7 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
             except KeyboardInterrupt:
                 click.echo("")
                 if not sys.stdin.isatty() or click.confirm(f"Cancel run {run.id}?", default=True):
-                    runs.cancel_run(cfg, store, run.id)
+                    cancel_run(cfg, store, run.id)
                     click.echo(f"Cancelling run {run.id}…")
                     continue
                 click.echo(f"Run {run.id} goes on; see it with: potato training runs {config}")
@@ -136,11 +142,11 @@ def training_runs(config, limit, as_json) -> None:
     """List the project's runs, newest first."""
     import json
 
-    from potato import runs
     from potato.follow import format_duration, format_scores, run_duration
+    from potato.runs.paths import open_store
 
     cfg = _load(config)
-    store = runs.open_store(cfg)
+    store = open_store(cfg)
     listed = store.list_runs(limit=limit)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in listed], indent=2))
@@ -170,14 +176,15 @@ def _format_time(stamp):
 @click.argument("run_id", type=int)
 def training_cancel(config, run_id) -> None:
     """Cancel run RUN_ID (a queued run ends at once; an active one is stopped)."""
-    from potato import runs
     from potato.errors import StoreError
+    from potato.runs.paths import open_store
+    from potato.runs.queue import cancel_run
 
     cfg = _load(config)
-    store = runs.open_store(cfg)
+    store = open_store(cfg)
     try:
         before = store.get_run(run_id)
-        run = runs.cancel_run(cfg, store, run_id)
+        run = cancel_run(cfg, store, run_id)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
     if before.state in ("succeeded", "failed", "cancelled"):
@@ -233,7 +240,7 @@ def training_check(backend, config, as_json) -> None:
     """Check BACKEND: could a run start there, and where would it run? Exit 0 if so."""
     import json
 
-    from potato.checks import check_backend
+    from potato.backends.checks import check_backend
 
     cfg = _load(config)
     if backend not in cfg.model_training.backends:

@@ -18,8 +18,9 @@ CONTRACT (other modules rely on these names; keep them):
   ``trainers`` (trainer name -> options dict), ``backends`` (name ->
   ``BackendConfig``; always holds ``local``).
 - ``BackendConfig``: ``name``, ``type``, ``options`` (every key of the type's
-  table, defaults applied), ``get(key)``, ``host``, ``describe()`` (the Runs on
-  menu text, e.g. ``gpu-server (ssh to gpu.example.org)``).
+  table, defaults applied), ``get(key)``, ``host``, ``type_info`` (what the type
+  declares in ``potato.backends.registry``), ``describe()`` (the Runs on menu
+  text, e.g. ``gpu-server (ssh to gpu.example.org)``).
 
 Added here (also public):
 
@@ -30,8 +31,9 @@ Added here (also public):
 - ``read_config_file(path) -> (raw | None, errors)`` and
   ``build_config(raw, path) -> BuildResult`` — the two halves of
   ``load_config``, used by ``potato validate`` to report instead of raise.
-- ``Key`` and the tables ``BACKEND_KEYS`` (type -> keys), ``MODEL_TRAINING_KEYS``,
-  ``WRITEBACK_KEYS``, ``AUTO_RETRAIN_KEYS``; ``backend_defaults(type)``.
+- ``Key`` (``potato.config_keys``) and the tables ``MODEL_TRAINING_KEYS``,
+  ``WRITEBACK_KEYS``, ``AUTO_RETRAIN_KEYS``; each backend type's keys are its
+  declaration's (``potato.backends``). ``KINDS``: the kinds of value a key takes.
 - ``parse_slurm_time(value) -> int | None`` (seconds; None = unlimited).
 - Beside Potato 2.12 (one config for both): ``POTATO_212_KEYS`` (each of its
   ``model_training`` keys and what this project does with it);
@@ -52,10 +54,8 @@ from __future__ import annotations
 
 import codecs
 import difflib
-import importlib
 import math
 import os
-import posixpath
 import re
 import sys
 from dataclasses import dataclass, field
@@ -64,19 +64,17 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from potato.config_keys import SLURM_TIME_FORMS, Issue, Issues, Key, parse_slurm_time
+from potato.backends.contract import BackendType
+from potato.backends.local import LOCAL
+from potato.backends.registry import BACKEND_TYPES, backend_type, configurable_types
 from potato.errors import ConfigError
+from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, misfit
+from potato.trainers.registry import check_options as check_trainer_options
 
 # ---------------------------------------------------------------------------
 # Typed config
 # ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Issue:
-    """One error or warning: the dotted key path ("" for the file) and a sentence."""
-
-    path: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class AutoRetrainConfig:
     """``model_training.auto_retrain``: Potato 2.12's keys plus ``backend`` (None = the default backend)."""
 
     enabled: bool = False
-    trainer: str = "hf-text-classification"
+    trainer: str = DEFAULT_TRAINER
     schemas: tuple[str, ...] = ()
     update_frequency: int = 25
     min_interval_s: float = 600
@@ -122,18 +120,17 @@ class BackendConfig:
     def host(self) -> str | None:
         return self.options.get("host")
 
+    @property
+    def type_info(self) -> BackendType:
+        """What its type declares: keys, capabilities, where its code is (``potato.backends.registry``)."""
+        return backend_type(self.type)
+
     def describe(self) -> str:
-        """The Runs on menu's text for this backend (SPEC §3)."""
-        if self.type == "local":
-            return f"{self.name} (this machine)"
-        if self.type == "ssh":
-            return f"{self.name} (ssh to {self.host})"
-        if self.type == "slurm":
-            return f"{self.name} (slurm on {self.host})"
-        return f"{self.name} ({self.type})"
+        """The Runs on menu's text for this backend, e.g. ``gpu-server (ssh to gpu.example.org)``."""
+        return self.type_info.describe(self.name, self.host)
 
 
-LOCAL_BACKEND = BackendConfig(name="local", type="local", options={})
+LOCAL_BACKEND = BackendConfig(name="local", type=LOCAL.name, options={})
 
 
 @dataclass(frozen=True)
@@ -160,6 +157,12 @@ class ModelTrainingConfig:
     backends: Mapping[str, BackendConfig] = field(
         default_factory=lambda: {"local": LOCAL_BACKEND}
     )
+
+    def heartbeat_timeout(self, backend: str) -> float:
+        """How long the worker or agent of a run on *backend* may say nothing (its own setting, else 120)."""
+        found = self.backends.get(backend)
+        value = found.get("heartbeat_timeout_s") if found is not None else None
+        return float(value or self.heartbeat_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -194,42 +197,6 @@ class ProjectConfig:
 # Value kinds: each checker returns the normalised value or raises
 # ValueError(what to use instead), which becomes "<path> is <value!r>; use …".
 # ---------------------------------------------------------------------------
-
-_SLURM_TIME_FORMS = (
-    "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, "
-    "DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS or UNLIMITED"
-)
-
-# sbatch --time's forms (man sbatch, "-t, --time"), each with the factors that
-# turn its numbers into seconds.
-_SLURM_TIME_PATTERNS = (
-    (re.compile(r"(\d+)"), (60,)),
-    (re.compile(r"(\d+):(\d+)"), (60, 1)),
-    (re.compile(r"(\d+):(\d+):(\d+)"), (3600, 60, 1)),
-    (re.compile(r"(\d+)-(\d+)"), (86400, 3600)),
-    (re.compile(r"(\d+)-(\d+):(\d+)"), (86400, 3600, 60)),
-    (re.compile(r"(\d+)-(\d+):(\d+):(\d+)"), (86400, 3600, 60, 1)),
-)
-
-
-def parse_slurm_time(value: Any) -> int | None:
-    """Seconds in a SLURM ``--time`` value; None for UNLIMITED/INFINITE.
-
-    Accepts every form sbatch accepts (an int is minutes). Raises ValueError
-    naming the accepted forms otherwise (``"4h"`` is not one).
-    """
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value * 60
-    if isinstance(value, str):
-        text = value.strip()
-        if text.upper() in ("UNLIMITED", "INFINITE"):
-            return None
-        for pattern, factors in _SLURM_TIME_PATTERNS:
-            match = pattern.fullmatch(text)
-            if match:
-                return sum(int(n) * f for n, f in zip(match.groups(), factors))
-    raise ValueError(f'a SLURM time: {_SLURM_TIME_FORMS} (e.g. "04:00:00")')
-
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -342,165 +309,11 @@ KINDS: Mapping[str, Callable[[Any], Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Key:
-    """One config key: its kind (a name in ``KINDS``), default and meaning."""
-
-    name: str
-    kind: str
-    meaning: str
-    default: Any = None
-    required: bool = False
-    minimum: float | None = None
-    maximum: float | None = None
-    default_text: str | None = None  # the docs' default when not the literal value
-
-    def doc_default(self) -> str:
-        if self.required:
-            return "**required**"
-        if self.default_text is not None:
-            return self.default_text
-        if self.default is None or self.default == () or self.default == {}:
-            return "—"
-        if isinstance(self.default, bool):
-            return f"`{str(self.default).lower()}`"
-        return f"`{self.default}`"
-
-    def doc_kind(self) -> str:
-        if self.minimum is not None and self.maximum is not None:
-            return f"{self.kind}, {self.minimum:g}..{self.maximum:g}"
-        if self.minimum is not None:
-            return f"{self.kind} ≥ {self.minimum:g}"
-        return self.kind
-
-
 # ---------------------------------------------------------------------------
-# The tables (SPEC §1 "Keys per backend type"). Validation, defaults, the
-# unknown-key error and docs/backends.md all read them.
+# The tables of model_training's own keys (each backend type declares its
+# entry's in potato.backends). Validation, defaults, the unknown-key error
+# and docs/backends.md all read them.
 # ---------------------------------------------------------------------------
-
-_TYPE = Key("type", "str", "the backend's type: ssh, slurm or agent", required=True)
-_DESCRIPTION = Key("description", "str", "free text")
-_USER = Key("user", "str", "passed to ssh as `-l`")
-_PORT = Key("port", "int", "passed to ssh as `-p`", minimum=1, maximum=65535)
-_IDENTITY_FILE = Key("identity_file", "str", "passed to ssh as `-i`")
-_ENV = Key("env", "mapping str->str", "environment for remote commands (e.g. `PATH`)", default={})
-_NUM_THREADS = Key(
-    "num_threads", "int",
-    "sets `OMP_NUM_THREADS`, `MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, overriding a login shell's value",
-    minimum=1,
-)
-_MAX_ARTIFACT_MB = Key(
-    "max_artifact_mb", "int", "files larger than this stay on the host and are named in the run log",
-    default=2048, minimum=0,
-)
-_FETCH_ARTIFACTS = Key("fetch_artifacts", "bool", "copy the model files back to the server", default=True)
-_KEEP_REMOTE = Key("keep_remote", "bool", "keep the remote job directory for inspection", default=False)
-_COPY_STALL = Key(
-    "copy_stall_timeout_s", "float",
-    "a model copy from the host that sends nothing for this long fails (predictions are already saved)",
-    default=180, minimum=1,
-)
-_HEARTBEAT = Key(
-    "heartbeat_timeout_s", "float", "a run whose agent sends nothing for this long fails",
-    minimum=1, default_text="`120` (`model_training.heartbeat_timeout_s`)",
-)
-_PROCESSES_MEANING = (
-    "training processes, data-parallel (torch's launcher): on GPUs one per GPU, at most as many as the run "
-    "has; on the CPU this many processes sharing the threads (gloo), e.g. to try the multi-GPU path without GPUs"
-)
-
-SSH_KEYS: tuple[Key, ...] = (
-    _TYPE,
-    _DESCRIPTION,
-    Key("host", "str", "any name `ssh` accepts, `~/.ssh/config` aliases too", required=True),
-    _USER, _PORT, _IDENTITY_FILE,
-    Key("python", "str", "the remote interpreter", default="python3"),
-    Key("remote_dir", "str", "where Potato keeps its code, envs and job directories on the host",
-        default="~/.cache/potato-training"),
-    _ENV,
-    _NUM_THREADS,
-    Key("gpus", "`gpus` spec", "`auto` (most free memory), `\"1\"`, `\"0,1\"` (pin), `none` (CPU)",
-        default="auto"),
-    Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free",
-        default=2000, minimum=0),
-    Key("max_gpus", "int", "how many GPUs `gpus: auto` may take, most free memory first, each with "
-        "`min_free_gpu_mb` free; a run with several trains data-parallel on all of them", default=1, minimum=1),
-    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default_text="one per GPU the run has (1 on the CPU)"),
-    Key("packages", "list of str",
-        "pip requirement strings, installed once into a venv under `remote_dir` (`--system-site-packages`)",
-        default=()),
-    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _COPY_STALL, _HEARTBEAT,
-)
-
-SLURM_KEYS: tuple[Key, ...] = (
-    _TYPE,
-    _DESCRIPTION,
-    Key("host", "str", "the login node: any name `ssh` accepts, `~/.ssh/config` aliases too",
-        required=True),
-    _USER, _PORT, _IDENTITY_FILE,
-    Key("python", "str", "interpreter on the login node, for the agent", default="python3"),
-    Key("remote_dir", "str",
-        "on storage the compute nodes share; not under `/tmp` or `/var/tmp`", required=True),
-    _ENV,
-    _NUM_THREADS,
-    _MAX_ARTIFACT_MB, _FETCH_ARTIFACTS, _KEEP_REMOTE, _COPY_STALL, _HEARTBEAT,
-    Key("job_python", "str", "interpreter on the compute nodes, with the trainer's packages",
-        required=True),
-    Key("prelude", "list of str", "shell lines run in `job.sh` before the worker (`module load …`)",
-        default=()),
-    Key("partition", "str", "`sbatch --partition`"),
-    Key("account", "str", "`sbatch --account`"),
-    Key("qos", "str", "`sbatch --qos`"),
-    Key("gres", "str", "`sbatch --gres` (e.g. `gpu:1`); a job without it gets no GPU"),
-    Key("time", "SLURM time", "`sbatch --time` (e.g. `\"04:00:00\"`); over 6 hours warns"),
-    Key("mem", "str", "`sbatch --mem` (e.g. `\"16G\"`)"),
-    Key("cpus_per_task", "int", "`sbatch --cpus-per-task`", minimum=1),
-    Key("constraint", "str", "`sbatch --constraint`"),
-    Key("poll_interval_s", "float", "how often the agent runs `squeue`", default=10, minimum=1),
-)
-
-AGENT_KEYS: tuple[Key, ...] = (
-    _TYPE,
-    _DESCRIPTION,
-    _HEARTBEAT,
-    Key("queue_timeout_s", "float", "a run no agent picks up within this long fails",
-        minimum=0, default_text="— (wait until cancelled)"),
-)
-
-# The built-in `local` backend: its settings come from model_training (SPEC §4);
-# an explicit `backends.local` entry may override them.
-LOCAL_KEYS: tuple[Key, ...] = (
-    Key("type", "str", "`local` (the only type the name `local` may have)", default="local"),
-    _DESCRIPTION,
-    Key("device", "device", "`auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda`, `cuda:N`, `mps`",
-        default_text="`model_training.device` (`auto`)"),
-    Key("num_threads", "int", "torch threads and `OMP_NUM_THREADS`", minimum=1,
-        default_text="`model_training.num_threads`"),
-    Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
-        default_text="`model_training.max_ram_mb`"),
-    Key("processes", "int", _PROCESSES_MEANING, minimum=1, default=1),
-)
-
-BACKEND_KEYS: Mapping[str, tuple[Key, ...]] = {
-    "ssh": SSH_KEYS,
-    "slurm": SLURM_KEYS,
-    "agent": AGENT_KEYS,
-    "local": LOCAL_KEYS,
-}
-
-# Keys of one type that users carry over to another: (what, key) -> why not, and the fix.
-UNSUPPORTED: Mapping[tuple[str, str], str] = {
-    ("a slurm backend", "packages"): (
-        "a venv built on the login node may not run on the compute nodes (SPEC §6); name the "
-        "compute nodes' interpreter in job_python and load modules in prelude"),
-    ("a slurm backend", "gpus"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
-    ("a slurm backend", "min_free_gpu_mb"): "the scheduler assigns GPUs; ask for them with gres (e.g. gres: gpu:1)",
-    ("a slurm backend", "max_gpus"): "the scheduler assigns GPUs; ask for several with gres (e.g. gres: gpu:2)",
-}
-
-# Types a config may give a backend it names (local is built in).
-CONFIGURABLE_TYPES = ("ssh", "slurm", "agent")
 
 MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("enabled", "bool", "Potato 2.12's switch for its own in-process training; this project trains "
@@ -553,7 +366,7 @@ WRITEBACK_KEYS: tuple[Key, ...] = (
 
 AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
     Key("enabled", "bool", "`potato start` queues a run as annotations arrive", default=False),
-    Key("trainer", "str", "the trainer of automatic runs", default="hf-text-classification"),
+    Key("trainer", "str", "the trainer of automatic runs", default=DEFAULT_TRAINER),
     Key("schemas", "list of str", "the schemas automatic runs train (names in `annotation_schemes`)",
         default=(), default_text="**required** when `enabled`"),
     Key("update_frequency", "int", "queue a run once this many annotations (one item labelled by one "
@@ -581,8 +394,8 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
      "(2.12: `consensus`)"),
     ("auto_retrain", "honoured by `potato start` (keys below), plus `backend`"),
     ("auto_retrain.enabled", "honoured"),
-    ("auto_retrain.trainer", "honoured; must be a trainer of this project (`hf-text-classification`), "
-     "not 2.12's `sklearn-text`; default `hf-text-classification`"),
+    ("auto_retrain.trainer", f"honoured; must be a trainer of this project (`{DEFAULT_TRAINER}`), "
+     f"not 2.12's `sklearn-text`; default `{DEFAULT_TRAINER}`"),
     ("auto_retrain.schemas", "honoured; required when enabled"),
     ("auto_retrain.update_frequency", "honoured (default 25), counted as 2.12 counts"),
     ("auto_retrain.min_interval_s", "honoured (default 600)"),
@@ -601,15 +414,6 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 _BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-# Node-local directories: a job on another node would not see the bundle (SPEC §2).
-_NODE_LOCAL_DIRS = ("/tmp", "/var/tmp")
-_LONG_SLURM_JOB_S = 6 * 3600
-_ARTICLE = {"ssh": "an", "slurm": "a", "agent": "an", "local": "the"}
-
-
-def backend_defaults(type_: str) -> dict[str, Any]:
-    """Every key of *type_*'s table (``type`` excepted) with its default."""
-    return {k.name: k.default for k in BACKEND_KEYS[type_] if k.name != "type"}
 
 
 # ---------------------------------------------------------------------------
@@ -691,18 +495,6 @@ class BuildResult:
     warnings: tuple[Issue, ...]
 
 
-class _Issues:
-    def __init__(self) -> None:
-        self.errors: list[Issue] = []
-        self.warnings: list[Issue] = []
-
-    def error(self, path: str, message: str) -> None:
-        self.errors.append(Issue(path, message))
-
-    def warn(self, path: str, message: str) -> None:
-        self.warnings.append(Issue(path, message))
-
-
 def _type_name(value: Any) -> str:
     return {dict: "mapping", list: "list", str: "string", bool: "boolean",
             int: "number", float: "number"}.get(type(value), type(value).__name__)
@@ -718,7 +510,7 @@ def did_you_mean(word: Any, choices: Any, end: str = "") -> str:
     return f"; did you mean `{close[0]}`?" if close else end
 
 
-def _check_value(key: Key, value: Any, path: str, issues: _Issues) -> tuple[bool, Any]:
+def _check_value(key: Key, value: Any, path: str, issues: Issues) -> tuple[bool, Any]:
     """(ok, normalised value) for *value* of *key*; a wrong one adds an error."""
     try:
         value = KINDS[key.kind](value)
@@ -741,16 +533,19 @@ def _check_table(
     values: Mapping[str, Any],
     path: str,
     what: str,
-    issues: _Issues,
+    issues: Issues,
     *,
     unknown: str = "error",
     skip: tuple[str, ...] = (),
+    unsupported: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Check *values* against *table*; return every key with defaults applied.
 
     Unknown keys are errors (``unknown="error"``), warnings (``"warn"``) or
     passed through (``"keep"``). Keys in *skip* are checked by the caller.
+    *unsupported* names keys users carry over from elsewhere, with why not and the fix.
     """
+    unsupported = unsupported or {}
     by_name = {k.name: k for k in table}
     result: dict[str, Any] = {}
     for name, value in values.items():
@@ -760,8 +555,8 @@ def _check_table(
             if unknown == "keep":
                 result[name] = value
                 continue
-            if (what, name) in UNSUPPORTED:
-                issues.error(key_path, f"{key_path} is not supported by {what}: {UNSUPPORTED[what, name]}")
+            if name in unsupported:
+                issues.error(key_path, f"{key_path} is not supported by {what}: {unsupported[name]}")
                 continue
             message = (f"{key_path} is not a key of {what}{did_you_mean(name, by_name, '.')} "
                        f"Accepted keys: {', '.join(by_name)}")
@@ -782,7 +577,7 @@ def _check_table(
     return result
 
 
-def _mapping_at(value: Any, path: str, issues: _Issues, example: str) -> dict[str, Any]:
+def _mapping_at(value: Any, path: str, issues: Issues, example: str) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, dict):
@@ -791,37 +586,39 @@ def _mapping_at(value: Any, path: str, issues: _Issues, example: str) -> dict[st
     return {}
 
 
-def _build_backend(name: str, entry: Any, mt: Mapping[str, Any], issues: _Issues) -> BackendConfig | None:
+def _build_backend(name: str, entry: Any, mt: Mapping[str, Any], issues: Issues) -> BackendConfig | None:
     path = f"model_training.backends.{name}"
     if not isinstance(entry, dict):
         _mapping_at(entry, path, issues, "type: ssh and host: gpu.example.org")
         return None
     type_ = entry.get("type")
+    types = configurable_types()
     if name == "local":
-        if type_ not in (None, "local"):
+        if type_ not in (None, LOCAL.name):
             issues.error(f"{path}.type", f"{path}.type is {type_!r}; the name local is reserved for "
                          "the built-in backend on this machine; give this backend another name")
             return None
-        type_ = "local"
+        type_ = LOCAL.name
     elif type_ is None:
-        issues.error(f"{path}.type", f"{path}.type is missing; use one of: {', '.join(CONFIGURABLE_TYPES)}")
+        issues.error(f"{path}.type", f"{path}.type is missing; use one of: {', '.join(types)}")
         return None
-    elif type_ not in CONFIGURABLE_TYPES:
+    elif type_ not in types:
         issues.error(f"{path}.type", f"{path}.type is {type_!r}; use one of: "
-                     f"{', '.join(CONFIGURABLE_TYPES)}{did_you_mean(type_, CONFIGURABLE_TYPES)}")
+                     f"{', '.join(types)}{did_you_mean(type_, types)}")
         return None
     if not _BACKEND_NAME.fullmatch(name):
         issues.error(path, f"model_training.backends has a backend named {name!r}; a name may hold "
                      "letters, digits, '.', '_' and '-', and starts with a letter or digit")
-    what = f"{_ARTICLE[type_]} {type_} backend"
-    options = _check_table(BACKEND_KEYS[type_], entry, path, what, issues)
+    declared = backend_type(type_)
+    options = _check_table(declared.keys, entry, path, declared.what, issues, unsupported=declared.unsupported)
     options.pop("type", None)
-    # Per-backend settings that default to model_training's (SPEC §1, §4).
-    inherited = ("device", "num_threads", "max_ram_mb") if type_ == "local" else ("heartbeat_timeout_s",)
-    for key in inherited:
+    # Per-backend settings whose default is model_training's own.
+    for key in declared.inherited:
         if key in options and options[key] is None:
             options[key] = mt.get(key)
-    _check_backend_rules(type_, options, path, issues)
+    _check_backend_rules(options, path, issues)
+    if declared.rules is not None:
+        declared.rules(options, path, issues)
     return BackendConfig(name=name, type=type_, options=options)
 
 
@@ -845,8 +642,8 @@ def _find_control_character(path: str, value: Any) -> tuple[str, str] | None:
     return None
 
 
-def _check_backend_rules(type_: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
-    """Rules beyond one key's type (SPEC §2)."""
+def _check_backend_rules(options: Mapping[str, Any], path: str, issues: Issues) -> None:
+    """Rules beyond one key's type that hold for every backend type."""
     for key, value in options.items():
         # Every key but the menu's description reaches an ssh/sbatch command line,
         # job.sh or the remote environment, where a newline starts a command of its own.
@@ -860,33 +657,16 @@ def _check_backend_rules(type_: str, options: Mapping[str, Any], path: str, issu
     if isinstance(host, str) and host.startswith("-"):
         issues.error(f"{path}.host", f"{path}.host is {host!r}; a host may not start with '-' "
                      "(ssh would read it as an option); use the host's name")
-    remote_dir = options.get("remote_dir")
-    if type_ == "slurm" and isinstance(remote_dir, str):
-        normal = posixpath.normpath(remote_dir)
-        for local_dir in _NODE_LOCAL_DIRS:
-            if normal == local_dir or normal.startswith(local_dir + "/"):
-                issues.error(f"{path}.remote_dir", f"{path}.remote_dir is {remote_dir!r}, which is under "
-                             f"{local_dir}, a directory local to each node; use a directory on "
-                             "storage the compute nodes share")
-    time = options.get("time")
-    if type_ == "slurm" and time is not None:
-        seconds = parse_slurm_time(time)
-        if seconds is None or seconds > _LONG_SLURM_JOB_S:
-            # Exact text: SPEC §2.
-            issues.warn(f"{path}.time", f"{path}.time is {time}. A job that holds a GPU for more "
-                        "than 6 hours is long on a shared cluster; check its policy")
 
 
-def _check_backend_ref(value: Any, path: str, names: list[str], issues: _Issues) -> None:
+def _check_backend_ref(value: Any, path: str, names: list[str], issues: Issues) -> None:
     # A non-string already has its type error; one message per mistake.
     if isinstance(value, str) and value not in names:
         issues.error(path, f"{path} is {value!r}, which names no backend; the backends are: "
                      f"{', '.join(names)}{did_you_mean(value, names)}")
 
 
-def _check_trainers(trainers: Mapping[str, Any], issues: _Issues) -> dict[str, dict[str, Any]]:
-    from potato.trainers import TRAINERS
-
+def _check_trainers(trainers: Mapping[str, Any], issues: Issues) -> dict[str, dict[str, Any]]:
     result: dict[str, dict[str, Any]] = {}
     for name, options in trainers.items():
         path = f"model_training.trainers.{name}"
@@ -900,20 +680,13 @@ def _check_trainers(trainers: Mapping[str, Any], issues: _Issues) -> dict[str, d
     return result
 
 
-def _check_trainer_options(trainer: str, options: Mapping[str, Any], path: str, issues: _Issues) -> None:
+def _check_trainer_options(trainer: str, options: Mapping[str, Any], path: str, issues: Issues) -> None:
     """The trainer module's own option checks, when it has them (it imports its ML packages lazily)."""
-    from potato.trainers import TRAINERS
-
-    try:
-        module = importlib.import_module(TRAINERS[trainer])
-    except ImportError:
-        return
-    check = getattr(module, "check_options", None)
-    for problem in (check(options) if check else []):
+    for problem in check_trainer_options(trainer, options):
         issues.error(path, f"{path}: {problem}")
 
 
-def _build_schemes(raw: Any, issues: _Issues) -> tuple[Scheme, ...]:
+def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -938,7 +711,7 @@ def _build_schemes(raw: Any, issues: _Issues) -> tuple[Scheme, ...]:
     return tuple(schemes)
 
 
-def _check_schema_names(names: Any, path: str, scheme_names: list[str], issues: _Issues) -> None:
+def _check_schema_names(names: Any, path: str, scheme_names: list[str], issues: Issues) -> None:
     for i, name in enumerate(names or ()):
         if name not in scheme_names:
             p = f"{path}[{i}]"
@@ -948,10 +721,8 @@ def _check_schema_names(names: Any, path: str, scheme_names: list[str], issues: 
 
 
 def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], backends: list[str],
-                        issues: _Issues) -> AutoRetrainConfig:
+                        issues: Issues) -> AutoRetrainConfig:
     """``model_training.auto_retrain``: checked as the server would use it, so a bad block stops it at start."""
-    from potato.trainers import TRAINERS
-
     path = "model_training.auto_retrain"
     ar = _check_table(AUTO_RETRAIN_KEYS, ar_raw, path, path, issues, unknown="warn")
     _check_schema_names(ar["schemas"], f"{path}.schemas", scheme_names, issues)
@@ -974,14 +745,25 @@ def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], back
     )
 
 
-def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
-                                backends: Mapping[str, BackendConfig], issues: _Issues) -> None:
-    """A local-only trainer (decision-calibrate) cannot auto-retrain elsewhere: every queued run would be refused."""
-    from potato.trainers import LOCAL_ONLY
+def _check_auto_retrain_fit(auto_retrain: AutoRetrainConfig, schemes: tuple[Scheme, ...], issues: Issues) -> None:
+    """Each schema auto-retraining names must be one its trainer can train (its answer kind)."""
+    if auto_retrain.trainer not in TRAINERS:
+        return
+    path = "model_training.auto_retrain.schemas"
+    for i, name in enumerate(auto_retrain.schemas):
+        scheme = next((s for s in schemes if s.name == name), None)
+        problem = scheme and misfit(auto_retrain.trainer, name, scheme.annotation_type)
+        if problem:
+            issues.error(f"{path}[{i}]", f"{path}[{i}]: {problem}")
 
+
+def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
+                                backends: Mapping[str, BackendConfig], issues: Issues) -> None:
+    """A local-only trainer (decision-calibrate) cannot auto-retrain elsewhere: every queued run would be refused."""
+    info = TRAINERS.get(auto_retrain.trainer)
     name = auto_retrain.backend or (default if isinstance(default, str) else None) or "local"
     backend = backends.get(name)
-    if auto_retrain.trainer in LOCAL_ONLY and backend is not None and backend.type != "local":
+    if info is not None and info.local_only and backend is not None and not backend.type_info.on_this_machine:
         path = "model_training.auto_retrain"
         issues.error(f"{path}.trainer", f"{path}.trainer is {auto_retrain.trainer!r}, which runs only on the "
                      f"local backend, but auto-retraining would run it on {name!r} ({backend.type}); set "
@@ -989,7 +771,7 @@ def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
 
 
 def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
-                          issues: _Issues) -> ModelTrainingConfig:
+                          issues: Issues) -> ModelTrainingConfig:
     path = "model_training"
     mt_raw = _mapping_at(raw, path, issues, "enabled: true")
     # Unknown keys directly under model_training only warn: a key a newer
@@ -1027,6 +809,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
     auto_retrain = _build_auto_retrain(ar_raw, scheme_names, names, issues)
     _check_auto_retrain_backend(auto_retrain, mt_raw.get("backend"), backends, issues)
+    _check_auto_retrain_fit(auto_retrain, schemes, issues)
     if mt["enabled"] and auto_retrain.enabled:
         # Potato 2.12 retrains by itself when both are true (its training/manager.py).
         issues.warn(f"{path}.enabled", f"{path}.enabled and {path}.auto_retrain.enabled are both true: "
@@ -1034,16 +817,16 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                     f"annotations as this project's potato start; set {path}.enabled: false (this project "
                     "trains either way)")
 
-    if debug:
-        for b in backends.values():
-            if b.type in ("ssh", "slurm"):
-                # SPEC §5: socket requests arrive as loopback, which debug makes admin.
-                issues.warn("debug", f"debug is true and backend {b.name!r} trains over ssh: requests "
-                            "through its socket reach the server as loopback requests, which debug "
-                            "mode grants admin rights; set debug: false")
+    over_ssh = sorted(b.name for b in backends.values() if b.type_info.over_ssh)
+    if debug and over_ssh:
+        # Requests through an ssh run's forwarded socket arrive from loopback, which debug makes admin.
+        issues.warn("debug", f"debug is true and backend(s) {', '.join(over_ssh)} train over ssh: with debug on, "
+                    "this server grants admin rights to every loopback request, and requests through an ssh "
+                    "run's forwarded socket arrive from loopback. Set debug: false in the config on a server "
+                    "that trains over ssh")
 
     trainers_raw = _mapping_at(mt_raw.get("trainers"), f"{path}.trainers", issues,
-                               "hf-text-classification: {epochs: 2}")
+                               f"{DEFAULT_TRAINER}: {{epochs: 2}}")
     trainers = _check_trainers(trainers_raw, issues)
 
     split_set = mt["splits"] is not None or mt["split_seed"] is not None
@@ -1091,7 +874,7 @@ def data_directory_files(directory: Path) -> list[Path]:
                   if p.is_file() and not p.name.startswith("."))
 
 
-def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
+def _check_encoding(value: Any, path: str, issues: Issues) -> str:
     try:
         if isinstance(value, str):
             return codecs.lookup(value).name
@@ -1102,7 +885,7 @@ def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
     return "utf-8"
 
 
-def _build_data_files(entries: Any, task_dir: Path, issues: _Issues) -> tuple[tuple[Path, ...], dict]:
+def _build_data_files(entries: Any, task_dir: Path, issues: Issues) -> tuple[tuple[Path, ...], dict]:
     """``data_files``: paths, or Potato 2.12's ``{path, encoding, filter_by_prior_annotation}`` entries."""
     if entries is None:
         return (), {}
@@ -1136,7 +919,7 @@ def _build_data_files(entries: Any, task_dir: Path, issues: _Issues) -> tuple[tu
     return tuple(files), encodings
 
 
-def _build_item_sources(raw: Mapping[str, Any], task_dir: Path, issues: _Issues) -> dict[str, Any]:
+def _build_item_sources(raw: Mapping[str, Any], task_dir: Path, issues: Issues) -> dict[str, Any]:
     """``data_files`` and ``data_directory`` as ProjectConfig fields; a source we cannot read is an error.
 
     A project whose items or labels this feature cannot read must fail here,
@@ -1184,7 +967,7 @@ def _build_item_sources(raw: Mapping[str, Any], task_dir: Path, issues: _Issues)
 
 
 def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Path,
-                          writeback: WritebackConfig, issues: _Issues) -> None:
+                          writeback: WritebackConfig, issues: Issues) -> None:
     """Warn when Potato 2.12's ``pre_annotation`` block would not show our written-back predictions."""
     pre = raw.get("pre_annotation")
     if not isinstance(pre, dict) or not pre.get("enabled") or not writeback.schemas:
@@ -1213,7 +996,7 @@ _TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
 
 def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     """Check and type the parsed config *raw* read from *path*; collect every issue."""
-    issues = _Issues()
+    issues = Issues()
     path = Path(path).absolute()
     top = {}
     for name, (kind, default) in _TOP_LEVEL.items():
@@ -1316,7 +1099,7 @@ def render_backends_doc() -> str:
         "accept is an error. A key set to `null` takes its default.",
         "",
         "Value types: *`gpus` spec* is `auto`, `none`, `\"1\"` or `\"0,1\"`; *SLURM time* is",
-        f"any form `sbatch --time` accepts: {_SLURM_TIME_FORMS} (an int is minutes).",
+        f"any form `sbatch --time` accepts: {SLURM_TIME_FORMS} (an int is minutes).",
         "",
         "## `model_training`",
         "",
@@ -1351,24 +1134,8 @@ def render_backends_doc() -> str:
         "Potato 2.12 ignores them with one warning each at its start.",
         "",
     ]
-    sections = (
-        ("local", "The built-in backend: a subprocess of the annotation server. A "
-                  "`backends.local` entry may set these; otherwise they come from `model_training`. "
-                  "`processes: 2` trains data-parallel in two CPU processes (gloo): the several-GPU "
-                  "path, tried without GPUs."),
-        ("ssh", "A host the server logs in to with an ssh key (a lab GPU server). Several GPUs: a run "
-                "given more than one (`gpus: \"0,1\"`, or `gpus: auto` with `max_gpus: 2`) trains "
-                "data-parallel on all of them, one process per GPU under torch's launcher (NCCL), and "
-                "predicts, scores and saves as a one-GPU run does; the run log says how many devices "
-                "trained. On a host without GPUs, `processes: N` asks for N CPU processes (gloo)."),
-        ("slurm", "Compute nodes behind a SLURM login node. `remote_dir` must be on storage the "
-                  "compute nodes share. `packages` is not supported: use `job_python` and `prelude`. "
-                  "`gres: gpu:2` gives a run two GPUs, and it trains data-parallel on both (one "
-                  "process per GPU, NCCL), as an ssh run with several GPUs does."),
-        ("agent", "A machine the server cannot reach; `potato training agent` there polls the server."),
-    )
-    for type_, intro in sections:
-        out += [f"## `type: {type_}`", "", intro, "", *_render_table(BACKEND_KEYS[type_]), ""]
+    for declared in BACKEND_TYPES.values():
+        out += [f"## `type: {declared.name}`", "", declared.doc, "", *_render_table(declared.keys), ""]
     return "\n".join(out)
 
 

@@ -9,6 +9,9 @@ Importable without I/O. The tree::
     │   ├── UnknownRun          no run has that id                         (HTTP 404)
     │   ├── RunEnded            the run already ended; it takes no more    (HTTP 409)
     │   └── StoreBusy           another writer held the lock too long      (HTTP 503, retried)
+    ├── RunRequestError         a run request names an unknown trainer or schema, or a misfit  (HTTP 400)
+    │   ├── UnknownBackendError   it names a backend the config lacks      (HTTP 409)
+    │   └── LocalOnlyTrainerError a trainer that runs only here, elsewhere (HTTP 409)
     ├── RunError                a run ends failed with a message meant for the user
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
@@ -21,17 +24,29 @@ Importable without I/O. The tree::
     │   ├── RemoteCommandError  a remote command ran and failed
     │   ├── RemoteDirNotWritable  the host's account cannot write remote_dir
     │   ├── GpuQueryHung        nvidia-smi on the host did not answer
+    │   ├── NoFreeGpu           gpus: auto finds no GPU with min_free_gpu_mb free
+    │   ├── NoKernels           the host's torch has kernels for none of its GPUs
     │   ├── SlurmError          sbatch/squeue/scancel/scontrol failed or the job ended early
     │   │   └── MissingSlurmCommand  the login node has no sbatch/squeue/scancel on PATH
     │   └── AgentError          an agent broke the protocol or was not there
+    │       └── NoAgent         no agent claimed a run within queue_timeout_s
+    ├── TokenError              an agent token cannot be issued for that backend
     ├── TrainerError            a trainer cannot be imported or its options are wrong
+    │   └── TrainerImportError  its packages are missing from the interpreter
+    ├── CalibrationError        decision-calibrate has no run it can calibrate
+    ├── WritebackError          the writeback file cannot be written, or the run's bundle is gone
+    ├── PrefectApiError         the embedded Prefect API cannot be started or reached
     └── ParseError              a tool's output made no sense (the raw text is quoted)
 
-Messages of SPEC §9 are built in exactly one place: the ``__init__`` of the
-class named for them.
+A message a user reads for a common failure is built in exactly one place:
+the ``__init__`` of the class named for it.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
+
+from potato.trainers.registry import import_failure_message
 
 
 class PotatoError(Exception):
@@ -73,6 +88,33 @@ class StoreBusy(StoreError):
     Transient: the same request succeeds once the other writer is done, so the
     server answers 503 with Retry-After and agents try again.
     """
+
+
+class RunRequestError(PotatoError):
+    """Raised when a run request names an unknown trainer or schema, or a trainer that cannot train it."""
+
+
+class UnknownBackendError(RunRequestError):
+    """Raised when a run request names a backend not in the config."""
+
+    def __init__(self, name: str, known: Iterable[str]):
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(
+            f"No backend named {name!r} in model_training.backends; known backends: {', '.join(self.known)}"
+        )
+
+
+class LocalOnlyTrainerError(RunRequestError):
+    """Raised when a trainer that runs only on this machine is asked for on another backend.
+
+    *what* names the backend's type with its article (``an ssh backend``);
+    *why* is the trainer's declared reason (``potato.trainers.registry``).
+    """
+
+    def __init__(self, trainer: str, backend: str, what: str, why: str):
+        self.trainer, self.backend = trainer, backend
+        super().__init__(f"Trainer {trainer!r} runs only on the local backend, and {backend!r} is {what}: {why}")
 
 
 class RunError(PotatoError):
@@ -179,6 +221,24 @@ class GpuQueryHung(BackendError):
             f"the backend's gpus to none to train on its CPU")
 
 
+class NoFreeGpu(BackendError):
+    """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free."""
+
+    def __init__(self, min_free_mb: int):
+        super().__init__(
+            f"No GPU has {min_free_mb} MB free. Fix: wait, lower min_free_gpu_mb, or pin a GPU with "
+            f"gpus: \"1\" (`potato training check <backend> config.yaml` lists the GPUs)")
+
+
+class NoKernels(BackendError):
+    """Raised when the host's torch has kernels for none of its GPUs."""
+
+    def __init__(self):
+        super().__init__(
+            "This host's torch has no kernels for any of its GPUs. Fix: install a torch build for these "
+            "GPUs there, or point the backend's python at an interpreter that has one")
+
+
 class SlurmError(BackendError):
     """Raised when a SLURM command fails or the scheduler ends a job early."""
 
@@ -198,6 +258,20 @@ class AgentError(BackendError):
     """Raised when an agent breaks the protocol or is not there."""
 
 
+class NoAgent(AgentError):
+    """Raised when no agent claims a run within ``queue_timeout_s``."""
+
+    def __init__(self, backend: str, seconds: float):
+        super().__init__(
+            f"No agent asked for work on backend {backend!r} within {seconds:g} s. Fix: start one on the "
+            f"training machine with `potato training agent --server URL --backend {backend}` "
+            f"(its token comes from `potato training register {backend} config.yaml`)")
+
+
+class TokenError(PotatoError):
+    """Raised when a token cannot be issued for a backend (unknown, or not an agent backend)."""
+
+
 class TrainerError(PotatoError):
     """Raised when a trainer cannot be imported or is given wrong options."""
 
@@ -206,12 +280,22 @@ class TrainerImportError(TrainerError):
     """Raised when a trainer's packages are missing from the interpreter."""
 
     def __init__(self, trainer: str, missing: str, *, fix: str | None = None):
-        from potato.trainers import import_failure_message
-
         self.trainer = trainer
         self.missing = missing
         text = import_failure_message(trainer, missing)
         super().__init__(f"{text}. Fix: {fix}" if fix else text)
+
+
+class CalibrationError(PotatoError):
+    """Raised when decision-calibrate has no run it can calibrate; the message says why and what to do."""
+
+
+class WritebackError(PotatoError):
+    """Raised when the writeback file cannot be written, or the run's bundle is gone."""
+
+
+class PrefectApiError(PotatoError):
+    """Raised when the embedded Prefect API cannot be started or reached."""
 
 
 class ParseError(PotatoError):

@@ -35,12 +35,11 @@ from typing import Any, Iterator, Sequence
 
 import orjson
 
+from potato.runs.paths import RunPaths
 from potato.training.calibration import expected_calibration_error, reliability_bins
 from potato.writeback import parse_prediction
 
 FORMAT = 1
-LABELS_FILE = "labels.jsonl"
-EVALUATION_FILE = "evaluation.json"
 BINS = 10
 
 
@@ -90,13 +89,14 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
             for schema in item.get("labels") or {}:
                 if schema in held:
                     held[schema].add(item["id"])
-    predicted = _holdout_predictions(run_dir / "predictions.jsonl", labels, held)
+    paths = RunPaths(run_dir)
+    predicted = _holdout_predictions(paths.predictions, labels, held)
 
     index = {s: {label: i for i, label in enumerate(names)} for s, names in labels.items()}
     confusion = {s: [[0] * len(names) for _ in names] for s, names in labels.items()}
     outcomes: dict[str, tuple[list[float], list[bool]]] = {s: ([], []) for s in labels}
     missing = dict.fromkeys(labels, 0)
-    tmp = run_dir / f".{LABELS_FILE}.tmp"
+    tmp = paths.labels.with_name(f".{paths.labels.name}.tmp")
     with open(tmp, "wb") as out:
         for item in _bundle_items(bundle_dir):
             for schema, gold in (item.get("labels") or {}).items():
@@ -116,7 +116,7 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                         outcomes[schema][0].append(confidence)
                         outcomes[schema][1].append(label == gold)
                 out.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
-    os.replace(tmp, run_dir / LABELS_FILE)
+    os.replace(tmp, paths.labels)
 
     evaluation = {"format": FORMAT, "run_id": run_id, "schemas": {}}
     for schema, names in labels.items():
@@ -136,15 +136,16 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
 
 
 def write_evaluation(run_dir: Path, evaluation: dict[str, Any]) -> None:
-    tmp = run_dir / f".{EVALUATION_FILE}.tmp"
+    target = RunPaths(run_dir).evaluation
+    tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(json.dumps(evaluation, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / EVALUATION_FILE)
+    os.replace(tmp, target)
 
 
 def read_evaluation(run_dir: Path) -> dict[str, Any] | None:
     """The run's ``evaluation.json``, or None (no holdout evaluation, or its directory is gone)."""
     try:
-        return json.loads((run_dir / EVALUATION_FILE).read_text(encoding="utf-8"))
+        return json.loads(RunPaths(run_dir).evaluation.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -152,7 +153,7 @@ def read_evaluation(run_dir: Path) -> dict[str, Any] | None:
 def trained_on(run_dir: Path, schemas: Sequence[str]) -> dict[str, set[str]]:
     """The ids whose label the run trained on (``holdout: false`` in its ``labels.jsonl``), per schema."""
     found: dict[str, set[str]] = {s: set() for s in schemas}
-    with open(run_dir / LABELS_FILE, "rb") as fh:
+    with open(RunPaths(run_dir).labels, "rb") as fh:
         for line in fh:
             record = orjson.loads(line)
             if record["schema"] in found and not record["holdout"]:

@@ -1,6 +1,6 @@
 """The job a worker runs: job.json, built the same way for every backend.
 
-Below both the flow's steps (potato/tasks) and the agent protocol
+Below both the flow's steps (potato/backends) and the agent protocol
 (potato/protocol), which hands it to remote agents in a claim's answer.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from potato.config import ProjectConfig
 from potato.store import Run
+from potato.training.job_paths import JobPaths
 
 
 def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
@@ -21,9 +22,9 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
     options = dict(mt.trainers.get(run.trainer, {}))
     options.update(run.options or {})
     backend = mt.backends.get(run.backend)
-    # device, num_threads and max_ram_mb are local settings (SPEC §4); a remote worker
+    # device, num_threads and max_ram_mb are settings of this machine; a remote worker
     # takes the GPUs the backend chose (CUDA_VISIBLE_DEVICES) and its threads from the env.
-    local = backend is None or backend.type == "local"
+    local = backend is None or backend.type_info.on_this_machine
     return {
         "run_id": run.id,
         "trainer": run.trainer,
@@ -45,14 +46,14 @@ def processes_for(backend: Any) -> int | str | None:
     configured = backend.get("processes") if backend is not None else None
     if configured:
         return configured
-    if backend is not None and backend.type in ("ssh", "slurm"):
+    if backend is not None and (backend.type_info.picks_gpus or backend.type_info.has_scheduler):
         return "per_gpu"
     return None
 
 
 def write_job(job_dir: Path, job: dict[str, Any]) -> Path:
     job_dir.mkdir(parents=True, exist_ok=True)
-    path = job_dir / "job.json"
+    path = Path(JobPaths(job_dir).job)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(job, indent=2), encoding="utf-8")
     os.replace(tmp, path)

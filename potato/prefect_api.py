@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from potato.errors import PotatoError
+from potato.errors import PrefectApiError
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,6 @@ START_ATTEMPTS = 3
 # API URL -> PREFECT_HOME of the embedded servers this process started or
 # reused, so release_leaked_slots can find their lease files unasked.
 _HOMES: dict[str, Path] = {}
-
-
-class PrefectApiError(PotatoError):
-    """Raised when the embedded Prefect API cannot be started or reached."""
 
 
 @dataclass

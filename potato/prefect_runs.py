@@ -16,7 +16,7 @@ computes the same name without asking anyone.
 Prefect becomes the store's cancel request and the flow carries it out
 exactly as it carries out **Cancel run** (TERM, ``grace_seconds``, KILL;
 state ``cancelled``). A flow running in its own process does not notice
-``prefect flow-run cancel`` (shared/notes/prefect-3.md): ``CancelWatch``
+``prefect flow-run cancel``: ``CancelWatch``
 polls the flow run's state once a second for that. The other way, the flow
 ends in a Cancelled state whose message says where the cancel came from
 (``cancel_message``); a deployment's flow run that no worker has started
@@ -34,7 +34,9 @@ import threading
 import time
 from typing import Callable
 
+from potato.errors import NoPrefectWorker
 from potato.prefect_api import LIMIT_NAME
+from potato.runs.ending import end_run
 
 log = logging.getLogger(__name__)
 
@@ -170,25 +172,20 @@ def fail_runs_no_worker_started(config, store, now: float | None = None) -> list
     Each run's flow run is cancelled in Prefect, so a worker that comes later
     does not start it.
     """
-    from potato import runs
-    from potato.errors import NoPrefectWorker
-
     now = time.time() if now is None else now
     failed = []
     for run in store.active_runs():
         if no_worker_in_time(config, run, now):
             pool = _give_up_flow_run(run, "No Prefect worker started it in time")
             error = NoPrefectWorker(run.id, pool, config.model_training.max_wall_seconds)
-            failed.append(runs.end_run(config, store, run.id, "failed", str(error)))
+            failed.append(end_run(config, store, run.id, "failed", str(error)))
     return failed
 
 
 def cancel_before_a_worker(config, store, run):
     """End *run*, which no Prefect worker has started, as cancelled, and cancel its flow run in Prefect."""
-    from potato import runs
-
     _give_up_flow_run(run, "Cancelled in Potato before a Prefect worker started it")
-    return runs.end_run(config, store, run.id, "cancelled", "Cancelled before a Prefect worker started it")
+    return end_run(config, store, run.id, "cancelled", "Cancelled before a Prefect worker started it")
 
 
 def _give_up_flow_run(run, message: str) -> str | None:

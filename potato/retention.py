@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 
 from potato.config import ProjectConfig
-from potato.runs import run_dir
+from potato.runs.paths import run_paths
 from potato.store import END_STATES, Store
 
 
@@ -27,7 +27,7 @@ def prune_run_dirs(config: ProjectConfig, store: Store) -> list[int]:
     finished = [run for run in store.list_runs() if run.state in END_STATES]  # newest first
     removed = []
     for run in finished[keep:]:
-        directory = run_dir(config, run.id)
+        directory = run_paths(config, run.id).dir
         if directory.is_dir():
             shutil.rmtree(directory)
             removed.append(run.id)

@@ -1,7 +1,7 @@
 """A worker's events, recorded: the one place where an event becomes store rows, run fields and log lines.
 
 Events arrive two ways: the local backend's relay tails ``events.jsonl``
-(potato/tasks/relay.py); remote agents post them through the agent protocol
+(potato/backends/relay.py); remote agents post them through the agent protocol
 (potato/protocol). Both record them here, the same way.
 
 Each event is stored in one store transaction together with what it changes

@@ -70,3 +70,12 @@ class RunLog:
 
     def error(self, message: str) -> None:
         self.write("error", message)
+
+
+def last_line(path: Path) -> str:
+    """The last line of the log file *path* that is not blank; "" when there is none (or no file)."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""

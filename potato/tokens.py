@@ -19,23 +19,14 @@ from __future__ import annotations
 import hmac
 import secrets
 import socket
-import time
-from typing import TYPE_CHECKING
 
-from potato.errors import PotatoError
+from potato.config import BackendConfig, ProjectConfig
+from potato.errors import TokenError
 from potato.store import Run, Store, hash_token
-
-if TYPE_CHECKING:  # pragma: no cover
-    from potato.checks import CheckReport
-    from potato.config import BackendConfig, ProjectConfig
 
 # 32 random bytes, ~43 URL-safe characters (SPEC §7 asks for token_urlsafe(32)).
 TOKEN_BYTES = 32
 DEFAULT_PORT = 8000
-
-
-class TokenError(PotatoError):
-    """Raised when a token cannot be issued for a backend (unknown or not an agent backend)."""
 
 
 def new_token() -> str:
@@ -52,16 +43,16 @@ def tokens_equal(token: str, expected_hash: str | None) -> bool:
     return hmac.compare_digest(hash_token(token).encode(), expected_hash.encode())
 
 
-def _agent_backend(config: "ProjectConfig", name: str) -> "BackendConfig":
+def _agent_backend(config: ProjectConfig, name: str) -> BackendConfig:
     backends = config.model_training.backends
     backend = backends.get(name)
     if backend is None:
-        agents = sorted(n for n, b in backends.items() if b.type == "agent")
+        agents = sorted(n for n, b in backends.items() if b.type_info.claimed_by_agent)
         hint = (f"agent backends in this config: {', '.join(agents)}" if agents else
                 "this config has no agent backend; add one under model_training.backends "
                 "with type: agent")
         raise TokenError(f"No backend named {name!r} in model_training.backends; {hint}")
-    if backend.type != "agent":
+    if not backend.type_info.claimed_by_agent:
         raise TokenError(
             f"Backend {name!r} is a {backend.type} backend; only agent backends get a token "
             f"from `potato training register` (the server starts the agent of a {backend.type} "
@@ -70,7 +61,7 @@ def _agent_backend(config: "ProjectConfig", name: str) -> "BackendConfig":
     return backend
 
 
-def register_agent(config: "ProjectConfig", store: Store, name: str) -> str:
+def register_agent(config: ProjectConfig, store: Store, name: str) -> str:
     """Issue a new token for agent backend *name*, replacing any earlier one; return it.
 
     Only its hash is stored. Raises ``TokenError`` for an unknown or non-agent backend.
@@ -111,14 +102,14 @@ def issue_run_token(store: Store, run_id: int) -> str:
     return token
 
 
-def backend_of_token(config: "ProjectConfig", store: Store, token: str) -> str | None:
+def backend_of_token(config: ProjectConfig, store: Store, token: str) -> str | None:
     """The agent backend whose current token *token* is, or None.
 
     Every agent backend is compared (constant-time each), whichever matches.
     """
     found = None
     for name, backend in sorted(config.model_training.backends.items()):
-        if backend.type == "agent" and store.verify_token(name, token):
+        if backend.type_info.claimed_by_agent and store.verify_token(name, token):
             found = name
     return found
 
@@ -130,46 +121,3 @@ def run_of_token(store: Store, token: str, runs: list[Run]) -> Run | None:
         if tokens_equal(token, run.run_token_hash):
             found = run
     return found
-
-
-def _when(stamp: float | None, now: float) -> str:
-    if stamp is None:
-        return "never"
-    text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
-    age = max(0, int(now - stamp))
-    return f"{text} ({age} s ago)"
-
-
-def check_agent(config: "ProjectConfig", backend: "BackendConfig", *,
-                store: Store | None = None, now: float | None = None) -> "CheckReport":
-    """``potato training check NAME`` for an agent backend (SPEC §7, §8): the token record.
-
-    Before any registration: ``no token issued yet`` and the register command
-    to run, and the report is not ok (no agent can take the backend's runs).
-    """
-    from potato.checks import CheckReport
-
-    if store is None:
-        from potato.runs import open_store
-
-        store = open_store(config)
-    now = time.time() if now is None else now
-    record = store.get_token(backend.name)
-    if record is None:
-        command = f"potato training register {backend.name} {config.path}"
-        return CheckReport(
-            backend=backend.name, type="agent", ok=False,
-            lines=[f"{backend.name}: no token issued yet", f"Issue one with: {command}"],
-            data={"token": None, "register_command": command},
-        )
-    lines = [
-        f"{backend.name}: agent backend; token issued {_when(record.created_at, now)}",
-        f"last_seen: {_when(record.last_seen, now)}",
-    ]
-    if record.last_seen is None:
-        lines.append("No agent has connected with this token yet; start one on the training "
-                     f"machine: potato training agent --server URL --backend {backend.name}")
-    return CheckReport(
-        backend=backend.name, type="agent", ok=True, lines=lines,
-        data={"token": {"created_at": record.created_at, "last_seen": record.last_seen}},
-    )

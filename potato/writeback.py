@@ -21,7 +21,9 @@ the counts, because a writeback that silently writes nothing looks broken:
    on another machine and reached us through an agent's upload, so each line
    is checked where it enters: a JSON object with a string ``id`` and
    ``schema``, a ``label`` of that schema, a ``confidence`` that is a number
-   from 0 to 1 (not NaN). A bad line is skipped and named in the run log; it
+   from 0 to 1 (not NaN) — the upload's own rule
+   (``potato.protocol.bodies.prediction_problem``), plus the run's schemas
+   and labels. A bad line is skipped and named in the run log; it
    never fails the run. Fields we do not use (``probs``, …) are ignored.
 2. **The schema gate.** Only ``writeback.schemas`` are written: turning on
    training must not change what annotators see until someone asks for it.
@@ -55,7 +57,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from potato.config import ProjectConfig
-from potato.errors import PotatoError
+from potato.protocol.bodies import prediction_problem
+from potato.errors import WritebackError
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5
@@ -68,10 +71,6 @@ HELD_BACK = {
     "below_confidence": "below min_confidence",
     "duplicate": "repeated",
 }
-
-
-class WritebackError(PotatoError):
-    """Raised when the writeback file cannot be written, or the run's bundle is gone."""
 
 
 @dataclass
@@ -149,17 +148,15 @@ def parse_prediction(line: str, labels: dict[str, Sequence[str]]) -> tuple[str, 
         raise ValueError("not JSON") from None
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, not an object")
-    item_id, schema, label = record.get("id"), record.get("schema"), record.get("label")
-    confidence = record.get("confidence")
-    if not isinstance(item_id, str) or not item_id:
-        raise ValueError(f"id is {item_id!r}, not an item id")
+    problem = prediction_problem(record)
+    if problem:
+        raise ValueError(problem)
+    item_id, schema, label = record["id"], record["schema"], record["label"]
     if schema not in labels:
         raise ValueError(f"schema is {schema!r}, not a schema of this run")
     if label not in labels[schema]:
         raise ValueError(f"label is {label!r}, not a label of {schema!r}")
-    if not _is_confidence(confidence):
-        raise ValueError(f"confidence is {confidence!r}, not a number from 0 to 1")
-    return item_id, schema, label, float(confidence)
+    return item_id, schema, label, float(record["confidence"])
 
 
 class _Table:

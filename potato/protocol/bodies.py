@@ -206,9 +206,23 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
 
 # -- predictions ----------------------------------------------------------------------------------
 
-_PREDICTION_FIELDS = {"id": (lambda v: None if isinstance(v, (str, int)) and not isinstance(v, bool)
-                             else "the item's id (a string or a whole number)", True),
+# Item ids are strings in the bundle (potato.project), so a prediction names its item by one.
+_PREDICTION_FIELDS = {"id": (lambda v: None if isinstance(v, str) and v else "the item's id (a non-empty string)", True),
                       "schema": (_name, True), "label": (_name, True), "confidence": (_number(0, 1), True)}
+
+
+def prediction_problem(record: Mapping[str, Any]) -> str | None:
+    """What is wrong with one prediction (a line of ``predictions.jsonl``, parsed), or None.
+
+    The one rule for a prediction's fields: the upload refuses a file with a
+    line that breaks it, and the writeback and the holdout evaluation skip
+    (and count) such a line in a file that reached the run directory otherwise.
+    """
+    try:
+        _check_fields(record, _PREDICTION_FIELDS)
+    except BadField as exc:
+        return str(exc)
+    return None
 
 
 def check_prediction_line(line: bytes, number: int) -> None:
@@ -220,7 +234,6 @@ def check_prediction_line(line: bytes, number: int) -> None:
     if not isinstance(record, dict):
         raise BadField(f"predictions.jsonl line {number} is {_show(record)}; each line is a JSON object "
                        '{"id", "schema", "label", "confidence"}')
-    try:
-        _check_fields(record, _PREDICTION_FIELDS)
-    except BadField as exc:
-        raise BadField(f"predictions.jsonl line {number}: {exc}") from None
+    problem = prediction_problem(record)
+    if problem:
+        raise BadField(f"predictions.jsonl line {number}: {problem}")

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 from typing import BinaryIO
 
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from potato.jsonapi import ApiError
-from potato.runs import partial_upload_prefix
+from potato.runs.paths import RunPaths
 from potato.protocol.bodies import BadField, check_prediction_line
 
 UPLOAD_CHUNK = 256 * 1024
@@ -57,14 +56,15 @@ class _Lines:
             check_prediction_line(line, self.count)
 
 
-def receive(stream: BinaryIO, target: Path, *, limit_mb: int, expected: int | None) -> tuple[int, int]:
-    """Stream *stream* into *target*; return (bytes, predictions). Raises ``ApiError`` (400, 413).
+def receive(stream: BinaryIO, paths: RunPaths, *, limit_mb: int, expected: int | None) -> tuple[int, int]:
+    """Stream *stream* into the run's ``predictions.jsonl``; return (bytes, predictions). Raises ``ApiError`` (400, 413).
 
     *expected* is the request's Content-Length (None when chunked): a body
     that ends short of it is refused.
     """
     limit = limit_mb * 1024 * 1024
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=partial_upload_prefix(target))
+    target = paths.predictions
+    fd, tmp = tempfile.mkstemp(dir=paths.dir, prefix=paths.partial_upload_prefix())
     total = 0
     lines = _Lines()
     try:

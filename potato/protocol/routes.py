@@ -23,39 +23,38 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request, send_file
 
-from potato import run_events, runs
+from potato import run_events
 from potato.errors import DiskFull
 from potato.jobs import make_job
+from potato.project import pack_bundle
 from potato.jsonapi import ApiError, admits, json_body
-from potato.protocol import POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION, bodies, predictions
+from potato.protocol import bodies, predictions
 from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
 from potato.protocol.state import CLAIMED, display_state
 from potato.runlog import RunLog
+from potato.runs.paths import RunPaths, run_paths
 from potato.store import RUNNING, Run
+from potato.training import job_paths
+from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION
 
 bp = Blueprint("agent_protocol", __name__, url_prefix=PREFIX)
-
-MAX_EVENTS_PER_BATCH = 1000
 
 
 # -- claiming -------------------------------------------------------------------------------------
 
 
-def _bundle_path(run_id: int) -> Path:
-    return runs.run_dir(config(), run_id) / "bundle.tar.gz"
+def _paths(run_id: int) -> RunPaths:
+    return run_paths(config(), run_id)
 
 
 def _ensure_bundle(run_id: int) -> Path | None:
     """The run's ``bundle.tar.gz``, packed from ``bundle/`` if the flow has not packed it; None if not built yet."""
-    path = _bundle_path(run_id)
-    if path.is_file():
-        return path
-    bundle_dir = path.parent / "bundle"
-    if not (bundle_dir / "manifest.json").is_file():  # manifest.json is written last
+    paths = _paths(run_id)
+    if paths.bundle_archive.is_file():
+        return paths.bundle_archive
+    if not (paths.bundle / "manifest.json").is_file():  # manifest.json is written last
         return None
-    from potato.project import pack_bundle
-
-    return pack_bundle(bundle_dir, path)
+    return pack_bundle(paths.bundle, paths.bundle_archive)
 
 
 def _sha256(path: Path) -> str:
@@ -71,18 +70,11 @@ def _sha256(path: Path) -> str:
     return sums[key]
 
 
-def _heartbeat_timeout(run: Run) -> float:
-    mt = config().model_training
-    backend = mt.backends.get(run.backend)
-    value = backend.get("heartbeat_timeout_s") if backend is not None else None
-    return float(value if value is not None else mt.heartbeat_timeout_s)
-
-
 def _job(run: Run) -> dict[str, Any]:
     """What a claim answers: the run, its limits, where its bundle is, and job.json."""
     mt = config().model_training
-    bundle = _bundle_path(run.id)
-    spec = make_job(config(), run, bundle="bundle")
+    bundle = _paths(run.id).bundle_archive
+    spec = make_job(config(), run, bundle=job_paths.BUNDLE)
     return {
         "run_id": run.id,
         "backend": run.backend,
@@ -90,9 +82,9 @@ def _job(run: Run) -> dict[str, Any]:
         "schemas": list(run.schemas),
         "options": spec.get("options", {}),
         "grace_seconds": mt.grace_seconds,
-        "heartbeat_timeout_s": _heartbeat_timeout(run),
+        "heartbeat_timeout_s": mt.heartbeat_timeout(run.backend),
         "max_predictions_mb": mt.max_predictions_mb,
-        "bundle_url": f"{PREFIX}/runs/{run.id}/bundle.tar.gz",
+        "bundle_url": f"{PREFIX}/runs/{run.id}/{job_paths.BUNDLE_ARCHIVE}",
         "bundle_bytes": bundle.stat().st_size,
         "bundle_sha256": _sha256(bundle),
         "urls": {
@@ -206,7 +198,7 @@ def post_events(run_id: int):
     if len(events) > MAX_EVENTS_PER_BATCH:
         raise ApiError(400, f"A batch holds at most {MAX_EVENTS_PER_BATCH} events; this one has "
                        f"{len(events)}; send them in several batches", last_seq=run.last_seq)
-    log = RunLog(store(), run.id, runs.run_dir(config(), run.id) / "run.log", mirror_to_prefect=False)
+    log = RunLog(store(), run.id, _paths(run.id).run_log, mirror_to_prefect=False)
     accepted = 0
     for index, event in enumerate(events):
         try:
@@ -234,16 +226,15 @@ def upload_predictions(run_id: int):
     run, _ = authorize_run(run_id)
     limit_mb = config().model_training.max_predictions_mb
     request.max_content_length = limit_mb * 1024 * 1024  # this route's own limit, not MAX_CONTENT_LENGTH
-    directory = runs.run_dir(config(), run.id)
-    directory.mkdir(parents=True, exist_ok=True)
+    paths = _paths(run.id)
+    paths.dir.mkdir(parents=True, exist_ok=True)
     try:
-        total, lines = predictions.receive(request.stream, directory / "predictions.jsonl", limit_mb=limit_mb,
-                                           expected=request.content_length)
+        total, lines = predictions.receive(request.stream, paths, limit_mb=limit_mb, expected=request.content_length)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
         # Not transient for the agent (it would retry until its offline limit): it reports the run failed.
-        raise ApiError(507, str(DiskFull(directory))) from None
+        raise ApiError(507, str(DiskFull(paths.dir))) from None
     agent_state().heartbeat(store(), run.id, force=True)
     return jsonify({"run_id": run.id, "bytes": total, "lines": lines})
 
@@ -258,12 +249,11 @@ def result(run_id: int):
     except bodies.BadField as exc:
         raise ApiError(400, str(exc)) from None
     code, scores, uri = report["exit_code"], report["scores"], report["artifact_uri"]
-    directory = runs.run_dir(config(), run.id)
-    directory.mkdir(parents=True, exist_ok=True)
-    code_file = directory / "exit_code"
-    if code_file.is_file():
-        before = code_file.read_text(encoding="utf-8").strip()
-        if before == str(code):
+    paths = _paths(run.id)
+    paths.dir.mkdir(parents=True, exist_ok=True)
+    before = paths.read_exit_code()
+    if before is not None:
+        if before == code:
             return jsonify({**_status(run), "recorded": False, "already_recorded": True})
         raise ApiError(409, f"Run {run_id}'s result was already reported (exit code {before})")
     fields: dict[str, Any] = {}
@@ -275,8 +265,8 @@ def result(run_id: int):
     store().record_worker_event(run.id, None, "result", {"exit_code": code, "error": report["error"],
                                                          "artifact_uri": uri}, **fields)
     if scores is not None:
-        _write_atomic(directory / "scores.json", json.dumps(scores, indent=2))
-    _write_atomic(code_file, f"{code}\n")  # last: the flow takes the run as reported once it exists
+        _write_atomic(paths.scores, json.dumps(scores, indent=2))
+    _write_atomic(paths.exit_code, f"{code}\n")  # last: the flow takes the run as reported once it exists
     return jsonify({**_status(store().get_run(run.id)), "recorded": True})
 
 

@@ -15,20 +15,20 @@ import time
 from potato.config import ProjectConfig
 from potato.store import QUEUED, RUNNING, Run, Store
 
-# The event the protocol stores when an agent claims a run.
+# The event the protocol stores when an agent claims a run (the agent backend's spawn step waits for it).
 CLAIMED = "claimed"
 # How often last_seen and the heartbeat are written at most (seconds).
 TOUCH_INTERVAL_S = 1.0
 
 
 def display_state(config: ProjectConfig, run: Run, claimed: bool) -> str:
-    """The state a user sees: an agent run is ``queued`` until an agent claims it (SPEC §7).
+    """The state a user sees: a run on an agent backend is ``queued`` until an agent claims it.
 
     The store has it ``running`` from the moment the dispatcher starts its
     flow (the flow holds the one-run-at-a-time slot while it waits for an agent).
     """
     backend = config.model_training.backends.get(run.backend)
-    if run.state == RUNNING and backend is not None and backend.type == "agent" and not claimed:
+    if run.state == RUNNING and backend is not None and backend.type_info.claimed_by_agent and not claimed:
         return QUEUED
     return run.state
 

@@ -8,7 +8,7 @@ builds its own). Three blueprints, one per audience:
 - the agent protocol ``/training/agent/v1`` (bearer tokens), from its own home ``potato.protocol``,
   which an ssh run's socket serves too
 
-The store: one ``Store`` per app (``get_store()``); it already gives every
+The store: one ``Store`` per app (``potato.server.context.get_store()``); it already gives every
 thread its own SQLite connection, so a request reuses its thread's connection
 instead of opening one per request.
 """
@@ -21,7 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping
 
-from flask import Flask, current_app
+from flask import Flask
 
 from potato.config import ProjectConfig
 from potato.jsonapi import MAX_JSON_BYTES
@@ -54,9 +54,10 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     (``potato start`` stops them on SIGTERM/SIGINT). Tests pass False and
     drive the store themselves. *overrides* update ``app.config``.
     """
-    from potato import jsonapi, protocol
+    from potato import jsonapi
+    from potato.protocol.app import install as install_protocol
     from potato.prefect_api import ui_url_for
-    from potato.runs import open_store
+    from potato.runs.paths import open_store
     from potato.server import admin_api, page
     from potato.server.background import Background
 
@@ -80,7 +81,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     jsonapi.init_app(app)
     app.register_blueprint(page.bp)
     app.register_blueprint(admin_api.bp)
-    protocol.install(app)
+    install_protocol(app)
 
     background = Background(config, app.extensions["potato.store"])
     app.extensions["potato.background"] = background
@@ -90,10 +91,3 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
             app.config["PREFECT_UI_URL"] = background.prefect_ui_url
     return app
 
-
-def get_store() -> Store:
-    return current_app.extensions["potato.store"]
-
-
-def get_config() -> ProjectConfig:
-    return current_app.config["POTATO"]

@@ -1,8 +1,8 @@
 """The admin API (``/admin/training/api``): JSON for the Training page and for scripts.
 
 Every route needs the admin key (``X-API-Key``) or the page's session; see
-``potato.server.auth``. Views are thin: read the request, call ``potato.runs``
-or the store, answer JSON. Errors are JSON (``potato.jsonapi``).
+``potato.server.auth``. Views are thin: read the request, call ``potato.runs``,
+the registries or the store, answer JSON. Errors are JSON (``potato.jsonapi``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
-from potato import runs
+from potato.backends.checks import check_backend
+from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError
+from potato.evaluation import read_evaluation
 from potato.jsonapi import ApiError, json_body
-from potato.server import get_config, get_store
+from potato.runs.paths import run_paths
+from potato.runs import queue
 from potato.server.auth import require_admin
-from potato.server.serialize import backends_json, event_json, run_json
+from potato.server.context import get_config, get_store
+from potato.server.serialize import backends_json, event_json, run_json, schemas_json, trainers_json
 from potato.store import MAX_RUN_ID
+from potato.trainers.registry import DEFAULT_TRAINER
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
 
@@ -51,7 +56,8 @@ def _run_json(run) -> dict[str, Any]:
     config = get_config()
     backend = config.model_training.backends.get(run.backend)
     # Only a running agent run can be "queued in the UI's sense" (waiting for its claim).
-    claimed = run.state == "running" and backend is not None and backend.type == "agent" and _claimed(run)
+    claimed = (run.state == "running" and backend is not None and backend.type_info.claimed_by_agent
+               and _claimed(run))
     return run_json(config, get_store(), run, claimed=claimed, ui_url=current_app.config.get("PREFECT_UI_URL"))
 
 
@@ -88,13 +94,12 @@ def create_run():
         raise ApiError(400, "options must be a JSON object of trainer options, e.g. {\"epochs\": 3}")
     config = get_config()
     try:
-        run = runs.create_run(config, get_store(), trainer=trainer, schemas=schemas, backend=backend,
-                              options=options)
-    except runs.UnknownBackendError as exc:
+        run = queue.create_run(config, get_store(), trainer=trainer, schemas=schemas, backend=backend, options=options)
+    except UnknownBackendError as exc:
         raise ApiError(409, str(exc), known_backends=exc.known) from None
-    except runs.LocalOnlyTrainerError as exc:
+    except LocalOnlyTrainerError as exc:
         raise ApiError(409, str(exc)) from None
-    except runs.RunRequestError as exc:
+    except RunRequestError as exc:
         raise ApiError(400, str(exc)) from None
     response = jsonify({"run": _run_json(run)})
     response.status_code = 201
@@ -127,14 +132,14 @@ def get_run(run_id: int):
     run = store.get_run(run_id)
     after = int_arg("after", 0)
     events = store.events(run_id, after=after, limit=MAX_EVENTS)
-    directory = runs.run_dir(get_config(), run_id)
+    paths = run_paths(get_config(), run_id)
     return jsonify({
         "run": _run_json(run),
         "events": [event_json(e) for e in events],
         "next_after": events[-1].seq if events else after,
         "more_events": len(events) == MAX_EVENTS,
-        "artifacts": _artifacts(directory / "artifacts"),
-        "has_predictions": (directory / "predictions.jsonl").is_file(),
+        "artifacts": _artifacts(paths.artifacts),
+        "has_predictions": paths.predictions.is_file(),
     })
 
 
@@ -143,7 +148,7 @@ def get_run(run_id: int):
 def cancel_run(run_id: int):
     config, store = get_config(), get_store()
     store.get_run(run_id)  # 404 for an unknown run
-    run = runs.cancel_run(config, store, run_id)
+    run = queue.cancel_run(config, store, run_id)
     return jsonify({"run": _run_json(run)})
 
 
@@ -152,7 +157,7 @@ def cancel_run(run_id: int):
 def predictions(run_id: int):
     """A summary of the run's predictions: counts per schema and label, mean confidence, a sample."""
     get_store().get_run(run_id)
-    path = runs.run_dir(get_config(), run_id) / "predictions.jsonl"
+    path = run_paths(get_config(), run_id).predictions
     if not path.is_file():
         return jsonify({"available": False, "count": 0, "schemas": {}, "sample": []})
     labels: dict[str, Counter] = {}
@@ -189,10 +194,8 @@ def predictions(run_id: int):
 @require_admin
 def evaluation(run_id: int):
     """The run's holdout evaluation (``potato.evaluation``): per schema the confusion matrix and reliability bins."""
-    from potato.evaluation import read_evaluation
-
     get_store().get_run(run_id)
-    found = read_evaluation(runs.run_dir(get_config(), run_id))
+    found = read_evaluation(run_paths(get_config(), run_id).dir)
     if found is None:
         return jsonify({"available": False, "schemas": {}})
     return jsonify({"available": True, "schemas": found.get("schemas", {})})
@@ -208,8 +211,6 @@ def list_backends():
 @bp.post("/backends/<name>/check")
 @require_admin
 def check(name: str):
-    from potato.checks import check_backend
-
     config = get_config()
     if name not in config.model_training.backends:
         known = sorted(config.model_training.backends)
@@ -229,11 +230,17 @@ def auto_retrain():
 @bp.get("/trainers")
 @require_admin
 def trainers():
-    from potato.trainers import TRAINERS
-
+    """Every trainer, what it trains and whether this server has its packages (Potato 2.12.1's shape, and more)."""
     config = get_config()
     return jsonify({
-        "trainers": sorted(TRAINERS), "default": runs.DEFAULT_TRAINER,
+        "trainers": trainers_json(), "default": DEFAULT_TRAINER,
         "schemas": [s.name for s in config.schemes],
         "default_schemas": list(config.model_training.writeback.schemas) or [s.name for s in config.schemes],
     })
+
+
+@bp.get("/schemas")
+@require_admin
+def schemas():
+    """Each schema of the project with the trainers that can train it (Potato 2.12.1's shape)."""
+    return jsonify({"schemas": schemas_json(get_config())})

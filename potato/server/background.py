@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 class Background:
-    """Starts the Prefect API (``prefect_api.start_embedded``), ``runs.Dispatcher`` and
+    """Starts the Prefect API (``prefect_api.start_embedded``), the run ``Dispatcher`` and
     ``auto_retrain.AutoRetrainWatcher``; stops them."""
 
     def __init__(self, config: ProjectConfig, store: Store):
@@ -28,14 +28,14 @@ class Background:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        from potato import runs
         from potato.prefect_api import start_embedded, ui_url_for
+        from potato.runs.dispatcher import Dispatcher
 
         self.prefect = start_embedded(self.config.training_dir)
         self.prefect_ui_url = ui_url_for(self.prefect.url)
         log.info("Prefect API at %s", self.prefect.url)
         try:
-            self.dispatcher = runs.Dispatcher(self.config, self.store)
+            self.dispatcher = Dispatcher(self.config, self.store)
             self.dispatcher.start()
             self.watcher.start()
         except BaseException:

@@ -47,18 +47,6 @@ CONNECTION_LIMIT = 256
 MAX_HEADER_BYTES = 64 * 1024
 
 
-def debug_warning(config: ProjectConfig) -> str | None:
-    """The warning for ``debug: true`` while an ssh or slurm backend is configured (SPEC §5), or None."""
-    if not config.debug:
-        return None
-    remote = sorted(n for n, b in config.model_training.backends.items() if b.type in ("ssh", "slurm"))
-    if not remote:
-        return None
-    return (f"debug is true and backend(s) {', '.join(remote)} train over ssh: with debug on, this server "
-            "grants admin rights to every loopback request, and requests through an ssh run's forwarded "
-            "socket arrive from loopback. Set debug: false in the config on a server that trains over ssh")
-
-
 def check_config(path: str | Path, echo: Callable[..., None] = click.echo) -> ProjectConfig | None:
     """Validate the config for start-up: print errors (return None) or warnings (return the config)."""
     from potato.validate import format_report, validate_config_file
@@ -72,9 +60,6 @@ def check_config(path: str | Path, echo: Callable[..., None] = click.echo) -> Pr
     config = report.config
     for warning in report.warnings:
         echo(f"warning: {warning.message}", err=True)
-    extra = debug_warning(config)
-    if extra:
-        echo(f"warning: {extra}", err=True)
     return config
 
 
@@ -246,14 +231,14 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
 
 
 def register_command(name: str, config_path: str | Path, *, server_url: str | None = None) -> str:
-    """``potato training register NAME CONFIG``: issue agent backend NAME's token; return SPEC §7's text.
+    """``potato training register NAME CONFIG``: issue agent backend NAME's token; return the text to print.
 
     Raises ``click.ClickException`` (exit 1) for an invalid config or a name
     that is not an agent backend.
     """
     from potato.config import load_config
     from potato.errors import ConfigError
-    from potato.runs import open_store
+    from potato.runs.paths import open_store
     from potato.tokens import TokenError, default_server_url, register_agent, register_text
 
     try:

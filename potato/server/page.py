@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from flask import Blueprint, redirect, render_template, request, url_for
 
-from potato import runs
-from potato.server import get_config, get_store
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
+from potato.server.context import get_config, get_store
 from potato.server.serialize import backends_json
+from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS
 
 bp = Blueprint("page", __name__, url_prefix="/admin/training",
                template_folder="templates", static_folder="static", static_url_path="/static")
@@ -59,14 +59,12 @@ def training():
     if admin_via() is None:
         return _needs_login()
     config = get_config()
-    from potato.trainers import TRAINERS
-
     return render_template(
         "training.html",
         title=config.annotation_task_name,
         backends=backends_json(config),
         trainers=sorted(TRAINERS),
-        default_trainer=runs.DEFAULT_TRAINER,
+        default_trainer=DEFAULT_TRAINER,
         schemas=[s.name for s in config.schemes],
         default_schemas=set(config.model_training.writeback.schemas) or {s.name for s in config.schemes},
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,

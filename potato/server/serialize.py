@@ -1,13 +1,15 @@
-"""Runs, events and backends as the JSON the page and the admin API send."""
+"""Runs, events, backends, trainers and schemas as the JSON the page and the admin API send."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from potato.answer_kinds import kind_of_type
 from potato.config import ProjectConfig
 from potato.protocol.state import display_state
 from potato.store import QUEUED, RUNNING, Event, Run, Store
+from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, trainers_for_type
 
 
 def duration(run: Run, now: float | None = None) -> float | None:
@@ -83,3 +85,36 @@ def backends_json(config: ProjectConfig) -> list[dict[str, Any]]:
             "default": name == default,
         })
     return result
+
+
+def trainer_json(info: TrainerInfo) -> dict[str, Any]:
+    """One trainer as Potato 2.12.1's ``/api/trainers`` lists it (its ``TrainerInfo.to_dict`` and availability),
+    plus what runs need to know here: local-only, device, packages."""
+    missing = missing_modules(info)
+    return {
+        "name": info.name,
+        "description": info.description,
+        "kinds": list(info.kinds),
+        "modalities": ["text"],
+        "install_hint": info.install_hint,
+        "available": not missing,
+        "unavailable_reason": (f"This server lacks {', '.join(missing)}, which local runs of it need: "
+                               f"{info.install_hint}") if missing else "",
+        "local_only": bool(info.local_only),
+        "uses_device": info.uses_device,
+        "required_modules": list(info.required_modules),
+    }
+
+
+def trainers_json() -> list[dict[str, Any]]:
+    return [trainer_json(info) for info in TRAINERS.values()]
+
+
+def schemas_json(config: ProjectConfig) -> list[dict[str, Any]]:
+    """Each schema with the trainers that can train it, as Potato 2.12.1's ``/api/schemas`` answers."""
+    rows = []
+    for scheme in config.schemes:
+        names = [info.name for info in trainers_for_type(scheme.annotation_type)]
+        rows.append({"name": scheme.name, "annotation_type": scheme.annotation_type,
+                     "kind": kind_of_type(scheme.annotation_type), "trainers": names, "trainable": bool(names)})
+    return rows

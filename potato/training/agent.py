@@ -39,18 +39,18 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, PREFIX
 from potato.training.claims import BadClaim, check_claim
 from potato.training.client import (
     REQUEST_TIMEOUT_S, UNREACHABLE_LIMIT_S, Client, DownloadCut, Link, Offline, ProtocolError, Unreachable, is_gone,
     is_transient,
 )
 from potato.training.events import read_events
+from potato.training.job_paths import BUNDLE, JobPaths, read_exit_code
 from potato.training.safe_paths import UnsafeName, extract_tar
 
-PREFIX = "/training/agent/v1"
 POST_INTERVAL_S = 0.5       # new events wait at most this long before they are posted
 HEARTBEAT_INTERVAL_S = 5.0  # an empty batch when the worker is quiet
-MAX_BATCH = 1000            # events per post (docs/agent-protocol.md)
 DEFAULT_GRACE_S = 20
 TOKEN_VARIABLE = "POTATO_TRAINING_TOKEN"
 
@@ -109,21 +109,21 @@ class Worker:
 
     def __init__(self, python: str, job_dir: str):
         self.job_dir = job_dir
-        self.log_file = open(os.path.join(job_dir, "worker.log"), "ab")
+        self.log_file = open(JobPaths(job_dir).worker_log, "ab")
         self.process = subprocess.Popen(
             [python, "-m", "potato.training.worker", job_dir],
             cwd=job_dir, stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT,
             start_new_session=True, env=worker_environment(), preexec_fn=_die_with_parent(),
         )
         # So that the server's clean-up can end the worker's group even if this agent dies.
-        with open(os.path.join(job_dir, "worker.pid"), "w") as fh:
+        with open(JobPaths(job_dir).worker_pid, "w") as fh:
             fh.write("{}\n".format(self.process.pid))
         log("worker started (pid {})".format(self.process.pid))
 
     def poll(self) -> Optional[int]:
         code = self.process.poll()
         # exit_code is written last; the interpreter's teardown need not be waited for.
-        return code if code is not None else _exit_code(self.job_dir)
+        return code if code is not None else read_exit_code(self.job_dir)
 
     def terminate(self) -> None:
         self.signal_group(signal.SIGTERM)
@@ -206,15 +206,15 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, los
 def _fetch_bundle(client: Client, claim: Dict[str, Any], job_dir: str) -> None:
     """Download the bundle into *job_dir*, unpack it into ``bundle/`` and write ``job.json``."""
     os.makedirs(job_dir, exist_ok=True)
-    archive = os.path.join(job_dir, "bundle.tar.gz")
+    paths = JobPaths(job_dir)
+    archive = paths.bundle_archive
     log("run {}: downloading the bundle ({} bytes)".format(claim["run_id"], claim.get("bundle_bytes")))
     client.download(claim["bundle_url"], archive, claim.get("bundle_sha256"), log=log)
-    bundle_dir = os.path.join(job_dir, "bundle")
-    os.makedirs(bundle_dir, exist_ok=True)
-    _extract(archive, bundle_dir)
+    os.makedirs(paths.bundle, exist_ok=True)
+    _extract(archive, paths.bundle)
     os.remove(archive)
-    job = dict(claim["job"], bundle="bundle")
-    with open(os.path.join(job_dir, "job.json"), "w", encoding="utf-8") as fh:
+    job = dict(claim["job"], bundle=BUNDLE)
+    with open(paths.job, "w", encoding="utf-8") as fh:
         json.dump(job, fh, indent=2)
 
 
@@ -224,7 +224,7 @@ def _relay(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, work
     run_id, urls = claim["run_id"], claim["urls"]
     grace = claim.get("grace_seconds")
     grace = DEFAULT_GRACE_S if grace is None else float(grace)
-    events_path = os.path.join(job_dir, "events.jsonl")
+    events_path = JobPaths(job_dir).events
     offset = 0
     last_post = time.monotonic() - POST_INTERVAL_S  # the first events go out at once
     stopping_since = None  # type: Optional[float]
@@ -251,7 +251,7 @@ def _relay(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, work
         finished = code is not None or any(e.get("type") == "done" for e in pending)
         due = (pending and (finished or now - last_post >= POST_INTERVAL_S)) or now - last_post >= HEARTBEAT_INTERVAL_S
         if (due or code is not None) and link.due():
-            batch = pending[:MAX_BATCH]
+            batch = pending[:MAX_EVENTS_PER_BATCH]
             try:
                 answer = client.json("POST", urls["events"], {"events": batch})
             except (ProtocolError, Unreachable) as exc:
@@ -329,7 +329,7 @@ def _fail(client: Client, link: Optional[Link], claim: Dict[str, Any], notes: Li
     run_id, urls = claim["run_id"], claim["urls"]
     log("run {}: {}".format(run_id, error))
     try:
-        for path, body in ((urls["events"], {"events": notes[:MAX_BATCH]}),
+        for path, body in ((urls["events"], {"events": notes[:MAX_EVENTS_PER_BATCH]}),
                            (urls["result"], {"exit_code": 1, "error": error})):
             if link is None:
                 client.json("POST", path, body)
@@ -340,19 +340,12 @@ def _fail(client: Client, link: Optional[Link], claim: Dict[str, Any], notes: Li
     return 1
 
 
-def _exit_code(job_dir: str) -> Optional[int]:
-    try:
-        with open(os.path.join(job_dir, "exit_code"), encoding="utf-8") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def _report(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, code: int,
             error: Optional[str] = None) -> None:
     """Upload the predictions, then post the result; transient trouble is retried up to the offline limit."""
     urls = claim["urls"]
-    predictions = os.path.join(job_dir, "predictions.jsonl")
+    paths = JobPaths(job_dir)
+    predictions = paths.predictions
     if os.path.exists(predictions):
         try:
             link.call(lambda: client.upload(urls["predictions"], predictions))
@@ -364,11 +357,11 @@ def _report(client: Client, link: Link, claim: Dict[str, Any], job_dir: str, cod
             code, error = code or 1, "The server did not take the run's predictions: {}".format(exc)
     scores = None
     try:
-        with open(os.path.join(job_dir, "scores.json"), encoding="utf-8") as fh:
+        with open(paths.scores, encoding="utf-8") as fh:
             scores = json.load(fh)
     except (OSError, ValueError):
         pass
-    artifacts = os.path.join(job_dir, "artifacts")
+    artifacts = paths.artifacts
     result = {"exit_code": code, "scores": scores}  # type: Dict[str, Any]
     if error:
         result["error"] = error
@@ -422,7 +415,7 @@ def run_for_ssh(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *a: lost.set())
     client = Client(token, unix_socket=args.socket)
     job_dir = os.path.abspath(args.workdir or os.getcwd())
-    with open(os.path.join(job_dir, "agent.pid"), "w") as fh:
+    with open(JobPaths(job_dir).agent_pid, "w") as fh:
         fh.write("{}\n".format(os.getpid()))
     claim_path = "{}/backends/{}/claim".format(PREFIX, args.backend)
     try:
@@ -488,7 +481,7 @@ def run_polling(args: argparse.Namespace) -> int:
         _remove(job_dir)
         code = run_job(client, claim, job_dir, _starter(args, claim["run_id"]), stop, args.offline_limit)
         if not args.keep:
-            shutil.rmtree(os.path.join(job_dir, "bundle"), ignore_errors=True)
+            shutil.rmtree(JobPaths(job_dir).bundle, ignore_errors=True)
         log("run {}: worker exited with {}".format(claim["run_id"], code))
         if args.once:
             return 0

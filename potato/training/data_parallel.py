@@ -29,8 +29,10 @@ import threading
 import uuid
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from potato.training.device import THREAD_VARIABLES
+from potato.training.rank_events import RankEvents
+
 PER_GPU = "per_gpu"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 PUMP_INTERVAL_S = 0.2
 
 
@@ -97,13 +99,6 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def describe_devices(names: Sequence[str]) -> str:
-    """``2 × CPU (1 thread)``, or the names one by one when they differ."""
-    if len(set(names)) == 1:
-        return "{} × {}".format(len(names), names[0])
-    return ", ".join(names)
-
-
 def lead(job: Any, events: Any, plan: Plan,
          entry: Callable[[str, Dict[str, Any]], None]) -> Tuple[int, str, Optional[str]]:
     """Start ``plan.size`` processes running ``entry(job_dir, plan)``; merge their events.
@@ -113,8 +108,6 @@ def lead(job: Any, events: Any, plan: Plan,
     itself turns it into a shutdown of its processes, TERM then KILL after
     ``grace_seconds``.
     """
-    from potato.training.rank_events import RankEvents
-
     events.log("Training data-parallel on {} devices ({}): {}".format(
         plan.size, plan.backend, ", ".join(plan.names)))
     if plan.threads:

@@ -18,6 +18,9 @@ import os
 import re
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
+# What sets the BLAS/OpenMP thread counts: num_threads sets them for the worker, before torch loads.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
 
 class DeviceChoice(NamedTuple):
     """The device a run uses: ``device`` for torch (``cpu``, ``cuda:0``, ``mps``),

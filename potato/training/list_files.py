@@ -6,7 +6,7 @@ can split or forge a record. KIND is ``f`` for a regular file; anything else
 (``l`` symlink, ``p`` FIFO, ``c``/``b`` device, ``s`` socket, ``u`` a setuid
 or setgid file, ``?`` unreadable or unknown) is listed so the server can name
 it in the run log, and is never copied. Symlinks are not followed, so the
-listing never leaves DIR. The reading side is ``potato.tasks.ssh.parse_listing``;
+listing never leaves DIR. The reading side is ``potato.backends.ssh.steps.parse_listing``;
 it trusts nothing here either.
 
 Part of the remote half: Python 3.8, standard library only; sent on standard

@@ -17,13 +17,15 @@ import os
 import shutil
 from typing import Any, Dict, Optional, Sequence
 
-FINAL_NAME = "predictions.jsonl"
+from potato.training.job_paths import PREDICTIONS, JobPaths
+
+FINAL_NAME = PREDICTIONS
 PART_NAME = "predictions.part"
 
 
 def rank_dir(job_dir: str, rank: int) -> str:
     """Where process ``rank`` of a data-parallel run keeps its own files."""
-    return os.path.join(job_dir, "ranks", str(rank))
+    return JobPaths(job_dir).rank(rank).dir
 
 
 class PredictionStream:

@@ -20,13 +20,19 @@ Part of the remote half: Python 3.8, standard library only.
 """
 
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from potato.training.data_parallel import describe_devices
 from potato.training.events import read_events
-from potato.training.predictions import rank_dir
+from potato.training.job_paths import JobPaths, read_exit_code
 
 EXIT_CANCELLED = 143
+
+
+def describe_devices(names: Sequence[str]) -> str:
+    """``2 × CPU (1 thread)``, or the names one by one when they differ."""
+    if len(set(names)) == 1:
+        return "{} × {}".format(len(names), names[0])
+    return ", ".join(names)
 
 
 class RankEvents:
@@ -50,7 +56,7 @@ class RankEvents:
         """
         new = []  # type: List[Tuple[float, int, int, Dict[str, Any]]]
         for rank in range(self.size):
-            path = os.path.join(rank_dir(self.job_dir, rank), "events.jsonl")
+            path = JobPaths(self.job_dir).rank(rank).events
             events, self.offsets[rank] = read_events(path, self.offsets[rank])
             new.extend((float(e.get("t") or 0), rank, k, e) for k, e in enumerate(events))
         for _, rank, _, event in sorted(new, key=lambda x: x[:3]):
@@ -108,14 +114,7 @@ class RankEvents:
         return len(self.started) == self.size
 
     def exit_codes(self) -> List[Optional[int]]:
-        codes = []  # type: List[Optional[int]]
-        for rank in range(self.size):
-            try:
-                with open(os.path.join(rank_dir(self.job_dir, rank), "exit_code"), encoding="utf-8") as f:
-                    codes.append(int(f.read().strip()))
-            except (OSError, ValueError):
-                codes.append(None)
-        return codes
+        return [read_exit_code(JobPaths(self.job_dir).rank(rank).dir) for rank in range(self.size)]
 
     def outcome(self, cancelled: bool, failure: Optional[BaseException]) -> Tuple[int, str, Optional[str]]:
         """The run's ``(exit code, status, error)`` from the processes' ends.

@@ -8,12 +8,13 @@ Pure builders and parsers on top; ``SlurmJob`` below is the only code that
 runs SLURM's commands. Part of the remote half: Python 3.8, standard library.
 """
 
-import os
 import re
 import shlex
 import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from potato.training.job_paths import JobPaths, read_exit_code
 
 # Backend key -> sbatch flag (SPEC §1: "map to the sbatch flags of the same name").
 SBATCH_FLAGS = {
@@ -82,7 +83,7 @@ def make_job_script(config: Dict[str, Any], job_dir: str, run_id: Any) -> str:
     check_job_values(config, job_dir)
     q = shlex.quote
     lines = ["#!/bin/bash", "#SBATCH --job-name={}".format(q("potato-run-{}".format(run_id))),
-             "#SBATCH --output={}".format(q(os.path.join(job_dir, "slurm.out"))),
+             "#SBATCH --output={}".format(q(JobPaths(job_dir).slurm_out)),
              "#SBATCH --open-mode=append",
              # A requeued job would start the worker over; Potato reports the preemption instead.
              "#SBATCH --no-requeue"]
@@ -93,7 +94,7 @@ def make_job_script(config: Dict[str, Any], job_dir: str, run_id: Any) -> str:
         # Said here, not inherited: some clusters submit with SBATCH_EXPORT=NONE.
         "export PYTHONPATH={}".format(q(config["code_dir"])) if config.get("code_dir") else ":",
         "exec {} -m potato.training.worker {} 2>>{}".format(
-            q(config["job_python"]), q(job_dir), q(os.path.join(job_dir, "stderr.log"))),
+            q(config["job_python"]), q(job_dir), q(JobPaths(job_dir).stderr)),
     ]
     return "\n".join(lines) + "\n"
 
@@ -166,12 +167,12 @@ class SlurmJob:
         # sbatch hands the job the environment it runs in (--export=ALL): *env* is what the job may see.
         self._run = run or (lambda argv: _run(argv, env))
         self.poll_interval = float(config.get("poll_interval_s") or 10)
-        script = os.path.join(job_dir, "job.sh")
+        script = JobPaths(job_dir).job_script
         with open(script, "w", encoding="utf-8") as fh:
             fh.write(make_job_script(config, job_dir, run_id))
         done = self._run(["sbatch", "--parsable", script])
         self.job_id = parse_sbatch(done.stdout)
-        with open(os.path.join(job_dir, "slurm_job_id"), "w") as fh:  # for the server's clean-up
+        with open(JobPaths(job_dir).slurm_job_id, "w") as fh:  # for the server's clean-up
             fh.write(self.job_id + "\n")
         self.log("Submitted SLURM job {} with {}".format(
             self.job_id, " ".join(make_sbatch_flags(config)) or "no flags"))
@@ -183,7 +184,7 @@ class SlurmJob:
 
     def poll(self) -> Optional[int]:
         """The worker's exit code once it has one; raises SlurmCommandError when the job ended without."""
-        code = _read_exit_code(self.job_dir)
+        code = read_exit_code(self.job_dir)
         if code is not None:
             return self._checked(code)
         now = time.monotonic()
@@ -207,7 +208,7 @@ class SlurmJob:
                 raise self._requeued()
             return None
         self.gone = True
-        code = _read_exit_code(self.job_dir)  # the worker may have ended between the two reads
+        code = read_exit_code(self.job_dir)  # the worker may have ended between the two reads
         if code is not None:
             return self._checked(code)
         raise self._ended_early()
@@ -230,7 +231,7 @@ class SlurmJob:
         if scontrol.get("JobState") in REQUEUED_STATES or scontrol.get("Restarts", "0") not in ("", "0"):
             return self._requeued()
         return SlurmCommandError("SLURM job {} ended before the worker finished: {}".format(
-            self.job_id, explain_end(scontrol, _read(os.path.join(self.job_dir, "slurm.out")))))
+            self.job_id, explain_end(scontrol, _read(JobPaths(self.job_dir).slurm_out))))
 
     def _scontrol(self) -> Optional[Dict[str, str]]:
         try:
@@ -248,13 +249,13 @@ class SlurmJob:
             self.signal_term()
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
-                if _read_exit_code(self.job_dir) is not None or self._left_queue():
+                if read_exit_code(self.job_dir) is not None or self._left_queue():
                     break
                 time.sleep(0.5)
             else:
                 self.log("SLURM job {} still ran {:g} s after SIGTERM; scancel".format(self.job_id, grace))
             self._cancel(["scancel", self.job_id])
-        code = _read_exit_code(self.job_dir)
+        code = read_exit_code(self.job_dir)
         return 143 if code is None else code
 
     def _left_queue(self) -> bool:
@@ -280,14 +281,6 @@ def _run(argv: List[str], env: Optional[Dict[str, str]] = None) -> "subprocess.C
         lines = (done.stderr or done.stdout).strip().splitlines()
         raise SlurmCommandError(lines[-1] if lines else "{} exited with {}".format(argv[0], done.returncode))
     return done
-
-
-def _read_exit_code(job_dir: str) -> Optional[int]:
-    try:
-        with open(os.path.join(job_dir, "exit_code"), encoding="utf-8") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _read(path: str) -> str:

@@ -38,6 +38,8 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 JOB_DIR_SHAPE = re.compile(r".*/jobs/\d+-[0-9a-f]{8}")
+# Files of the job directory (potato/training/job_paths.py names them; this runs alone, so it spells them).
+AGENT_PID, WORKER_PID, SLURM_JOB_ID, BUNDLE = "agent.pid", "worker.pid", "slurm_job_id", "bundle"
 SOCKET_SHAPE = re.compile(r"/tmp/potato-\d+-[0-9a-f]{12}\.sock")
 SQUEUE_GONE = "Invalid job id"
 
@@ -102,7 +104,7 @@ def marked(markers: List[str]) -> List[Tuple[int, int, str]]:
 def kill_all(job_dir: str, markers: List[str]) -> List[str]:
     """SIGKILL the run's agent, its worker's group, and whatever else names the job or the socket."""
     named = {pid: cmdline for pid, _, cmdline in marked(markers)} if markers else {}
-    for name, group in (("agent.pid", False), ("worker.pid", True)):
+    for name, group in ((AGENT_PID, False), (WORKER_PID, True)):
         pid = _read(os.path.join(job_dir, name)) if job_dir else ""
         if pid.isdigit() and int(pid) in named:
             _kill(int(pid), group)
@@ -148,7 +150,7 @@ def remove(spec: Dict[str, Any]) -> List[str]:
         os.unlink(socket)
         removed.append(socket)
     if JOB_DIR_SHAPE.fullmatch(job_dir) and what in ("all", "bundle"):
-        target = job_dir if what == "all" else os.path.join(job_dir, "bundle")
+        target = job_dir if what == "all" else os.path.join(job_dir, BUNDLE)
         if os.path.lexists(target):
             shutil.rmtree(target, ignore_errors=True)
             removed.append(target)
@@ -158,7 +160,7 @@ def remove(spec: Dict[str, Any]) -> List[str]:
 def stop(spec: Dict[str, Any]) -> Dict[str, Any]:
     job_dir, socket = spec.get("job_dir") or "", spec.get("socket") or ""
     deadline = time.monotonic() + float(spec.get("wait_s") or 45)
-    job_id = str(spec.get("slurm_job_id") or (_read(os.path.join(job_dir, "slurm_job_id")) if job_dir else ""))
+    job_id = str(spec.get("slurm_job_id") or (_read(os.path.join(job_dir, SLURM_JOB_ID)) if job_dir else ""))
     markers = [m for m in (job_dir, socket) if m]
     killed = kill_all(job_dir, markers)
     slurm = cancel_slurm_job(job_id, deadline)

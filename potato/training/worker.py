@@ -32,8 +32,11 @@ import traceback
 from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from potato.trainers import import_failure_message
+from potato.trainers import registry
+from potato.trainers.registry import import_failure_message
+from potato.training.device import THREAD_VARIABLES
 from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
+from potato.training.job_paths import BUNDLE, JobPaths
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -59,9 +62,9 @@ class Job:
         self.dir = os.path.abspath(job_dir)
         self.spec = spec
         self.run_id = spec.get("run_id")
-        self.trainer = spec.get("trainer", "hf-text-classification")
+        self.trainer = spec.get("trainer", registry.DEFAULT_TRAINER)
         self.schemas = list(spec.get("schemas") or [])
-        bundle = spec.get("bundle", "bundle")
+        bundle = spec.get("bundle", BUNDLE)
         self.bundle_dir = bundle if os.path.isabs(bundle) else os.path.join(self.dir, bundle)
         self.options = dict(spec.get("options") or {})
         self.device_setting = spec.get("device") or "auto"
@@ -70,7 +73,7 @@ class Job:
         self.include_unlabeled = bool(spec.get("include_unlabeled", False))
         self.processes = spec.get("processes")
         self.grace_seconds = spec.get("grace_seconds", 20)
-        self.artifacts_dir = os.path.join(self.dir, "artifacts")
+        self.artifacts_dir = JobPaths(self.dir).artifacts
         self.device = "cpu"
         self.device_name = "CPU"
         self.group = None  # a data-parallel run's DataParallelGroup (potato/training/process_group.py)
@@ -105,12 +108,12 @@ class Job:
     def write_predictions(self, records: Iterable[Dict[str, Any]]) -> int:
         """Write ``predictions.jsonl`` (temp name, then rename); returns the count."""
         lines = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
-        write_atomic(os.path.join(self.dir, "predictions.jsonl"), "".join(line + "\n" for line in lines))
+        write_atomic(JobPaths(self.dir).predictions, "".join(line + "\n" for line in lines))
         return len(lines)
 
     def write_scores(self, scores: Dict[str, Any]) -> None:
         """Write ``scores.json`` (temp name, then rename)."""
-        write_atomic(os.path.join(self.dir, "scores.json"), json.dumps(scores, indent=1, sort_keys=True) + "\n")
+        write_atomic(JobPaths(self.dir).scores, json.dumps(scores, indent=1, sort_keys=True) + "\n")
 
 
 def _parse_item(line: Any, path: str, number: int) -> Dict[str, Any]:
@@ -176,14 +179,14 @@ def _text(item: Dict[str, Any]) -> str:
 
 def read_job(job_dir: str) -> Job:
     """Parse ``JOB_DIR/job.json``."""
-    with open(os.path.join(job_dir, "job.json"), encoding="utf-8") as f:
+    with open(JobPaths(job_dir).job, encoding="utf-8") as f:
         return Job(job_dir, json.load(f))
 
 
 def _finish(job_dir: str, events: Optional[EventWriter], code: int, status: str, error: Optional[str]) -> int:
     if events is not None:
         events.done(status, error)
-    write_atomic(os.path.join(job_dir, "exit_code"), "{}\n".format(code))
+    write_atomic(JobPaths(job_dir).exit_code, "{}\n".format(code))
     return code
 
 
@@ -241,7 +244,7 @@ def _start_watchdog(job_dir: str, events: EventWriter, limit_mb: float) -> None:
 def apply_num_threads(num_threads: Optional[int]) -> None:
     """Set the BLAS/OpenMP thread counts before torch is imported (overrides a login shell's value)."""
     if num_threads:
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        for name in THREAD_VARIABLES:
             os.environ[name] = str(int(num_threads))
 
 
@@ -269,7 +272,7 @@ SUCCEEDED = (EXIT_SUCCEEDED, "succeeded", None)  # type: Outcome
 def run(job_dir: str) -> int:
     """Run the job in ``job_dir``; returns the exit code (also written to ``exit_code``)."""
     job_dir = os.path.abspath(job_dir)
-    events = EventWriter(os.path.join(job_dir, "events.jsonl"))
+    events = EventWriter(JobPaths(job_dir).events)
     job, trainer, code = _prepare(job_dir, events)
     if trainer is None:
         return code
@@ -287,7 +290,7 @@ def run_rank(job_dir: str, plan: Dict[str, Any]) -> None:
     rank = int(os.environ["RANK"])
     own_dir = rank_dir(job_dir, rank)
     os.makedirs(own_dir, exist_ok=True)
-    events = EventWriter(os.path.join(own_dir, "events.jsonl"))
+    events = EventWriter(JobPaths(own_dir).events)
     job, trainer, code = _prepare(job_dir, events, exit_dir=own_dir, num_threads=plan["threads"], announce=False)
     if trainer is None:
         sys.exit(code)
@@ -335,20 +338,18 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
     apply_num_threads(num_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from potato.trainers import TRAINERS
-
-    module_name = TRAINERS.get(job.trainer)
-    if module_name is None:
+    info = registry.TRAINERS.get(job.trainer)
+    if info is None:
         return job, None, _finish(
             exit_dir, events, EXIT_FAILED, "failed",
-            "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(TRAINERS))),
+            "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(registry.TRAINERS))),
         )
-    tried = module_name
+    tried = info.module
     if announce:  # at once: importing torch and friends takes seconds, and silence counts against the heartbeat
         events.log("Loading trainer {!r} and its packages".format(job.trainer))
     try:
-        trainer = importlib.import_module(module_name)
-        for tried in getattr(trainer, "REQUIRED_MODULES", ()):
+        trainer = registry.load(info)
+        for tried in info.required_modules:
             importlib.import_module(tried)
     except ImportError as exc:
         message = import_error_message(job.trainer, exc, tried)
@@ -362,21 +363,21 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
             exit_dir, events, EXIT_IMPORT, "failed",
             "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
         )
-    if num_threads and uses_device(trainer):
+    if num_threads and info.uses_device:
         import torch
 
         torch.set_num_threads(int(num_threads))  # once, before any work
     return job, trainer, 0
 
 
-def uses_device(trainer: Any) -> bool:
-    """Whether ``trainer`` computes on a torch device (its ``USES_DEVICE``, true unless it says not).
+def uses_device(trainer: str) -> bool:
+    """Whether trainer *trainer* computes on a torch device (its declaration's ``uses_device``).
 
     One that does not (decision-calibrate rescales stored probabilities) gets
     no device choice, no thread setting and no data-parallel processes: each
     of those imports torch, which such a trainer must not need.
     """
-    return bool(getattr(trainer, "USES_DEVICE", True))
+    return registry.TRAINERS[trainer].uses_device
 
 
 def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
@@ -387,7 +388,7 @@ def _train_or_lead(job: Job, events: EventWriter, trainer: Any) -> Outcome:
     problem = check_processes(job.processes)
     if problem:
         raise TrainerFailure("Job: " + problem)
-    if uses_device(trainer):
+    if uses_device(job.trainer):
         choice = choose_device(job.device_setting, job.num_threads)
         try:
             cuda = usable_cuda_devices() if choice.device.startswith("cuda") else []
@@ -453,7 +454,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         sys.stderr.write("usage: python -m potato.training.worker JOB_DIR\n")
         return 2
-    if not os.path.isfile(os.path.join(argv[0], "job.json")):
+    if not os.path.isfile(JobPaths(argv[0]).job):
         sys.stderr.write("{}: no job.json there\n".format(argv[0]))
         return 2
     return run(argv[0])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from potato.tasks.code import code_archive
+from potato.backends.ssh.code import code_archive
 from tests.faults.test_kills import LONG, agent_killed, agent_pid, flow_killed, start_agent_for
 from tests.support.runs import wait_for
 

@@ -13,7 +13,8 @@ import signal
 import pytest
 
 from potato.config import load_config
-from potato import runs
+from potato.runs.paths import open_store
+from potato.runs.queue import create_run
 from tests.support.runs import (
     assert_private, potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
     wait_for, wait_for_state, wait_for_training,
@@ -80,9 +81,9 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
     config = tiny_project(tmp_path, trainer={"epochs": 3}, retain_runs=1)
     cfg = load_config(config)
-    store = runs.open_store(cfg)
-    first = runs.create_run(cfg, store)
-    second = runs.create_run(cfg, store)
+    store = open_store(cfg)
+    first = create_run(cfg, store)
+    second = create_run(cfg, store)
 
     # The CLI's own run is the third; its dispatcher must start the older two first, one at a time.
     done = potato("training", "run", str(config))
@@ -166,8 +167,8 @@ def test_ctrl_c_in_the_cli_cancels_the_run(prefect_api, tmp_path):
 def test_a_queued_run_is_cancelled_at_once(prefect_api, tmp_path):
     config = tiny_project(tmp_path, n_items=20)
     cfg = load_config(config)
-    store = runs.open_store(cfg)
-    run = runs.create_run(cfg, store)
+    store = open_store(cfg)
+    run = create_run(cfg, store)
     cancel = potato("training", "cancel", str(config), str(run.id))
     assert cancel.stdout == f"Run {run.id} was queued and is now cancelled\n"
     assert store.get_run(run.id).state == "cancelled"

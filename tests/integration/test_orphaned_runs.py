@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from potato import runs
+from potato.runs.ending import end_run
+from potato.runs.paths import open_store, run_paths
+from potato.runs.queue import create_run
+from potato.runs.reconcile import reconcile
 from potato.config import load_config
 from tests.support.potato_project import make_project
 from tests.support.runs import (
@@ -33,7 +36,7 @@ ENDED = ("succeeded", "failed", "cancelled")
 def _queue_behind_a_long_run(config: Path, tmp_path: Path):
     """Run 1 trains "forever"; `potato training run` queues run 2 (one epoch) behind it and dispatches both."""
     cfg = load_config(config)
-    runs.create_run(cfg, runs.open_store(cfg), options={"epochs": 100000})
+    create_run(cfg, open_store(cfg), options={"epochs": 100000})
     return potato_background("training", "run", str(config), "--option", "epochs=1", log=tmp_path / "cli.log")
 
 
@@ -119,30 +122,30 @@ def test_a_stop_that_cannot_be_verified_holds_the_queue_until_the_agent_has_stop
     config = make_project(tmp_path, n_items=4, model_training={"enabled": True, "backends": {
         "gpu-server": {"type": "ssh", "host": "127.0.0.1", "port": closed_port}}})
     cfg = load_config(config)
-    store = runs.open_store(cfg)
-    run = runs.create_run(cfg, store, backend="gpu-server")
-    queued = runs.create_run(cfg, store)
+    store = open_store(cfg)
+    run = create_run(cfg, store, backend="gpu-server")
+    queued = create_run(cfg, store)
     store.claim_next_queued(only_when_idle=True)
     job_dir, sock = "/home/u/.cache/potato-training/jobs/1-0a1b2c3d", "/tmp/potato-1-0123456789ab.sock"
     store.update_run(run.id, remote_job_dir=job_dir, remote_socket=sock, heartbeat_at=time.time())
     reason = "The run's flow process is gone (pid 4242 ended without recording the run's end)"
 
-    held = runs.end_run(cfg, store, run.id, "failed", reason)
+    held = end_run(cfg, store, run.id, "failed", reason)
     assert held.state == "running" and held.ending["state"] == "failed" and held.ending["error"] == reason
     assert held.step.startswith("stopping what the run left running: could not reach 127.0.0.1 to stop the run's "
                                 "agent and worker (ssh to 127.0.0.1 failed: Connection refused.")
     assert held.cancel_requested_at  # an agent that can still post is told to stop
     assert store.claim_next_queued(only_when_idle=True) is None  # the queue waits
-    assert runs.reconcile(cfg, store) == []  # tried again only after RETRY_STOP_S
+    assert reconcile(cfg, store) == []  # tried again only after RETRY_STOP_S
 
     # 300 s after the agent was last heard from, it has stopped its worker by itself (SPEC §7).
     store.update_run(run.id, heartbeat_at=time.time() - 400, ending=dict(held.ending, last_try=0))
-    [ended] = runs.reconcile(cfg, store, release_slot=False)
+    [ended] = reconcile(cfg, store, release_slot=False)
     assert (ended.id, ended.state, ended.ending) == (run.id, "failed", {})
     assert ended.error.startswith(f"{reason}. Potato could not verify that the run's agent and worker on its host "
                                   "stopped (could not reach 127.0.0.1")
     assert ended.error.endswith("an agent stops its worker by itself after 300 s without the server, and that time "
                                 "has passed")
-    log = (runs.run_dir(cfg, run.id) / "run.log").read_text()
+    log = (run_paths(cfg, run.id).dir / "run.log").read_text()
     assert "The run ends failed, but Potato could not verify that its worker stopped" in log
     assert store.claim_next_queued(only_when_idle=True).id == queued.id  # and the queue moves on

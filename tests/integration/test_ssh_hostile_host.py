@@ -109,7 +109,7 @@ def test_the_hosts_listing_keeps_every_name_one_record(sshd_service):
     """list_files.py on the real host, read back by parse_listing: a name with any byte stays one record."""
     import subprocess
 
-    from potato.tasks.fetch import LIST_FILES_SOURCE, parse_listing
+    from potato.backends.ssh.fetch import LIST_FILES_SOURCE, parse_listing
 
     root = Path(sshd_service.shared_dir) / f"listing-{os.getpid()}"
     root.mkdir()

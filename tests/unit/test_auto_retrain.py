@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from potato import runs
+from potato.runs.paths import open_store
+from potato.runs.queue import create_run
 from potato.auto_retrain import AnnotationCounter, AutoRetrainWatcher, decide
 from potato.config import AutoRetrainConfig, load_config
 from potato.labels import count_user_state_annotations
@@ -100,7 +101,7 @@ def _label(config, n: int) -> None:
 def test_a_project_that_never_auto_trained_queues_at_once(tmp_path):
     config = _project(tmp_path)
     _label(config, 12)
-    store = runs.open_store(config)
+    store = open_store(config)
     run = AutoRetrainWatcher(config, store, clock=Clock()).check_once()
     assert (run.trigger, run.backend, run.annotation_count, run.schemas) == ("auto", "lab", 12, ["sentiment"])
     assert run.state == "queued"
@@ -108,7 +109,7 @@ def test_a_project_that_never_auto_trained_queues_at_once(tmp_path):
 
 def test_five_more_queue_one_run_and_a_sixth_does_not_queue_a_second(tmp_path):
     config = _project(tmp_path, update_frequency=5, min_interval_s=0)
-    store = runs.open_store(config)
+    store = open_store(config)
     clock = Clock()
     watcher = AutoRetrainWatcher(config, store, clock=clock)
     _label(config, 4)
@@ -125,7 +126,7 @@ def test_five_more_queue_one_run_and_a_sixth_does_not_queue_a_second(tmp_path):
 
 def test_a_restart_neither_loses_nor_repeats_a_trigger(tmp_path):
     config = _project(tmp_path, update_frequency=5, min_interval_s=60)
-    store = runs.open_store(config)
+    store = open_store(config)
     clock = Clock()
     _label(config, 5)
     first = AutoRetrainWatcher(config, store, clock=clock).check_once()
@@ -144,9 +145,9 @@ def test_a_restart_neither_loses_nor_repeats_a_trigger(tmp_path):
 
 def test_min_interval_counts_from_any_run_that_ended(tmp_path):
     config = _project(tmp_path, min_interval_s=60)
-    store = runs.open_store(config)
+    store = open_store(config)
     clock = Clock()
-    manual = runs.create_run(config, store)
+    manual = create_run(config, store)
     store.transition(manual.id, "failed", from_states=("queued",))
     clock.now = store.get_run(manual.id).finished_at + 30
     _label(config, 20)
@@ -159,9 +160,9 @@ def test_min_interval_counts_from_any_run_that_ended(tmp_path):
 
 def test_manual_runs_do_not_move_the_count(tmp_path):
     config = _project(tmp_path, min_interval_s=0)
-    store = runs.open_store(config)
+    store = open_store(config)
     _label(config, 7)
-    manual = runs.create_run(config, store)
+    manual = create_run(config, store)
     assert (manual.trigger, manual.annotation_count) == ("manual", None)
     store.transition(manual.id, "succeeded", from_states=("queued",))
     assert AutoRetrainWatcher(config, store, clock=Clock(store.get_run(manual.id).finished_at + 1)).check_once()
@@ -169,16 +170,16 @@ def test_manual_runs_do_not_move_the_count(tmp_path):
 
 def test_the_store_refuses_a_second_queued_run_for_a_watcher_that_raced(tmp_path):
     config = _project(tmp_path)
-    store = runs.open_store(config)
-    assert runs.create_run(config, store, trigger="auto", only_when_idle=True) is not None
-    assert runs.create_run(config, store, trigger="auto", only_when_idle=True) is None
+    store = open_store(config)
+    assert create_run(config, store, trigger="auto", only_when_idle=True) is not None
+    assert create_run(config, store, trigger="auto", only_when_idle=True) is None
     assert store.count_runs() == 1
 
 
 def test_off_queues_nothing_and_says_so(tmp_path):
     config = _project(tmp_path, enabled=False)
     _label(config, 30)
-    store = runs.open_store(config)
+    store = open_store(config)
     watcher = AutoRetrainWatcher(config, store, clock=Clock())
     assert watcher.check_once() is None and store.count_runs() == 0
     assert watcher.status()["enabled"] is False

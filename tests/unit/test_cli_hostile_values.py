@@ -7,7 +7,7 @@ import sqlite3
 from click.testing import CliRunner
 
 from potato.cli import main
-from potato.runs import open_store
+from potato.runs.paths import open_store
 from tests.unit.test_server_support import make_config
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from potato import runs
+from potato.runs.paths import open_store
+from potato.runs.queue import create_run
 from potato.cli import main
 from potato.config import load_config
 from tests.support.potato_project import make_project
@@ -13,9 +14,9 @@ from tests.support.potato_project import make_project
 def test_runs_lists_state_trigger_and_backend(tmp_path):
     config_path = make_project(tmp_path, n_items=5)
     config = load_config(config_path)
-    store = runs.open_store(config)
-    runs.create_run(config, store)
-    runs.create_run(config, store, trigger="auto", annotation_count=25)
+    store = open_store(config)
+    create_run(config, store)
+    create_run(config, store, trigger="auto", annotation_count=25)
     result = CliRunner().invoke(main, ["training", "runs", str(config_path)])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
@@ -35,4 +36,4 @@ def test_decision_calibrate_on_a_remote_backend_is_refused_with_exit_1(tmp_path)
                                            "--backend", backend])
         assert result.exit_code == 1
         assert result.output == f"Error: {LOCAL_ONLY.format(name=backend, kind=kind)}\n"
-    assert runs.open_store(load_config(config_path)).count_runs() == 0
+    assert open_store(load_config(config_path)).count_runs() == 0

@@ -11,11 +11,10 @@ import pytest
 import yaml
 
 from potato import config as config_mod
+from potato.backends.registry import BACKEND_TYPES, backend_type
 from potato.config import (
-    BACKEND_KEYS,
     DOCS_COMMAND,
     Issue,
-    backend_defaults,
     build_config,
     load_config,
     parse_slurm_time,
@@ -127,7 +126,7 @@ def test_seed_backends_have_every_key_with_defaults(tmp_path):
         "cluster (slurm on login.cluster.example.org)",
         "lab-workstation (agent)",
     ]
-    assert set(ssh.options) == set(backend_defaults("ssh"))
+    assert set(ssh.options) == set(backend_type("ssh").defaults())
     assert ssh.host == "gpu.example.org" and ssh.get("python") == "/opt/conda/bin/python3"
     assert ssh.get("remote_dir") == "~/.cache/potato-training"
     assert (ssh.get("gpus"), ssh.get("min_free_gpu_mb"), ssh.get("max_artifact_mb")) == ("auto", 4000, 2048)
@@ -146,14 +145,14 @@ def test_tables_hold_exactly_the_spec_keys():
     common_ssh_slurm = {"type", "description", "host", "user", "port", "identity_file", "python",
                         "remote_dir", "env", "num_threads", "max_artifact_mb", "fetch_artifacts",
                         "keep_remote", "heartbeat_timeout_s", "copy_stall_timeout_s"}
-    assert {k.name for k in BACKEND_KEYS["ssh"]} == common_ssh_slurm | {
+    assert {k.name for k in backend_type("ssh").keys} == common_ssh_slurm | {
         "gpus", "min_free_gpu_mb", "packages", "max_gpus", "processes"}
-    assert {k.name for k in BACKEND_KEYS["slurm"]} == common_ssh_slurm | {
+    assert {k.name for k in backend_type("slurm").keys} == common_ssh_slurm | {
         "job_python", "prelude", "partition", "account", "qos", "gres", "time", "mem",
         "cpus_per_task", "constraint", "poll_interval_s"}
-    assert {k.name for k in BACKEND_KEYS["agent"]} == {"type", "description", "heartbeat_timeout_s",
+    assert {k.name for k in backend_type("agent").keys} == {"type", "description", "heartbeat_timeout_s",
                                                        "queue_timeout_s"}
-    required = {t: {k.name for k in keys if k.required} for t, keys in BACKEND_KEYS.items()}
+    required = {t.name: {k.name for k in t.keys if k.required} for t in BACKEND_TYPES.values()}
     assert required == {"ssh": {"type", "host"}, "slurm": {"type", "host", "remote_dir", "job_python"},
                         "agent": {"type"}, "local": set()}
 
@@ -252,12 +251,13 @@ def test_load_config_missing_file(tmp_path):
 
 
 def test_trainer_options_checked_by_the_trainer_module(tmp_path, monkeypatch):
-    from potato import trainers
+    from potato.trainers import registry
+    from potato.trainers.registry import TrainerInfo
 
     module = types.ModuleType("fake_trainer_for_tests")
     module.check_options = lambda options: [f"epochs is {options['epochs']!r}; use a whole number"]
     monkeypatch.setitem(sys.modules, "fake_trainer_for_tests", module)
-    monkeypatch.setitem(trainers.TRAINERS, "fake", "fake_trainer_for_tests")
+    monkeypatch.setitem(registry.TRAINERS, "fake", TrainerInfo("fake", "fake_trainer_for_tests", ("nominal",)))
     raw = seed_dict()
     raw["model_training"]["trainers"] = {"fake": {"epochs": "two"}}
     result = build(tmp_path, raw)
@@ -266,11 +266,12 @@ def test_trainer_options_checked_by_the_trainer_module(tmp_path, monkeypatch):
 
 
 def test_trainer_module_missing_or_without_check_is_tolerated(tmp_path, monkeypatch):
-    from potato import trainers
+    from potato.trainers import registry
+    from potato.trainers.registry import TrainerInfo
 
-    monkeypatch.setitem(trainers.TRAINERS, "absent", "no_such_module_for_tests")
+    monkeypatch.setitem(registry.TRAINERS, "absent", TrainerInfo("absent", "no_such_module_for_tests", ("nominal",)))
     monkeypatch.setitem(sys.modules, "bare_trainer_for_tests", types.ModuleType("bare_trainer_for_tests"))
-    monkeypatch.setitem(trainers.TRAINERS, "bare", "bare_trainer_for_tests")
+    monkeypatch.setitem(registry.TRAINERS, "bare", TrainerInfo("bare", "bare_trainer_for_tests", ("nominal",)))
     raw = seed_dict()
     raw["model_training"]["trainers"] = {"absent": {"epochs": 2}, "bare": {}}
     result = build(tmp_path, raw)
@@ -323,12 +324,12 @@ def test_parse_slurm_time_rejects_with_the_forms(value):
 def test_backends_doc_is_up_to_date():
     committed = (REPO / "docs" / "backends.md").read_text()
     assert committed == render_backends_doc(), (
-        f"docs/backends.md is out of date with potato/config.py; regenerate it: {DOCS_COMMAND}")
+        f"docs/backends.md is out of date with the key tables; regenerate it: {DOCS_COMMAND}")
 
 
 def test_backends_doc_lists_every_key_of_every_table():
     doc = render_backends_doc()
-    for keys in (*BACKEND_KEYS.values(), config_mod.MODEL_TRAINING_KEYS, config_mod.WRITEBACK_KEYS,
+    for keys in (*(t.keys for t in BACKEND_TYPES.values()), config_mod.MODEL_TRAINING_KEYS, config_mod.WRITEBACK_KEYS,
                  config_mod.AUTO_RETRAIN_KEYS):
         for key in keys:
             assert f"| `{key.name}` | {key.doc_kind()} | {key.doc_default()} | {key.meaning} |" in doc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from potato.errors import BackendError, ParseError
-from potato.tasks.gpus import NoFreeGpu, NoKernels, choose_gpus, has_kernels, mark_kernels, parse_nvidia_smi
+from potato.backends.ssh.gpus import NoFreeGpu, NoKernels, choose_gpus, has_kernels, mark_kernels, parse_nvidia_smi
 
 # As `nvidia-smi --query-gpu=index,name,memory.total,memory.used,memory.free,utilization.gpu,pci.bus_id,compute_cap
 # --format=csv,noheader,nounits` prints it; the second card's utilisation is not supported.

@@ -1,70 +1,74 @@
-"""The layers import top-down, lazy imports inside functions included.
+"""The layers import top-down, with no circle, lazy imports inside functions included.
 
-    cli ─► server ─► protocol ─► run_events, jobs, jsonapi, store, config, …
-    flows ─► tasks ─┘
-    remote half (potato.training, potato.trainers): nothing of ours above it
+    face (cli, server) ─► flow ─► steps (backends, protocol, results) ─► runs ─► project ─► declarations
+                                                                                  ─► remote half
 
-The agent protocol has one home (potato/protocol) that both the annotation
-server and an ssh run's socket serve, so the flow's tasks never reach into the
-web server and the protocol never reaches into either (issue 9, "Also").
+The layers and their modules are the module map's (tests/support/module_map.py,
+which writes docs/modules.md). The agent protocol has one home
+(potato/protocol) that both the annotation server and an ssh run's socket
+serve, so the flow's steps never reach into the web server and the protocol
+never reaches into either.
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+import json
+import subprocess
+import sys
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path) -> set[str]:
-    """Every module of ours *path* imports, at the top or inside a function."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name.split(".")[0] in ("potato", "flows")}
-
-
-def modules_under(*packages: str) -> dict[str, set[str]]:
-    result = {}
-    for package in packages:
-        base = ROOT.joinpath(*package.split("."))
-        paths = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
-        for path in paths:
-            result[module_name(path)] = imports_of(path)
-    return result
-
-
-def offenders(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
-    bad = []
-    for module, imported in modules_under(*packages).items():
-        for name in sorted(imported):
-            if any(name == f or name.startswith(f + ".") for f in forbidden):
-                bad.append(f"{module} imports {name}")
-    return bad
+from tests.support.module_map import (
+    DOCS_COMMAND, LAYER_NAMES, ROOT, circles, import_graph, imports_of, layer_of, module_paths, render,
+)
 
 
 def test_the_scan_sees_lazy_imports():
-    assert "potato.server.commands" in imports_of(ROOT / "potato" / "cli.py")
+    paths = module_paths()
+    assert "potato.server.commands" in imports_of(ROOT / "potato" / "cli.py", set(paths))
 
 
-@pytest.mark.parametrize("packages, forbidden", [
-    (("potato.tasks",), ("potato.server",)),
-    (("potato.protocol", "potato.jsonapi", "potato.run_events", "potato.jobs"),
-     ("potato.server", "potato.tasks", "flows", "potato.cli")),
-    (("potato.training", "potato.trainers"),
-     ("potato.server", "potato.tasks", "potato.protocol", "potato.store", "potato.config", "potato.runs", "flows")),
-])
-def test_no_layer_imports_one_above_it(packages, forbidden):
-    assert offenders(packages, forbidden) == []
+def test_the_scan_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_every_module_has_a_layer_and_a_docstring():
+    from tests.support.module_map import first_line
+
+    paths = module_paths()
+    assert [name for name, path in paths.items() if not layer_of(name, path)] == []
+    assert [name for name, path in paths.items() if not first_line(path) and path.stat().st_size] == []
+
+
+def test_no_module_imports_a_layer_above_it():
+    paths = module_paths()
+    rank = {name: LAYER_NAMES.index(layer_of(name, path)) for name, path in paths.items()}
+    upward = [f"{module} ({layer_of(module, paths[module])}) imports {name} ({layer_of(name, paths[name])})"
+              for module, imported in import_graph().items() for name in sorted(imported)
+              if rank[name] < rank[module]]
+    assert upward == []
+
+
+def test_the_remote_half_imports_only_itself():
+    paths = module_paths()
+    graph = import_graph()
+    remote = [name for name, path in paths.items() if layer_of(name, path) == "remote half"]
+    assert [f"{m} imports {n}" for m in remote for n in sorted(graph[m])
+            if layer_of(n, paths[n]) != "remote half"] == []
+
+
+def test_reading_the_config_imports_no_backend_code_and_no_web_or_prefect():
+    """``potato validate`` reads every backend type's declaration, and nothing of how it runs."""
+    script = ("import json, sys; import potato.config; "
+              "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('potato', 'flask', 'prefect')))))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                                       text=True, timeout=60, check=True).stdout)
+    assert not [m for m in loaded if m.startswith(("flask", "prefect"))]
+    assert not [m for m in loaded if m.startswith("potato.backends.") and m.count(".") > 2]  # e.g. .ssh.steps
+
+
+def test_the_module_map_is_up_to_date():
+    committed = (ROOT / "docs" / "modules.md").read_text(encoding="utf-8")
+    assert committed == render(), f"docs/modules.md is out of date; regenerate it: {DOCS_COMMAND}"

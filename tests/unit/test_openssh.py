@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from potato.errors import SshError
-from potato.tasks.openssh import (
+from potato.backends.ssh.openssh import (
     SshTarget, describe_ssh_failure, is_transient, make_remote_command, make_ssh_argv, remote_path, ssh_error,
 )
 

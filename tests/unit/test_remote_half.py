@@ -1,7 +1,8 @@
-"""The remote half (potato/training, potato/trainers) runs on Python 3.8 with the stdlib only.
+"""The remote half (what an ssh run copies to its host) runs on Python 3.8 with the stdlib only.
 
-See potato/training/__init__.py for the rule and shared/DESIGN.md ("The
-remote half is small and dependency-free") for why.
+See potato/training/__init__.py for the rule and docs/architecture.md
+("Layers") for why. What the remote half is comes from the archive a run
+copies (potato/backends/ssh/code.py), so the test and the copy cannot disagree.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from potato.backends.ssh.code import remote_half_files
+
 ROOT = Path(__file__).resolve().parents[2]
-REMOTE_DIRS = [ROOT / "potato" / "training", ROOT / "potato" / "trainers"]
+REMOTE_FILES = [ROOT / path for path in remote_half_files(ROOT)]
 
 
 def remote_modules() -> list[str]:
     names = []
-    for directory in REMOTE_DIRS:
-        for path in sorted(directory.rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            names.append(".".join(parts))
+    for path in REMOTE_FILES:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
     return names
 
 
@@ -39,7 +41,7 @@ def test_there_are_remote_modules():
 
 def test_remote_half_is_valid_python_3_8():
     pytest.importorskip("vermin")
-    argv = ["vermin", "-t=3.8-", "--no-tips", "--violations", *map(str, REMOTE_DIRS)]
+    argv = ["vermin", "-t=3.8-", "--no-tips", "--violations", *map(str, REMOTE_FILES)]
     result = subprocess.run(
         [sys.executable, "-c", "import sys; from vermin import main; sys.argv = %r; sys.exit(main())" % argv],
         capture_output=True, text=True, timeout=120,
@@ -60,12 +62,8 @@ def test_importing_the_remote_half_loads_only_the_standard_library():
     )
     assert result.returncode == 0, result.stderr
     added = json.loads(result.stdout)
-    foreign = [
-        name for name in added
-        if name.split(".")[0] not in sys.stdlib_module_names
-        and not name.startswith(("potato.training", "potato.trainers"))
-        and name != "potato"
-    ]
+    ours = set(remote_modules()) | {"potato"}
+    foreign = [name for name in added if name.split(".")[0] not in sys.stdlib_module_names and name not in ours]
     assert foreign == [], "the remote half imported non-stdlib modules: %s" % foreign
 
 

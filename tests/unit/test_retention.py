@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from potato import runs
+from potato.runs.paths import open_store, run_paths
+from potato.runs.queue import create_run
 from potato.retention import prune_run_dirs
 from tests.support.potato_project import make_project, project_config
 
 
 def test_only_the_newest_finished_runs_keep_their_directories(tmp_path):
     config = project_config(make_project(tmp_path, n_items=3), retain_runs=2)
-    store = runs.open_store(config)
+    store = open_store(config)
     states = ["succeeded", "failed", "running", "succeeded", "cancelled", "queued"]  # runs 1..6
     for state in states:
-        run = runs.create_run(config, store)
-        (runs.run_dir(config, run.id) / "artifacts").mkdir()
+        run = create_run(config, store)
+        (run_paths(config, run.id).dir / "artifacts").mkdir()
         if state != "queued":
             store.transition(run.id, state, from_states=("queued",))
     theirs = config.training_dir / "runs" / "20261130T184053-ce61b8"  # a Potato 2.12 run directory

@@ -9,10 +9,13 @@ import sys
 
 import pytest
 
-from potato import runs
+from potato.runs.paths import run_paths
+from potato.runs.reconcile import orphan_reason
 from potato.config import load_config
 from potato.store import Run
-from potato.tasks.leftovers import Stopped, read_stop_report, stop_local_worker
+from potato.backends.contract import Stopped
+from potato.backends.local.steps import stop_leftovers as stop_local_worker
+from potato.backends.ssh.leftovers import read_stop_report
 from tests.support.potato_project import make_project
 
 NOW = 1_000_000.0
@@ -53,7 +56,7 @@ def _run(**fields) -> Run:
     (_run(flow_pid=None), False, "The run's flow process is gone (it never started); Potato marked the run failed"),
 ])
 def test_orphan_reason(config, run, flow_alive, reason):
-    assert runs.orphan_reason(config, run, now=NOW, flow_alive=flow_alive) == reason
+    assert orphan_reason(config, run, now=NOW, flow_alive=flow_alive) == reason
 
 
 @pytest.mark.parametrize("report, stopped", [
@@ -73,16 +76,16 @@ def test_read_stop_report(report, stopped):
 
 
 def test_a_local_worker_left_by_a_dead_flow_is_killed_with_its_group(config):
-    directory = runs.run_dir(config, 7)
+    directory = run_paths(config, 7).dir
     # A stand-in with the worker's command line and a child of its own, like a trainer's helper process.
     script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
     worker = subprocess.Popen([sys.executable, "-c", script, "-m", "potato.training.worker", str(directory)],
                               start_new_session=True)
     try:
-        assert stop_local_worker(config, _run(worker_pid=worker.pid)) == Stopped(
+        assert stop_local_worker(config, None, _run(worker_pid=worker.pid)) == Stopped(
             True, f"stopped the worker's process group {worker.pid} on this machine")
         assert worker.wait(timeout=5) == -signal.SIGKILL
-        assert stop_local_worker(config, _run(worker_pid=worker.pid)) == Stopped(True, "")  # nothing left
+        assert stop_local_worker(config, None, _run(worker_pid=worker.pid)) == Stopped(True, "")  # nothing left
     finally:
         try:
             os.killpg(worker.pid, signal.SIGKILL)
@@ -93,7 +96,7 @@ def test_a_local_worker_left_by_a_dead_flow_is_killed_with_its_group(config):
 def test_a_reused_process_group_id_is_left_alone(config):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     try:
-        assert stop_local_worker(config, _run(worker_pid=other.pid)) == Stopped(True, "")
+        assert stop_local_worker(config, None, _run(worker_pid=other.pid)) == Stopped(True, "")
         assert other.poll() is None  # not this run's worker: not killed
     finally:
         other.kill()

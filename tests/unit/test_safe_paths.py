@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from potato.tasks.fetch import parse_listing
+from potato.backends.ssh.fetch import parse_listing
 from potato.training.safe_paths import (
     UnsafeName, create_file, expect_files, extract_tar, make_dirs, member_problem, name_problem,
 )

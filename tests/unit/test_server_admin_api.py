@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from potato.runs import run_dir
+from potato.runs.paths import run_paths
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import ADMIN, make_config
 
@@ -151,12 +151,9 @@ def test_check_local(admin, project):
     assert data["report"] == [f"local: this machine, {describe_local_device(project.model_training.device)}"]
 
 
-def test_check_agent_before_and_after_register(admin, project, store, monkeypatch):
-    from potato import checks
-    from potato.tokens import check_agent, register_agent
+def test_check_agent_before_and_after_register(admin, project, store):
+    from potato.tokens import register_agent
 
-    # potato/checks.py's CHECKS gets "agent": check_agent (the integrator wires it).
-    monkeypatch.setitem(checks.CHECKS, "agent", check_agent)
     data = admin.post(f"{API}/backends/lab-workstation/check").json
     assert data["ok"] is False
     assert data["report"][0] == "lab-workstation: no token issued yet"
@@ -320,8 +317,8 @@ def test_run_json_fields(admin, store, project):
     store.update_run(run.id, step="training: step 3 of 10", progress=0.3, prefect_flow_run_id="abc-123",
                      scores={"sentiment": {"accuracy": 0.9, "macro_f1": 0.88, "n": 6}})
     admin.client.application.config["PREFECT_UI_URL"] = "http://127.0.0.1:4200"
-    (run_dir(project, run.id) / "artifacts" / "sub").mkdir(parents=True)
-    (run_dir(project, run.id) / "artifacts" / "sub" / "model.bin").write_bytes(b"x" * 10)
+    (run_paths(project, run.id).dir / "artifacts" / "sub").mkdir(parents=True)
+    (run_paths(project, run.id).dir / "artifacts" / "sub" / "model.bin").write_bytes(b"x" * 10)
     data = admin.get(f"{API}/runs/{run.id}").json
     r = data["run"]
     assert r["state"] == "running" and r["step"] == "training: step 3 of 10" and r["progress"] == 0.3
@@ -369,8 +366,8 @@ def test_predictions_summary(admin, store, project):
     rows = [{"id": f"r{i}", "schema": "sentiment", "label": "positive" if i % 3 else "negative",
              "confidence": 0.5 + i / 100} for i in range(30)]
     text = "\n".join(json.dumps(r) for r in rows) + "\nnot json\n"
-    run_dir(project, run.id).mkdir(parents=True, exist_ok=True)
-    (run_dir(project, run.id) / "predictions.jsonl").write_text(text)
+    run_paths(project, run.id).dir.mkdir(parents=True, exist_ok=True)
+    (run_paths(project, run.id).dir / "predictions.jsonl").write_text(text)
     data = admin.get(f"{API}/runs/{run.id}/predictions").json
     assert data["count"] == 30 and data["unreadable_lines"] == 1
     assert data["schemas"]["sentiment"]["labels"] == {"positive": 20, "negative": 10}

@@ -8,9 +8,11 @@ import tarfile
 
 import pytest
 
-from potato.runs import run_dir
+from potato.runs.paths import open_store, run_paths
 from potato.store import hash_token
-from potato.tokens import (TokenError, check_agent, issue_run_token, register_agent, register_text)
+from potato.backends.agent.steps import check as check_agent
+from potato.errors import TokenError
+from potato.tokens import issue_run_token, register_agent, register_text
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import V1, bearer, make_config
 
@@ -120,7 +122,7 @@ def test_claim_hands_out_the_job_once(client, running_run, token, store, project
     assert job["schemas"] == ["sentiment"] and job["grace_seconds"] == 20
     assert job["heartbeat_timeout_s"] == 120 and job["max_predictions_mb"] == 512
     assert job["bundle_url"] == f"{V1}/runs/{run.id}/bundle.tar.gz"
-    bundle = run_dir(project, run.id) / "bundle.tar.gz"
+    bundle = run_paths(project, run.id).dir / "bundle.tar.gz"
     assert job["bundle_bytes"] == bundle.stat().st_size
     assert job["job"]["run_id"] == run.id and job["job"]["bundle"] == "bundle"
     assert job["job"]["grace_seconds"] == 20
@@ -192,7 +194,7 @@ def test_a_run_of_another_backend_is_not_the_agents(client, running_run, token):
 
 
 def test_token_of_another_agent_backend(tmp_path):
-    from potato.runs import open_store
+
     from potato.server import create_app
     from tests.unit.test_server_support import BACKENDS
 
@@ -292,8 +294,8 @@ def test_predictions_upload(client, claimed, token, project, store):
                                 "confidence": 0.9}).encode() + b"\n" for i in range(100))
     response = client.put(f"{V1}/runs/{run.id}/predictions", headers=bearer(token), data=body)
     assert response.status_code == 200 and response.json == {"run_id": run.id, "bytes": len(body), "lines": 100}
-    assert (run_dir(project, run.id) / "predictions.jsonl").read_bytes() == body
-    assert not [p for p in run_dir(project, run.id).iterdir() if p.name.startswith(".predictions")]
+    assert (run_paths(project, run.id).dir / "predictions.jsonl").read_bytes() == body
+    assert not [p for p in run_paths(project, run.id).dir.iterdir() if p.name.startswith(".predictions")]
 
 
 def _small_limit(app, mb=1):
@@ -317,7 +319,7 @@ def test_predictions_over_the_limit_by_content_length_is_413_unread(app, client,
                           input_stream=Unreadable(), environ_overrides={"CONTENT_LENGTH": str(2 * 1048576)})
     assert response.status_code == 413
     assert response.json["error"].startswith("predictions.jsonl is larger than model_training.max_predictions_mb (1 MB)")
-    assert not (run_dir(project, run.id) / "predictions.jsonl").exists()
+    assert not (run_paths(project, run.id).dir / "predictions.jsonl").exists()
 
 
 def test_predictions_over_the_limit_without_content_length_is_counted(app, client, claimed, token, project):
@@ -328,8 +330,8 @@ def test_predictions_over_the_limit_without_content_length_is_counted(app, clien
                           environ_overrides={"wsgi.input_terminated": True, "CONTENT_LENGTH": ""})
     assert response.status_code == 413
     assert response.json["error"].startswith("predictions.jsonl is larger than model_training.max_predictions_mb (1 MB)")
-    assert not (run_dir(project, run.id) / "predictions.jsonl").exists()
-    assert not [p for p in run_dir(project, run.id).iterdir() if p.name.startswith(".predictions")]
+    assert not (run_paths(project, run.id).dir / "predictions.jsonl").exists()
+    assert not [p for p in run_paths(project, run.id).dir.iterdir() if p.name.startswith(".predictions")]
 
 
 def test_predictions_need_a_claimed_run(client, running_run, token):
@@ -347,7 +349,7 @@ def test_result(client, claimed, token, project, store):
     body = {"exit_code": 0, "scores": scores, "artifact_uri": "ws1:/home/me/.cache/potato-training/jobs/1/artifacts"}
     response = client.post(f"{V1}/runs/{run.id}/result", headers=bearer(token), json=body)
     assert response.status_code == 200 and response.json["recorded"] is True
-    directory = run_dir(project, run.id)
+    directory = run_paths(project, run.id).dir
     assert json.loads((directory / "scores.json").read_text()) == scores
     assert (directory / "exit_code").read_text() == "0\n"
     after = store.get_run(run.id)
@@ -372,7 +374,7 @@ def test_bad_results_change_nothing(client, claimed, token, project, store, body
     run, _ = claimed
     response = client.post(f"{V1}/runs/{run.id}/result", headers=bearer(token), json=body)
     assert response.status_code == 400 and needle in response.json["error"]
-    assert not (run_dir(project, run.id) / "exit_code").exists()
+    assert not (run_paths(project, run.id).dir / "exit_code").exists()
     assert store.get_run(run.id).scores == {}
 
 

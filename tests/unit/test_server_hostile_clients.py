@@ -15,7 +15,7 @@ import sqlite3
 import pytest
 
 from potato.errors import StoreError, UnknownRun
-from potato.runs import open_store, run_dir
+from potato.runs.paths import open_store, run_paths
 from potato.server import create_app
 from potato.store import Store
 from potato.tokens import issue_run_token
@@ -159,7 +159,7 @@ def test_nan_in_a_result_or_in_run_options_is_refused(client, claimed, token, st
     response = client.post(f"{V1}/runs/{claimed.id}/result", headers=bearer(token), content_type="application/json",
                            data=b'{"exit_code": 0, "scores": {"sentiment": {"accuracy": NaN, "n": 3}}}')
     assert response.status_code == 400 and "scores.sentiment.accuracy is nan" in response.json["error"]
-    assert not (run_dir(project, claimed.id) / "exit_code").exists() and store.get_run(claimed.id).scores == {}
+    assert not (run_paths(project, claimed.id).dir / "exit_code").exists() and store.get_run(claimed.id).scores == {}
     runs_before = store.count_runs()
     response = client.post(f"{API}/runs", headers=ADMIN, content_type="application/json",
                            data=b'{"trainer": "hf-text-classification", "options": {"learning_rate": Infinity}}')
@@ -197,7 +197,7 @@ def test_a_cancelled_runs_result_cannot_be_overwritten_by_its_agent(client, clai
     assert upload.status_code == 409
     run = store.get_run(claimed.id)
     assert (run.state, run.scores, run.artifact_uri) == ("cancelled", {}, "ws1:/kept")
-    assert not [p.name for p in run_dir(project, claimed.id).iterdir() if p.name != "bundle" and p.name != "bundle.tar.gz"]
+    assert not [p.name for p in run_paths(project, claimed.id).dir.iterdir() if p.name != "bundle" and p.name != "bundle.tar.gz"]
 
 
 def test_a_run_token_is_refused_once_its_run_ended(client, running_run, store, project):
@@ -213,7 +213,7 @@ def test_a_run_token_is_refused_once_its_run_ended(client, running_run, store, p
         assert answer.json["error"] == (f"Run {run.id} has ended (failed); nothing more is taken for it: "
                                         "stop its worker")
     assert store.get_run(run.id).artifact_uri is None
-    assert not (run_dir(project, run.id) / "exit_code").exists()
+    assert not (run_paths(project, run.id).dir / "exit_code").exists()
 
 
 def test_a_run_not_started_yet_has_not_ended(client, store, token):
@@ -251,7 +251,7 @@ def test_predictions_with_a_bad_line_are_refused_whole_and_leave_no_file(client,
         answer = client.put(f"{V1}/runs/{claimed.id}/predictions", headers=bearer(token), data=body)
         assert answer.status_code == 400, answer.json
         assert problem in answer.json["error"] and "the upload was not kept" in answer.json["error"]
-        leftovers = [p.name for p in run_dir(project, claimed.id).iterdir() if "predictions" in p.name]
+        leftovers = [p.name for p in run_paths(project, claimed.id).dir.iterdir() if "predictions" in p.name]
         assert leftovers == []
 
 

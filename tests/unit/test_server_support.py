@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from potato.config import ProjectConfig, load_config
-from potato.runs import open_store, run_dir
+from potato.runs.paths import open_store, run_paths
 from potato.server import create_app
 from potato.store import Store
 from potato.tokens import register_agent
@@ -84,14 +84,14 @@ def admin(client) -> Admin:
 def running_run(project, store):
     """Make a run on *backend* that the dispatcher has started, with its bundle built."""
     from potato.project import build_bundle
-    from potato import runs
+    from potato.runs.queue import create_run
 
     def make(backend: str = "lab-workstation", *, bundle: bool = True):
-        run = runs.create_run(project, store, trainer="hf-text-classification", schemas=["sentiment"],
-                              backend=backend)
+        run = create_run(project, store, trainer="hf-text-classification", schemas=["sentiment"],
+                         backend=backend)
         assert store.transition(run.id, "running", from_states=("queued",))
         if bundle:
-            build_bundle(project, ["sentiment"], run_dir(project, run.id) / "bundle")
+            build_bundle(project, ["sentiment"], run_paths(project, run.id).dir / "bundle")
         return store.get_run(run.id)
 
     return make

@@ -402,16 +402,17 @@ def test_a_store_left_world_readable_by_an_older_version_is_tightened(tmp_path):
 
 def test_open_store_makes_the_training_directory_private(tmp_path):
     from tests.support.potato_project import make_project
-    from potato import runs
+    from potato.runs.paths import open_store, run_paths
+    from potato.runs.queue import create_run
     from potato.config import load_config
 
     cfg = load_config(make_project(tmp_path, n_items=4, model_training={"enabled": True}))
     cfg.training_dir.mkdir(parents=True, exist_ok=True)
     cfg.training_dir.chmod(0o755)  # as earlier versions left it
-    store = runs.open_store(cfg)
-    run = runs.create_run(cfg, store)
+    store = open_store(cfg)
+    run = create_run(cfg, store)
     assert _mode(cfg.training_dir) == 0o700
-    assert _mode(runs.run_dir(cfg, run.id)) == 0o700
+    assert _mode(run_paths(cfg, run.id).dir) == 0o700
     assert _mode(cfg.training_dir / "runs.db") == 0o600
 
 

@@ -69,7 +69,7 @@ ERROR_CASES = {
         _set("cluster", "packages", ["peft"]),
         f"{B}.cluster.packages",
         f"{B}.cluster.packages is not supported by a slurm backend: a venv built on the login node "
-        "may not run on the compute nodes (SPEC §6); name the compute nodes' interpreter in "
+        "may not run on the compute nodes; name the compute nodes' interpreter in "
         "job_python and load modules in prelude"),
     "gpus on slurm": (
         _set("cluster", "gpus", "auto"),
@@ -318,8 +318,9 @@ def test_debug_with_an_ssh_backend_warns(tmp_path):
     del raw["model_training"]["backends"]["cluster"]
     report = validate(tmp_path, raw)
     assert [w.message for w in report.warnings] == [
-        "debug is true and backend 'gpu-server' trains over ssh: requests through its socket reach "
-        "the server as loopback requests, which debug mode grants admin rights; set debug: false"]
+        "debug is true and backend(s) gpu-server train over ssh: with debug on, this server grants admin rights "
+        "to every loopback request, and requests through an ssh run's forwarded socket arrive from loopback. "
+        "Set debug: false in the config on a server that trains over ssh"]
 
 
 # --- acknowledge ----------------------------------------------------------------

@@ -111,9 +111,9 @@ def test_bad_lines_are_skipped_counted_and_named_and_leave_no_temporary_file(tmp
     assert _written(config) == {"r9": {"sentiment": {"label": "negative", "confidence": 0.7, "run_id": 2}}}
     assert summary.describe_bad_lines(predictions) == (
         f"{predictions}: 6 prediction line(s) could not be read and were skipped (line 1: confidence is "
-        "'high', not a number from 0 to 1; line 2: confidence is nan, not a number from 0 to 1; line 3: "
-        "not JSON; line 4: label is 'neutral', not a label of 'sentiment'; line 5: id is 8, not an item "
-        "id; and 1 more)")
+        "'high'; use a number from 0 to 1; line 2: confidence is nan; use a number from 0 to 1; line 3: "
+        "not JSON; line 4: label is 'neutral', not a label of 'sentiment'; line 5: id is 8; use the item's "
+        "id (a non-empty string); and 1 more)")
     assert not list(writeback_path(config).parent.glob("*.tmp"))
 
 

@@ -14,7 +14,7 @@ a flow by sending SIGTERM to the flow's whole process group: the ssh client
 carrying the remote agent must not die of that before the flow has stopped
 the run its own way (the cancel, ``grace_seconds``, then the connection
 closes). A flow killed outright leaves these clients behind, so
-``potato.tasks.leftovers`` finds them by the run's socket in their argv.
+``potato.backends.ssh.leftovers`` finds them by the run's socket in their argv.
 
 Pure builders (``make_*``) on top; ``Connection`` below is the only code that
 starts ``ssh``.

@@ -1,4 +1,4 @@
-"""The local backend: the worker runs as a child process of this machine.
+"""The local backend's steps, check and stop: the worker runs as a child process of this machine.
 
 The run directory is the worker's job directory, so predictions, scores and
 artifacts land where the run keeps them and nothing has to be copied.
@@ -7,6 +7,7 @@ artifacts land where the run keeps them and nothing has to be copied.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,11 +15,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from potato.tasks.base import RunContext
+from potato.backends.base import RunContext
+from potato.backends.contract import CheckReport, Stopped
+from potato.backends.leftovers import LOCAL_WAIT_S, wait_gone
+from potato.backends.relay import EventTail, record_event
+from potato.config import BackendConfig, ProjectConfig
 from potato.jobs import make_job, write_job
-from potato.tasks.relay import EventTail, record_event
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+from potato.runs.paths import importing_this_potato, run_paths
+from potato.store import Run, Store
+from potato.training.device import describe_local_device
+from potato.training.stop_job import processes
+from potato.training.device import THREAD_VARIABLES
 
 
 @dataclass
@@ -45,11 +52,8 @@ def make_worker_env(ctx: RunContext, base: dict | None = None) -> dict:
     if threads:
         for name in THREAD_VARIABLES:
             env[name] = str(threads)
-    # The worker must import the same potato as this process, wherever it was started.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return importing_this_potato(env)  # the same potato as this process, wherever it was started
 
 
 def connect(ctx: RunContext) -> LocalSession:
@@ -73,10 +77,9 @@ def sync_code(ctx: RunContext, session: LocalSession) -> str:
 def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
     job = make_job(ctx.config, ctx.run, bundle=str(ctx.bundle_dir))
     write_job(session.job_dir, job)
-    events_path = session.job_dir / "events.jsonl"
-    for stale in (events_path, session.job_dir / "exit_code"):
+    for stale in (ctx.paths.events, ctx.paths.exit_code):
         stale.unlink(missing_ok=True)
-    log_file = open(session.job_dir / "worker.log", "ab")
+    log_file = open(ctx.paths.worker_log, "ab")
     argv = make_worker_argv(session.job_dir)
     ctx.log.debug("Starting the worker: " + " ".join(argv))
     # A new session makes the worker a process-group leader, so stop() can signal
@@ -93,7 +96,7 @@ def spawn(ctx: RunContext, session: LocalSession) -> LocalWorker:
     ctx.store.update_run(ctx.run_id, worker_pid=process.pid)
     ctx.store.heartbeat(ctx.run_id)  # silence is counted from the worker's start, not the run's
     ctx.set_step("training on this machine")
-    return LocalWorker(process=process, tail=EventTail(events_path), log_file=log_file, pgid=process.pid)
+    return LocalWorker(process=process, tail=EventTail(ctx.paths.events), log_file=log_file, pgid=process.pid)
 
 
 def poll(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> int | None:
@@ -104,7 +107,7 @@ def poll(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> int | N
     """
     code = worker.process.poll()
     if code is None:
-        code = read_exit_code(session.job_dir)
+        code = ctx.paths.read_exit_code()
     for event in worker.tail.read_new():
         record_event(ctx, event)
     if code is None:
@@ -133,14 +136,6 @@ def stop(ctx: RunContext, session: LocalSession, worker: LocalWorker, grace: flo
     poll(ctx, session, worker)
 
 
-def read_exit_code(job_dir: Path) -> int | None:
-    """The code in ``exit_code``, which the worker writes (atomically) as its very last act."""
-    try:
-        return int((job_dir / "exit_code").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def fetch_artifacts(ctx: RunContext, session: LocalSession, worker: LocalWorker) -> None:
     where = ctx.artifacts_dir
     if where.is_dir():
@@ -163,7 +158,7 @@ def clean_up(ctx: RunContext, session: LocalSession | None, worker: LocalWorker 
         if worker.log_file is not None:
             worker.log_file.close()
     if session is not None:
-        _remove_tree(ctx.bundle_dir)
+        shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
 
 
 def _signal_group(pgid: int | None, sig: int) -> None:
@@ -186,7 +181,30 @@ def _reap_group(worker: LocalWorker | None) -> None:
         pass
 
 
-def _remove_tree(path: Path) -> None:
-    import shutil
+def check(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
+    """``potato training check local``: the device local runs would use."""
+    setting = config.model_training.device
+    description = describe_local_device(setting)
+    return CheckReport(
+        backend=backend.name, type=backend.type, ok=True,
+        lines=[f"{backend.name}: this machine, {description}"],
+        data={"device_setting": setting, "device": description},
+    )
 
-    shutil.rmtree(path, ignore_errors=True)
+
+def stop_leftovers(config: ProjectConfig, store: Store, run: Run) -> Stopped:
+    """SIGKILL the local worker's process group, if a process of it still runs this run's worker."""
+    if not run.worker_pid:
+        return Stopped(True)
+    marker = str(run_paths(config, run.id).dir)  # the worker's argv names its job directory, the run directory
+    group = [(pid, cmdline) for pid, pgid, cmdline in processes() if pgid == run.worker_pid]
+    if not any("potato.training.worker" in cmdline and marker in cmdline for _, cmdline in group):
+        return Stopped(True)  # gone, or the group id was reused by someone else
+    try:
+        os.killpg(run.worker_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    left = wait_gone([pid for pid, _ in group], LOCAL_WAIT_S)
+    if left:
+        return Stopped(False, f"the worker's process group {run.worker_pid} still runs (pids {left}) after SIGKILL")
+    return Stopped(True, f"stopped the worker's process group {run.worker_pid} on this machine")

@@ -32,18 +32,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from potato import training
+from potato.backends.base import RunContext
+from potato.backends.ssh import fetch, leftovers
+from potato.backends.ssh.code import code_archive
+from potato.backends.ssh.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
+from potato.backends.ssh.openssh import Connection, SshTarget, make_remote_command, remote_path, ssh_error, with_env
+from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
-from potato.tasks import fetch, leftovers
-from potato.tasks.base import RunContext
-from potato.tasks.code import code_archive
-from potato.tasks.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
-from potato.tasks.openssh import Connection, SshTarget, make_remote_command, remote_path, with_env
-from potato.tasks.protocol_server import ProtocolServer
+from potato.runlog import last_line
+from potato.trainers.registry import TRAINERS
+from potato.training.job_paths import JobPaths
+from potato.training.device import THREAD_VARIABLES
 
-PROBE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "probe.py"
-TRAINER_PACKAGES = {"hf-text-classification": ("torch", "transformers", "peft")}
+PROBE_SOURCE = Path(training.__file__).with_name("probe.py")
 MIN_PYTHON = (3, 8)
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # How long the agent may take to exit on its own after a cancel's grace period, before the
 # connection is closed under it (it then kills its worker itself, on stdin's end).
 STOP_MARGIN_S = 2.0
@@ -166,13 +169,11 @@ def probe(session: SshSession, remote_dir: str, trainer: str, *, gpus: bool = Tr
     *gpus*: whether to ask ``nvidia-smi`` (not on a SLURM login node, nor for ``gpus: none``).
     """
     code_hash, _ = code_archive()
-    packages = list(TRAINER_PACKAGES.get(trainer, ()))
+    packages = list(TRAINERS[trainer].required_modules)
     command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env, gpus=gpus)
     done = session.connection.run(command, input=PROBE_SOURCE.read_bytes(), timeout=120, check=False)
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == 255:
-        from potato.tasks.openssh import ssh_error
-
         raise ssh_error(session.host, stderr)
     if done.returncode in (126, 127):
         raise BackendError(
@@ -202,8 +203,8 @@ def host_gpus(report: dict, host: str) -> list:
 
 
 def wants_gpus(backend) -> bool:
-    """Whether a run on *backend* asks the host's nvidia-smi: an ssh host's GPUs, unless ``gpus: none``."""
-    return backend.type == "ssh" and str(backend.get("gpus", "auto")).strip().lower() != "none"
+    """Whether a run on *backend* asks the host's nvidia-smi: a host whose GPUs Potato picks, unless ``gpus: none``."""
+    return backend.type_info.picks_gpus and str(backend.get("gpus", "auto")).strip().lower() != "none"
 
 
 def probe_host(ctx: RunContext, session: SshSession) -> dict:
@@ -310,7 +311,7 @@ def start_agent(ctx: RunContext, session: SshSession, extra: list[str] = ()) -> 
 
     token = issue_run_token(ctx.store, ctx.run_id)
     command = make_agent_command(session, ctx, list(extra))
-    log_file = open(ctx.run_dir / "agent.log", "ab")
+    log_file = open(ctx.paths.agent_log, "ab")
     process = session.connection.popen(command, stdin=subprocess.PIPE, stdout=log_file, stderr=log_file)
     # The token travels on standard input; stdin then stays open: its end tells the
     # agent that the connection is gone.
@@ -322,19 +323,12 @@ def start_agent(ctx: RunContext, session: SshSession, extra: list[str] = ()) -> 
     return RemoteAgent(process=process, log_file=log_file)
 
 
-def _reported_exit_code(ctx: RunContext) -> int | None:
-    try:
-        return int((ctx.run_dir / "exit_code").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None:
-    code = _reported_exit_code(ctx)
+    code = ctx.paths.read_exit_code()
     if code is not None:
         return code
     if agent.process.poll() is not None:
-        code = _reported_exit_code(ctx)  # the result may have landed just before it exited
+        code = ctx.paths.read_exit_code()  # the result may have landed just before it exited
         if code is not None:
             return code
         lost = session.connection.lost()
@@ -342,7 +336,7 @@ def poll(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> int | None
             raise ConnectionLost(session.host, lost)
         raise BackendError(
             f"The agent on {session.host} exited with status {agent.process.returncode} before reporting a "
-            f"result; its last output is in {ctx.run_dir / 'agent.log'}: {_last_line(ctx.run_dir / 'agent.log')}")
+            f"result; its last output is in {ctx.paths.agent_log}: {last_line(ctx.paths.agent_log) or '(nothing)'}")
     return None
 
 
@@ -376,7 +370,7 @@ def _end_agent(agent: RemoteAgent | None) -> None:
 
 
 def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) -> None:
-    remote_artifacts = f"{session.job_dir}/artifacts"
+    remote_artifacts = JobPaths(session.job_dir).artifacts
     if not ctx.backend.get("fetch_artifacts", True):
         session.left_on_host = True
         ctx.store.update_run(ctx.run_id, artifact_uri=f"{session.host}:{remote_artifacts}")
@@ -406,7 +400,7 @@ def _refused(ctx: RunContext, session: SshSession, refused: list[tuple[str, str]
     for name, why in refused:
         session.left_on_host = True
         ctx.log.warning(f"Not copied from {session.host}: {name!r} in the artifacts, because {why}; "
-                        f"it stays on the host in {session.job_dir}/artifacts")
+                        f"it stays on the host in {JobPaths(session.job_dir).artifacts}")
 
 
 def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | None) -> None:
@@ -435,13 +429,5 @@ def clean_up(ctx: RunContext, session: SshSession | None, agent: RemoteAgent | N
         if session.protocol is not None:
             session.protocol.stop()
         shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
-        (ctx.run_dir / "bundle.tar.gz").unlink(missing_ok=True)
-        shutil.rmtree(ctx.run_dir / "artifacts.partial", ignore_errors=True)
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else "(nothing)"
+        ctx.paths.bundle_archive.unlink(missing_ok=True)
+        shutil.rmtree(ctx.paths.artifacts_partial, ignore_errors=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from potato.errors import BackendError, ParseError
+from potato.errors import BackendError, NoFreeGpu, NoKernels, ParseError
 from potato.training.device import has_kernels as device_has_kernels
 
 FIELDS = ("index", "name", "memory.total", "memory.used", "memory.free", "utilization.gpu", "pci.bus_id", "compute_cap")
@@ -58,24 +58,6 @@ class GpuChoice:
         by_index = {g.index: g for g in gpus}
         names = [f"GPU {i} ({by_index[i].name})" if i in by_index else f"GPU {i}" for i in self.indices]
         return ", ".join(names) + f" ({self.reason})"
-
-
-class NoFreeGpu(BackendError):
-    """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free."""
-
-    def __init__(self, min_free_mb: int):
-        super().__init__(
-            f"No GPU has {min_free_mb} MB free. Fix: wait, lower min_free_gpu_mb, or pin a GPU with "
-            f"gpus: \"1\" (`potato training check <backend> config.yaml` lists the GPUs)")
-
-
-class NoKernels(BackendError):
-    """Raised when the host's torch has kernels for none of its GPUs."""
-
-    def __init__(self):
-        super().__init__(
-            "This host's torch has no kernels for any of its GPUs. Fix: install a torch build for these "
-            "GPUs there, or point the backend's python at an interpreter that has one")
 
 
 def _number(text: str) -> int | None:

@@ -1,7 +1,8 @@
 """The remote half as one archive, named by the hash of its content ("sync code by hash").
 
-What a GPU host needs of Potato is ``potato/__init__.py``, ``potato/training/``
-and ``potato/trainers/`` (DESIGN.md: stdlib only, Python ≥ 3.8). The hash
+What a GPU host needs of Potato is ``potato/__init__.py``, ``potato/training/``,
+``potato/trainers/`` and ``potato/answer_kinds.py`` (the remote half: stdlib
+only, Python ≥ 3.8; docs/architecture.md, "Layers"). The hash
 covers their paths and bytes, so a host keeps one copy per version and a run
 copies nothing when the host already has it.
 """
@@ -14,8 +15,9 @@ import io
 import tarfile
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-REMOTE_HALF = ("potato/__init__.py", "potato/training", "potato/trainers")
+from potato.runs.paths import PACKAGE_ROOT
+
+REMOTE_HALF = ("potato/__init__.py", "potato/answer_kinds.py", "potato/training", "potato/trainers")
 
 
 def remote_half_files(root: Path = PACKAGE_ROOT) -> list[Path]:

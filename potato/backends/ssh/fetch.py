@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from potato import training
 from potato.errors import BackendError, ConnectionLost, DiskFull
-from potato.tasks.base import RunContext
-from potato.tasks.openssh import remote_path, with_env
+from potato.backends.base import RunContext
+from potato.backends.ssh.openssh import remote_path, with_env
 from potato.training.safe_paths import UnsafeName, create_file, expect_files, extract_tar, name_problem
 
-LIST_FILES_SOURCE = Path(__file__).resolve().parents[1] / "training" / "list_files.py"
+LIST_FILES_SOURCE = Path(training.__file__).with_name("list_files.py")
 STEP_UPDATE_S = 0.5
 # Files at least this large are copied with one `cat` each, the rest in one tar stream.
 CAT_MIN_BYTES = 8 * 1024 * 1024

@@ -6,7 +6,7 @@ user) to it. So the run does not depend on ``potato start`` listening on a
 TCP port, and only the run's agent can reach it. Only the agent protocol is
 served here: no Training page, no admin API — a request through the forward
 arrives from the loopback, which must never count as an admin. The app is
-``potato.protocol.make_app``: the same routes and checks as ``potato start``.
+``potato.protocol.app.make_app``: the same routes and checks as ``potato start``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from potato.config import ProjectConfig
-from potato.protocol import make_app
+from potato.protocol.app import make_app
 from potato.store import Store
 
 

@@ -1,25 +1,12 @@
-"""Stop what a run left running, and prove it: the door every end of a run goes through.
+"""Stop what an ssh or slurm run left running, on its host and on this machine, and prove it is gone.
 
-A run ends by its own flow, by the dispatcher that saw the flow's process
-exit, or by reconciliation that found the flow gone or wedged (kill -9, the
-OOM killer, a crashed server). In each case something the run started may
-still be running, and the next run must not start beside it (SPEC §3):
-
-- local: the worker's process group (``worker_pid``);
-- ssh and slurm: on this machine the run's ssh ControlMaster and the ssh
-  client carrying the agent (each in its own session or orphaned when the
-  flow dies: they outlive it); on the host the agent, the worker's process
-  group and a SLURM job (``remote_socket``, recorded before connecting;
-  ``remote_job_dir``, before the job directory exists; ``slurm_job_id`` once
-  the agent has submitted, and in the job directory);
-- agent: a machine this server cannot reach. Its agent learns from its next
-  post that the run ended (the server refuses it) and stops its worker;
-  nothing here can do more.
-
-``stop(config, store, run)`` stops each of these that the store records,
-checks that it is gone (no process left; ``squeue`` no longer lists the job)
-and says what it did. ``runs.end_run`` records a run's end only after that.
-Stopping on a host runs ``potato/training/stop_job.py`` there, sent on
+On this machine, the run's ssh ControlMaster and the ssh client carrying
+the agent (each in a session of its own, or orphaned when the flow dies:
+they outlive it); on the host, the agent, the worker's process group and a
+SLURM job. The store records what to look for: ``remote_socket`` (before
+connecting), ``remote_job_dir`` (before the job directory exists) and
+``slurm_job_id`` (once the agent has submitted; also in the job directory).
+Stopping on the host runs ``potato/training/stop_job.py`` there, sent on
 standard input; the flow's clean-up runs the same script through its own
 connection (``stop_on_host``).
 """
@@ -32,81 +19,34 @@ import shlex
 import shutil
 import signal
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from potato import training
+from potato.backends.contract import Stopped
+from potato.backends.leftovers import LOCAL_WAIT_S, joined, wait_gone
+from potato.backends.ssh.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError
 from potato.store import Run, Store
-from potato.tasks.base import run_dir
-from potato.tasks.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.training.stop_job import processes
 
-STOP_JOB_SOURCE = Path(__file__).resolve().parents[1] / "training" / "stop_job.py"
+STOP_JOB_SOURCE = Path(training.__file__).with_name("stop_job.py")
 # How long the host may take to show the run's processes and SLURM job gone (a cluster's KillWait is 30 s).
 HOST_WAIT_S = 45
-LOCAL_WAIT_S = 5
 
 
-@dataclass(frozen=True)
-class Stopped:
-    """Whether everything the run started is known to be gone, and what was done (or why it is not known)."""
-
-    verified: bool
-    said: str = ""
-
-
-def _joined(parts: list[Stopped]) -> Stopped:
-    return Stopped(all(p.verified for p in parts), "; ".join(p.said for p in parts if p.said))
-
-
-def stop(config: ProjectConfig, store: Store, run: Run) -> Stopped:
-    """Stop whatever *run* left running, on this machine and on its host; verify it is gone."""
-    parts = [stop_local_worker(config, run)]
-    remote = run.remote_socket or run.remote_job_dir or run.slurm_job_id
-    if remote:
-        backend = config.model_training.backends.get(run.backend)
-        parts += [_stop_on_backend_host(backend, run), stop_local_ssh(run.remote_socket)]
-    stopped = _joined(parts)
-    if stopped.verified and remote:  # nothing left to stop there: later ends need not log in again
+def stop_leftovers(config: ProjectConfig, store: Store, run: Run) -> Stopped:
+    """Stop what *run* left on its host and this machine's ssh processes of it; verify both are gone."""
+    if not (run.remote_socket or run.remote_job_dir or run.slurm_job_id):
+        return Stopped(True)
+    backend = config.model_training.backends.get(run.backend)
+    stopped = joined([_stop_on_backend_host(backend, run), stop_local_ssh(run.remote_socket)])
+    if stopped.verified:  # nothing left to stop there: later ends need not log in again
         store.update_run(run.id, remote_job_dir=None, remote_socket=None, slurm_job_id=None)
     return stopped
 
 
 # ------------------------------------------------------------------ this machine
-
-
-def _alive(pids: list[int]) -> list[int]:
-    live = {pid for pid, _, _ in processes()}
-    return [pid for pid in pids if pid in live]
-
-
-def _wait_gone(pids: list[int], seconds: float) -> list[int]:
-    deadline = time.monotonic() + seconds
-    left = _alive(pids)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = _alive(left)
-    return left
-
-
-def stop_local_worker(config: ProjectConfig, run: Run) -> Stopped:
-    """SIGKILL the local worker's process group, if a process of it still runs this run's worker."""
-    if not run.worker_pid:
-        return Stopped(True)
-    marker = str(run_dir(config, run.id))  # the worker's argv names its job directory, the run directory
-    group = [(pid, cmdline) for pid, pgid, cmdline in processes() if pgid == run.worker_pid]
-    if not any("potato.training.worker" in cmdline and marker in cmdline for _, cmdline in group):
-        return Stopped(True)  # gone, or the group id was reused by someone else
-    try:
-        os.killpg(run.worker_pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    left = _wait_gone([pid for pid, _ in group], LOCAL_WAIT_S)
-    if left:
-        return Stopped(False, f"the worker's process group {run.worker_pid} still runs (pids {left}) after SIGKILL")
-    return Stopped(True, f"stopped the worker's process group {run.worker_pid} on this machine")
 
 
 def stop_local_ssh(socket: str | None) -> Stopped:
@@ -122,13 +62,13 @@ def stop_local_ssh(socket: str | None) -> Stopped:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    left = _wait_gone([pid for pid, _ in mine], 2)
+    left = wait_gone([pid for pid, _ in mine], 2)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    left = _wait_gone(left, LOCAL_WAIT_S)
+    left = wait_gone(left, LOCAL_WAIT_S)
     if left:
         return Stopped(False, f"the run's ssh processes {left} on this machine do not exit")
     return Stopped(True, f"closed the run's ssh connection on this machine ({len(mine)} processes)")
@@ -152,7 +92,7 @@ def make_stop_spec(run: Run, *, remove: str = "all") -> dict:
 
 
 def _stop_on_backend_host(backend: BackendConfig | None, run: Run) -> Stopped:
-    if backend is None or backend.type not in ("ssh", "slurm"):
+    if backend is None or not backend.type_info.over_ssh:
         return Stopped(False, f"backend {run.backend!r} is no longer an ssh or slurm backend in the config, so "
                               f"Potato cannot log in to its host to stop the run's agent")
     remove = "none" if backend.get("keep_remote", False) else "all"

@@ -1,4 +1,4 @@
-"""The agent backend (SPEC §7): a machine the server cannot reach polls it for work.
+"""The agent backend's steps and check: a machine the server cannot reach polls it for work.
 
 Someone runs ``potato training agent --server URL --backend NAME`` on the
 training machine; it claims the run through the server's agent protocol,
@@ -14,10 +14,15 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from potato.errors import AgentError, RunCancelled
-from potato.tasks.base import RunContext
+from potato.backends.base import RunContext
+from potato.backends.contract import CheckReport
+from potato.config import BackendConfig, ProjectConfig
+from potato.errors import NoAgent, RunCancelled
+from potato.protocol.state import CLAIMED
+from potato.project import pack_bundle
+from potato.runs.paths import open_store
+from potato.store import Store
 
-CLAIMED = "claimed"  # the event the agent protocol stores when an agent claims a run
 WAIT_SECONDS = 0.5
 STOP_MARGIN_S = 2.0
 
@@ -30,16 +35,6 @@ class AgentSession:
 @dataclass
 class AgentHandle:
     claimed_by: dict
-
-
-class NoAgent(AgentError):
-    """Raised when no agent claims a run within ``queue_timeout_s``."""
-
-    def __init__(self, backend: str, seconds: float):
-        super().__init__(
-            f"No agent asked for work on backend {backend!r} within {seconds:g} s. Fix: start one on the "
-            f"training machine with `potato training agent --server URL --backend {backend}` "
-            f"(its token comes from `potato training register {backend} config.yaml`)")
 
 
 def connect(ctx: RunContext) -> AgentSession:
@@ -65,10 +60,8 @@ def _claim(ctx: RunContext) -> dict | None:
 
 
 def spawn(ctx: RunContext, session: AgentSession) -> AgentHandle:
-    """Wait until an agent of this backend claims the run (SPEC §7: the run stays queued till then)."""
-    from potato.project import pack_bundle
-
-    pack_bundle(ctx.bundle_dir, ctx.run_dir / "bundle.tar.gz")
+    """Wait until an agent of this backend claims the run (to its user, the run stays queued till then)."""
+    pack_bundle(ctx.bundle_dir, ctx.paths.bundle_archive)
     limit = ctx.backend.get("queue_timeout_s")
     ctx.set_step(f"waiting for an agent of {session.backend} to ask for work")
     started = time.monotonic()
@@ -90,10 +83,8 @@ def spawn(ctx: RunContext, session: AgentSession) -> AgentHandle:
 
 
 def poll(ctx: RunContext, session: AgentSession, handle: AgentHandle) -> int | None:
-    try:
-        return int((ctx.run_dir / "exit_code").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
+    """The exit code the agent reported (the protocol's result route writes it into the run directory)."""
+    return ctx.paths.read_exit_code()
 
 
 def stop(ctx: RunContext, session: AgentSession, handle: AgentHandle, grace: float) -> None:
@@ -110,4 +101,43 @@ def fetch_artifacts(ctx: RunContext, session: AgentSession, handle: AgentHandle)
 
 def clean_up(ctx: RunContext, session: AgentSession | None, handle: AgentHandle | None) -> None:
     shutil.rmtree(ctx.bundle_dir, ignore_errors=True)
-    (ctx.run_dir / "bundle.tar.gz").unlink(missing_ok=True)
+    ctx.paths.bundle_archive.unlink(missing_ok=True)
+
+
+def _when(stamp: float | None, now: float) -> str:
+    if stamp is None:
+        return "never"
+    text = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+    age = max(0, int(now - stamp))
+    return f"{text} ({age} s ago)"
+
+
+def check(config: ProjectConfig, backend: BackendConfig, *,
+          store: Store | None = None, now: float | None = None) -> CheckReport:
+    """``potato training check NAME`` for an agent backend: its token record.
+
+    Before any registration: ``no token issued yet`` and the register command
+    to run, and the report is not ok (no agent can take the backend's runs).
+    """
+    if store is None:
+        store = open_store(config)
+    now = time.time() if now is None else now
+    record = store.get_token(backend.name)
+    if record is None:
+        command = f"potato training register {backend.name} {config.path}"
+        return CheckReport(
+            backend=backend.name, type=backend.type, ok=False,
+            lines=[f"{backend.name}: no token issued yet", f"Issue one with: {command}"],
+            data={"token": None, "register_command": command},
+        )
+    lines = [
+        f"{backend.name}: agent backend; token issued {_when(record.created_at, now)}",
+        f"last_seen: {_when(record.last_seen, now)}",
+    ]
+    if record.last_seen is None:
+        lines.append("No agent has connected with this token yet; start one on the training "
+                     f"machine: potato training agent --server URL --backend {backend.name}")
+    return CheckReport(
+        backend=backend.name, type=backend.type, ok=True, lines=lines,
+        data={"token": {"created_at": record.created_at, "last_seen": record.last_seen}},
+    )

@@ -1,0 +1,45 @@
+"""``potato training check`` for a slurm backend: log in to the login node, check what submitting needs.
+
+The compute nodes cannot be seen from the login node: their packages show
+in a short first run.
+"""
+
+from __future__ import annotations
+
+from potato.backends.contract import CheckReport
+from potato.backends.slurm import under_node_local_dir
+from potato.backends.slurm.steps import REQUIRED_COMMANDS
+from potato.backends.ssh.check import probe_host
+from potato.config import BackendConfig, ProjectConfig
+from potato.errors import MissingSlurmCommand
+from potato.trainers.registry import DEFAULT_TRAINER
+
+
+def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
+    """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python."""
+    report = CheckReport(backend=backend.name, type=backend.type, ok=False,
+                         lines=[f"{backend.name}: slurm on {backend.host}"])
+    lines = report.lines
+    probe = probe_host(backend, trainer, report)
+    if probe is not None:
+        lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")
+        commands = probe.get("commands") or {}
+        missing = [name for name in REQUIRED_COMMANDS if not commands.get(name)]
+        for name in missing:
+            lines.append(str(MissingSlurmCommand(backend.host, name)))
+        if not missing:
+            lines.append(f"{', '.join(REQUIRED_COMMANDS)}: on PATH (" + str(commands["sbatch"]).rsplit("/", 1)[0] + ")")
+        lines.append("scontrol: on PATH" if commands.get("scontrol") else
+                     "scontrol: not found; a job the scheduler ends is explained from slurm.out alone")
+        remote_dir = str(backend.get("remote_dir"))
+        under_tmp = under_node_local_dir(remote_dir) is not None
+        lines.append(f"remote_dir {remote_dir}: " + ("under /tmp or /var/tmp, which each node has its own of; "
+                                                     "use storage the compute nodes share" if under_tmp else
+                                                     "not node-local"))
+        lines.append(f"Jobs run {backend.get('job_python')} on the compute nodes (their packages cannot be "
+                     "checked from the login node: a short first run shows them)")
+        gres = backend.get("gres")
+        lines.append(f"GPUs: {gres} per job" if gres else "GPUs: none (no gres: the job gets no GPU)")
+        report.data.update(python=probe["python"], commands=commands, job_python=backend.get("job_python"))
+        report.ok = not missing and not under_tmp
+    return report

@@ -1,0 +1,60 @@
+"""``potato training check`` for an ssh backend: log in, probe the host, say whether a run could start.
+
+The Training page's Check button runs the same check (``potato.backends.checks``).
+"""
+
+from __future__ import annotations
+
+from potato.backends.contract import CheckReport
+from potato.backends.ssh import steps as ssh
+from potato.backends.ssh.gpus import choose_for_backend
+from potato.backends.ssh.openssh import Connection, SshTarget
+from potato.config import BackendConfig, ProjectConfig
+from potato.errors import PotatoError
+from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS
+
+
+def probe_host(backend: BackendConfig, trainer: str, report: CheckReport) -> dict | None:
+    """Log in and probe the host once; a failure becomes the report's last line and None."""
+    target = SshTarget.from_backend(backend)
+    connection = Connection(target)
+    try:
+        connection.open()
+        session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
+        return ssh.probe(session, backend.get("remote_dir"), trainer, gpus=ssh.wants_gpus(backend))
+    except PotatoError as exc:
+        report.lines.append(str(exc))
+        return None
+    finally:
+        connection.close()
+
+
+def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
+    """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
+    report = CheckReport(backend=backend.name, type=backend.type, ok=False,
+                         lines=[f"{backend.name}: ssh to {backend.host}"])
+    lines = report.lines
+    probe = probe_host(backend, trainer, report)
+    if probe is not None:
+        lines.append(f"Python {probe['python']} ({probe['executable']})")
+        report.data.update(python=probe["python"], missing=probe["missing"])
+        try:
+            gpus = ssh.host_gpus(probe, backend.host)
+            lines += [gpu.describe() for gpu in gpus] or ["No GPU (no nvidia-smi, or it found no devices)"]
+            report.data["gpus"] = [g.__dict__ for g in gpus]
+            choice = choose_for_backend(gpus, backend)
+            lines.append(f"A run would take {choice.describe(gpus)}")
+            report.data["would_use"] = list(choice.indices)
+            report.ok = True
+        except PotatoError as exc:
+            lines.append(f"A run could not start: {exc}")
+        missing, packages = probe["missing"], list(backend.get("packages") or ())
+        if missing:
+            where = "; packages installs them into a venv on the first run" if packages else (
+                ": point python at an interpreter that has them, or list them under packages")
+            lines.append(f"Training packages missing from {backend.get('python', 'python3')}: "
+                         f"{', '.join(missing)}{where}")
+            report.ok = report.ok and bool(packages)
+        else:
+            lines.append("Training packages: all there (" + ", ".join(TRAINERS[trainer].required_modules) + ")")
+    return report

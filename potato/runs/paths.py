@@ -1,0 +1,149 @@
+"""Every file of a run directory, named in one place (``RunPaths``), and the run store's (``open_store``).
+
+A run keeps everything under ``<output_annotation_dir>/training/runs/<id>/``
+(docs/architecture.md, "Files of a project"). A local run's worker uses that
+directory as its job directory, and a remote run's results are copied into
+it under the same names, so the names the two share come from the remote
+half's ``potato.training.job_paths``; the ones only the server writes are
+spelled here. Code asks ``run_paths(config, run_id)`` rather than joining
+names itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import potato
+from potato.config import ProjectConfig
+from potato.store import Store
+from potato.training import job_paths
+
+# Where this installation of potato is: the processes it starts (a flow, a local worker) import the same.
+PACKAGE_ROOT = Path(potato.__file__).resolve().parents[1]
+
+
+def importing_this_potato(env: dict[str, str]) -> dict[str, str]:
+    """*env* with this installation first on ``PYTHONPATH``, for a child process that runs ``-m potato…``."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def private_dir(path: Path) -> Path:
+    """Make *path* a directory only its owner can enter (0700), tightening one made wider before.
+
+    Everything training keeps (the store, run logs, bundles of the annotators'
+    labels, models, predictions) lives under such directories; the commands
+    and the flow also run with umask 077, so what they create inside is 0600.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run directory."""
+
+    dir: Path
+
+    # What the worker writes (a local run's job directory is its run directory), or what
+    # reaches the server under the same names from a remote one.
+    @property
+    def job(self) -> Path:
+        return self.dir / job_paths.JOB
+
+    @property
+    def events(self) -> Path:
+        return self.dir / job_paths.EVENTS
+
+    @property
+    def predictions(self) -> Path:
+        return self.dir / job_paths.PREDICTIONS
+
+    @property
+    def scores(self) -> Path:
+        return self.dir / job_paths.SCORES
+
+    @property
+    def exit_code(self) -> Path:
+        return self.dir / job_paths.EXIT_CODE
+
+    @property
+    def artifacts(self) -> Path:
+        return self.dir / job_paths.ARTIFACTS
+
+    @property
+    def bundle(self) -> Path:
+        return self.dir / job_paths.BUNDLE
+
+    @property
+    def bundle_archive(self) -> Path:
+        return self.dir / job_paths.BUNDLE_ARCHIVE
+
+    @property
+    def worker_log(self) -> Path:
+        return self.dir / job_paths.WORKER_LOG
+
+    # The server's own.
+    @property
+    def run_log(self) -> Path:
+        return self.dir / "run.log"
+
+    @property
+    def flow_log(self) -> Path:
+        """The flow's own output: the dispatcher's child writes there, a flow under a Prefect worker too."""
+        return self.dir / "flow.log"
+
+    @property
+    def agent_log(self) -> Path:
+        """An ssh or slurm run's agent's stderr."""
+        return self.dir / "agent.log"
+
+    @property
+    def artifacts_partial(self) -> Path:
+        """Where a remote run's model files arrive until the copy is complete."""
+        return self.dir / "artifacts.partial"
+
+    @property
+    def labels(self) -> Path:
+        """Every labelled item of the run's schemas, with its holdout prediction (``potato.evaluation``)."""
+        return self.dir / job_paths.LABELS
+
+    @property
+    def evaluation(self) -> Path:
+        return self.dir / "evaluation.json"
+
+    @property
+    def uncalibrated_predictions(self) -> Path:
+        """The worker's own predictions, once decision-calibrate rewrote ``predictions.jsonl``."""
+        return self.dir / "predictions.uncalibrated.jsonl"
+
+    def partial_upload_prefix(self) -> str:
+        """The name an uploaded ``predictions.jsonl`` has until all of it has arrived (``potato.protocol``)."""
+        return f".{job_paths.PREDICTIONS}.upload-"
+
+    def read_exit_code(self) -> int | None:
+        return job_paths.read_exit_code(str(self.dir))
+
+    def read_scores(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.scores.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+
+
+def open_store(config: ProjectConfig) -> Store:
+    """The project's run store, ``training/runs.db`` (its directory made private first)."""
+    private_dir(config.training_dir)
+    return Store(config.training_dir / "runs.db")
+
+
+def run_paths(config: ProjectConfig, run_id: int) -> RunPaths:
+    """The files of run *run_id* of the project *config* describes."""
+    return RunPaths(config.training_dir / "runs" / str(run_id))

@@ -1,0 +1,79 @@
+"""The run queue: create a run (checked against the config and the registries), cancel one.
+
+The store is the truth about runs. A run is created ``queued``; the
+dispatcher (``potato.runs.dispatcher``) starts the oldest queued run when
+none is active. Whatever the backend, one run executes at a time.
+"""
+
+from __future__ import annotations
+
+from potato import prefect_runs
+from potato.config import ProjectConfig
+from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError
+from potato.runs.paths import private_dir, run_paths
+from potato.store import END_STATES, Run, Store
+from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, misfit
+
+
+def create_run(
+    config: ProjectConfig,
+    store: Store,
+    *,
+    trainer: str | None = None,
+    schemas: list[str] | None = None,
+    backend: str | None = None,
+    options: dict | None = None,
+    trigger: str = "manual",
+    annotation_count: int | None = None,
+    only_when_idle: bool = False,
+) -> Run | None:
+    """Queue a run after checking trainer, schemas and backend against the config.
+
+    *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
+    (None when *only_when_idle* and a run is queued or running).
+    """
+    trainer = trainer or DEFAULT_TRAINER
+    info = TRAINERS.get(trainer)
+    if info is None:
+        raise RunRequestError(f"Unknown trainer {trainer!r}; known trainers: {', '.join(sorted(TRAINERS))}")
+    backend = backend or config.model_training.backend or "local"
+    if backend not in config.model_training.backends:
+        raise UnknownBackendError(backend, config.model_training.backends)
+    declared = config.model_training.backends[backend].type_info
+    if info.local_only and not declared.on_this_machine:
+        raise LocalOnlyTrainerError(trainer, backend, declared.what, info.local_only)
+    known = [s.name for s in config.schemes]
+    if not schemas:
+        schemas = list(config.model_training.writeback.schemas) or known
+    for schema in schemas:
+        scheme = config.scheme(schema)
+        if scheme is None:
+            raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
+        problem = misfit(trainer, schema, scheme.annotation_type)
+        if problem:
+            raise RunRequestError(problem)
+    if options is not None and not isinstance(options, dict):
+        raise RunRequestError("options must be a JSON object of trainer options")
+    run = store.create_run(trainer, list(schemas), backend, options or {}, trigger=trigger,
+                           annotation_count=annotation_count, only_when_idle=only_when_idle)
+    if run is not None:
+        private_dir(run_paths(config, run.id).dir)
+    return run
+
+
+def cancel_run(config: ProjectConfig, store: Store, run_id: int) -> Run:
+    """Cancel *run_id*: a queued run ends at once; an active one is stopped by its flow.
+
+    A run handed to a Prefect work pool that no worker has started yet has no
+    flow to stop it: its flow run is cancelled in Prefect and the run ends now.
+    """
+    run = store.get_run(run_id)
+    if run.state in END_STATES:
+        return run
+    if store.transition(run_id, "cancelled", from_states=("queued",), error="Cancelled before it started"):
+        return store.get_run(run_id)
+    # Requested first: should a worker start the flow this instant, the flow sees it before spawning.
+    run = store.request_cancel(run_id)
+    if prefect_runs.waits_for_a_worker(run):
+        return prefect_runs.cancel_before_a_worker(config, store, run)
+    return run

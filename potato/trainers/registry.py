@@ -1,0 +1,137 @@
+"""The trainers: which there are, what each trains and needs, declared without importing any.
+
+Naming a trainer must not import torch. The server lists trainers on the
+Training page and in its API, ``potato validate`` pairs them with schemas,
+an ssh host is probed for a trainer's packages and a run is refused on a
+backend a trainer cannot run on, all from the declarations below; only the
+worker imports a trainer's module, when it trains. (Potato 2.12.1 registers
+its trainers the same way, for the same reason: its
+``potato/training/registry.py``.)
+
+A trainer is a module with ``NAME``, ``DEFAULT_OPTIONS``,
+``check_options(options) -> list[str]`` (problems, empty when fine) and
+``train(job, events)``, stdlib-only at import (it is copied to GPU hosts;
+docs/architecture.md, "The job directory"), plus one ``TrainerInfo`` in
+``TRAINERS``. The declaration is the home of what the server needs to know
+before anything is imported: the answer kinds it trains
+(``potato.answer_kinds``), its packages (the worker imports them before it
+trains, the ssh probe looks for them), the pip extra that installs them,
+whether it runs only on this machine and whether it computes on a torch
+device. A module may repeat ``REQUIRED_MODULES`` and ``USES_DEVICE``; a test
+holds them equal to its declaration.
+
+Hooks run on the annotation server, named ``"module:function"`` so that the
+declaration imports nothing; each takes the run's context
+(``potato.backends.base.RunContext``):
+
+- ``prepare``: at build-bundle, once the bundle is built; adds what only the
+  server has (decision-calibrate: an earlier run's predictions).
+- ``record``: at record-results, in place of the usual holdout evaluation
+  and writeback (decision-calibrate rewrites an earlier run's instead).
+- ``gpu_memory_mb``: ``f(options) -> MB or None``, how much GPU memory a run
+  with these options needs, for choosing GPUs; no trainer declares it yet.
+
+Part of the remote half: Python 3.8, standard library only.
+"""
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from potato.answer_kinds import NOMINAL, UNSUPPORTED, kind_of_type
+
+TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
+
+
+@dataclass(frozen=True)
+class TrainerInfo:
+    """What the server knows of a trainer without importing it."""
+
+    name: str
+    module: str                                  # the trainer's module (NAME, DEFAULT_OPTIONS, check_options, train)
+    kinds: Tuple[str, ...]                       # the answer kinds it trains (potato.answer_kinds)
+    description: str = ""
+    required_modules: Tuple[str, ...] = ()       # import names the worker needs beside the standard library
+    install_hint: str = ""                       # how to install them
+    local_only: str = ""                         # why it runs only on this machine ("" when it runs anywhere)
+    uses_device: bool = True                     # False: no torch device, threads or data-parallel processes
+    prepare: Optional[str] = None                # "module:function", see the module docstring
+    record: Optional[str] = None
+    gpu_memory_mb: Optional[str] = None
+
+
+DEFAULT_TRAINER = "hf-text-classification"
+
+TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
+    TrainerInfo(
+        "hf-text-classification", "potato.trainers.hf_text_classification", (NOMINAL,),
+        "Fine-tunes a Hugging Face encoder on the item text (full or LoRA), one classifier per schema",
+        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
+    TrainerInfo(
+        "decision-calibrate", "potato.trainers.decision_calibrate", (NOMINAL,),
+        "Recalibrates an earlier run's confidences, kept only if holdout log-loss and ECE fall",
+        local_only=("it rewrites an earlier run's predictions, which are kept on this server. Start it on "
+                    "'local' (it needs no GPU and takes seconds)"),
+        uses_device=False, prepare="potato.calibration:prepare", record="potato.calibration:apply"),
+)}
+
+
+def load(info: TrainerInfo) -> ModuleType:
+    """The trainer's module (stdlib-only at import: its packages load inside ``train``)."""
+    return importlib.import_module(info.module)
+
+
+def hook(info: TrainerInfo, which: str) -> Optional[Callable[..., Any]]:
+    """The function the declaration names for hook *which* (``prepare``, ``record``, ``gpu_memory_mb``), or None."""
+    path = getattr(info, which)
+    if not path:
+        return None
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def check_options(name: str, options: Any) -> List[str]:
+    """The trainer's own problems with *options* (its ``check_options``); none when its module has no check."""
+    try:
+        module = load(TRAINERS[name])
+    except ImportError:
+        return []
+    check = getattr(module, "check_options", None)
+    return list(check(options)) if check else []
+
+
+def missing_modules(info: TrainerInfo) -> List[str]:
+    """The trainer's packages this interpreter cannot import (looked up, not imported)."""
+    return [name for name in info.required_modules if importlib.util.find_spec(name) is None]
+
+
+def trainers_for_kind(kind: str) -> List[TrainerInfo]:
+    return [info for info in TRAINERS.values() if kind in info.kinds]
+
+
+def trainers_for_type(annotation_type: str) -> List[TrainerInfo]:
+    """The trainers that can train a schema of ``annotation_type`` (through its answer kind)."""
+    return trainers_for_kind(kind_of_type(annotation_type))
+
+
+def misfit(trainer: str, schema: str, annotation_type: str) -> Optional[str]:
+    """Why *trainer* cannot train *schema* (of *annotation_type*), naming both; None when it can."""
+    info = TRAINERS[trainer]
+    kind = kind_of_type(annotation_type)
+    if kind in info.kinds:
+        return None
+    cannot = "Trainer {!r} cannot train schema {!r}: its annotation_type {!r}".format(trainer, schema, annotation_type)
+    if kind == UNSUPPORTED:
+        return cannot + " is not one that any trainer trains"
+    others = [t.name for t in trainers_for_kind(kind)]
+    fix = ("trainers that can: {}".format(", ".join(others)) if others else
+           "no trainer of this project trains {} answers".format(kind))
+    return "{} gives {} answers, and {} trains {} answers; {}".format(
+        cannot, kind, trainer, ", ".join(info.kinds), fix)
+
+
+def import_failure_message(trainer: str, missing: str) -> str:
+    """The message for a trainer whose packages are missing, with the module named."""
+    return "Trainer {!r} could not be imported (missing module: {})".format(trainer, missing)

@@ -1,0 +1,176 @@
+"""The module map: every module of the project, its layer, and its job (its docstring's first line).
+
+``python -m tests.support.module_map > docs/modules.md`` writes docs/modules.md;
+tests/unit/test_layers.py holds the committed page to what this prints, and
+every import to the layers below (a layer imports its own and the ones under
+it, never one above, and no module imports itself back, through any chain,
+function-local imports included).
+
+The layers, top to bottom, and why each sits where it does, are the
+``LAYERS`` below; a module belongs to the layer of the longest prefix that
+names it. A backend type's package ``__init__`` (its declaration) sits with
+the declarations whatever its name, so that a new type needs no line here.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("potato", "flows", "deployments")
+
+# (name, what it holds and why there, module prefixes), top to bottom.
+LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("face", "What people use: the `potato` command and the web server (Training page, admin API).",
+     ("potato.cli", "potato.follow", "potato.server")),
+    ("flow", "One run as a Prefect flow, its steps in order; the deployments that start it.",
+     ("flows", "deployments")),
+    ("steps", "What the flow's steps do: each backend type's steps, check and stop; the agent protocol "
+              "both HTTP servers serve; what happens after a run (results, writeback, evaluation, "
+              "calibration, retention) and the auto-retrain watcher.",
+     ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.evaluation",
+      "potato.calibration", "potato.retention", "potato.auto_retrain")),
+    ("runs", "The run lifecycle: the store (the truth about runs), the queue, the dispatcher, "
+             "reconciliation, ending a run and stopping what it left; a run's events, log, job and "
+             "tokens; the Prefect glue.",
+     ("potato.runs", "potato.backends.leftovers", "potato.store", "potato.run_events", "potato.runlog",
+      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_runs", "potato.prefect_api")),
+    ("project", "The project: its config (read once, typed) and validation; items, annotators' answers, "
+                "aggregation, the holdout split and the bundle.",
+     ("potato.config", "potato.validate", "potato.project", "potato.labels", "potato.holdout",
+      "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked")),
+    ("declarations", "What exists, declared without importing it: the backend types and their key "
+                     "tables, the vocabulary of a config key, every error class.",
+     ("potato.backends.registry", "potato.backends.contract", "potato.backends.keys", "potato.config_keys",
+      "potato.errors")),
+    ("remote half", "What an ssh run copies to its host and every worker runs: the worker, the agent, "
+                    "the trainers and their registry, the kinds of answer. Standard library only at "
+                    "import, Python 3.8; it imports nothing of the layers above.",
+     ("potato.training", "potato.trainers", "potato.answer_kinds", "potato")),
+)
+LAYER_NAMES = [name for name, _, _ in LAYERS]
+DOCS_COMMAND = "python -m tests.support.module_map > docs/modules.md"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_paths() -> dict[str, Path]:
+    """Every module of the project: name -> file."""
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def is_backend_type_declaration(path: Path) -> bool:
+    """``potato/backends/<type>/__init__.py``: a backend type's declaration."""
+    return path.name == "__init__.py" and path.parent.parent == ROOT / "potato" / "backends"
+
+
+def layer_of(name: str, path: Path) -> str:
+    if is_backend_type_declaration(path):
+        return "declarations"
+    best, found = -1, ""
+    for layer, _, prefixes in LAYERS:
+        for prefix in prefixes:
+            # "potato" is the package itself (empty of imports), not everything in it.
+            within = name.startswith(prefix + ".") and prefix != "potato"
+            if (name == prefix or within) and len(prefix) > best:
+                best, found = len(prefix), layer
+    return found
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The project's modules *path* imports, at the top or inside a function (each resolved to a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known
+            # `from potato.backends import keys` imports the module keys; `from potato.x import name`, potato.x.
+            found.update(submodules or {node.module})
+    resolved = set()
+    for name in found:
+        while name and name not in known:  # `from potato.x import name`: the module, not the name
+            name = name.rpartition(".")[0]
+        if name:
+            resolved.add(name)
+    return resolved
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = module_paths()
+    return {name: imports_of(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each group of modules that import one another, through any chain (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def first_line(path: Path) -> str:
+    """The docstring's summary: its first paragraph, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def render() -> str:
+    """docs/modules.md."""
+    paths = module_paths()
+    out = [
+        "# The module map",
+        "",
+        f"<!-- Generated by `{DOCS_COMMAND}`; do not edit by hand. -->",
+        "",
+        "Every module, by layer, top to bottom, with the first line of its docstring. A layer",
+        "imports its own modules and the layers below it, never one above, and no chain of",
+        "imports (function-local ones included) comes back to where it started:",
+        "tests/unit/test_layers.py holds the code to that, and this page to the code.",
+        "docs/architecture.md says why the layers are these.",
+        "",
+    ]
+    for layer, meaning, _ in LAYERS:
+        out += [f"## {layer}", "", meaning, "", "| module | what it is |", "|---|---|"]
+        for name, path in paths.items():
+            if layer_of(name, path) == layer:
+                out.append(f"| `{path.relative_to(ROOT).as_posix()}` | {first_line(path).replace('|', '/')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.write(render())
