@@ -1,4 +1,4 @@
-"""The abuse report: issue 9's attacks on the server, against a live ``potato start``, as a table.
+"""The abuse report: attacks on the server, against a live ``potato start``, as a table.
 
 Run by hand, or by tests/integration/test_abuse_report.py::
 

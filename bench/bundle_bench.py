@@ -17,7 +17,7 @@ reports its own wall and CPU seconds and peak RSS (``ru_maxrss`` after exec),
 so sizes and the generator never pollute each other's figures. Both bundles'
 ``items.jsonl`` must be byte-identical, and the manifests equal.
 
-Targets (issue 11): 1 M items built in <= 4 s with peak RSS <= 300 MB,
+Targets: 1 M items built in <= 4 s with peak RSS <= 300 MB,
 100 k in <= 0.4 s. The machine may be shared: the load average is printed,
 and CPU seconds are the figure that load disturbs least. Ours parses the
 annotators' files in forked children only when the load average leaves a CPU
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The commit before issue 11's bundle work (14.1 s for 1 M items as filed).
+# The commit before the bundle's speed work (14.1 s for 1 M items as filed).
 DEFAULT_BASELINE = "263adad"
 
 

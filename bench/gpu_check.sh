@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one short GPU session a task may be lent (issue 11, item 4); bench/gpu_check.py says what it runs.
+# The one short GPU session a task may be lent; bench/gpu_check.py says what it runs.
 #
 #   bash bench/gpu_check.sh --prepare   # here, once: .gpu-check/ (the model, the example project's bundle)
 #   bash bench/gpu_check.sh             # on the GPU machine, with .gpu-check carried: under 8 minutes

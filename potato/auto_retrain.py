@@ -1,4 +1,4 @@
-"""Auto-retraining (SPEC §3, §11): ``potato start`` queues a run as annotators' labels arrive.
+"""Auto-retraining: ``potato start`` queues a run as annotators' labels arrive.
 
 Annotators label through a Potato 2.12 server, a different process that
 cannot call us; what we can see is what it writes. So a watcher thread looks

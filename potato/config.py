@@ -1135,7 +1135,7 @@ def render_backends_doc() -> str:
         "",
     ]
     for declared in BACKEND_TYPES.values():
-        out += [f"## `type: {declared.name}`", "", declared.doc, "", *_render_table(declared.keys), ""]
+        out += [f"## `type: {declared.name}`", "", " ".join(declared.doc.split()), "", *_render_table(declared.keys), ""]
     return "\n".join(out)
 
 

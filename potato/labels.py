@@ -22,7 +22,7 @@ checked label); the label with the most votes wins; a tie goes to the label list
 read first). Ties are counted per schema. ``aggregation: consensus`` weighs
 annotators by reliability instead (Dawid-Skene, ``potato.consensus``).
 
-Speed (issue 11; ``potato.project`` says why everything hot is a C-level
+Speed (``potato.project`` says why everything hot is a C-level
 pass): a batch of entries holds a handful of distinct value texts (a radio
 schema's differ only in the label), each interpreted once (``_tally_votes``);
 ``potato.json_chunks`` does not even parse the others. Votes go straight into

@@ -2,7 +2,7 @@
 
 Why: with no ``PREFECT_API_URL``, every Prefect client process starts its own
 temporary server (6.5–15 s per process, no UI) and a holder killed with -9
-leaks the concurrency slot for good (shared/notes/prefect-3.md). So when
+leaks the concurrency slot for good. So when
 ``PREFECT_API_URL`` is unset Potato starts ONE ``prefect server start`` (with
 the UI) under ``<training_dir>/prefect`` and every run, flow process and CLI
 command of the project talks to it. When ``PREFECT_API_URL`` is set, that
@@ -129,7 +129,7 @@ def build_server_env(home: Path, url: str, base: dict[str, str] | None = None) -
         "PREFECT_HOME": str(home),
         # The UI asks /ui-settings where its API is. `prefect server start --port`
         # does not tell it: left alone, the UI calls 127.0.0.1:4200 and shows
-        # "Can't connect to Server API" (issue 12).
+        # "Can't connect to Server API".
         "PREFECT_SERVER_UI_API_URL": url,
         # Offline machines: without these the server logs telemetry errors (notes).
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -22,7 +22,7 @@ that resolves outside ``task_dir`` (``..``, an absolute path elsewhere, a
 symlink pointing out) is refused, because the bundle is shipped to other
 machines and must not carry files the project does not own. URLs are left alone.
 
-Speed (issue 11: 1 M items, 1.5 M label entries in 3 annotators' files, in
+Speed (the target: 1 M items, 1.5 M label entries in 3 annotators' files, in
 4 s; ``bench/bundle_bench.py``). What costs is per-entry Python, and even
 more, touching 500 k-entry dicts: 150-350 ns an operation, cache misses
 whether the loop is in C or Python. So the hot paths run as C-level passes

@@ -1,6 +1,6 @@
 """The run store: one SQLite file (WAL) holding runs, their events and agent tokens.
 
-The store is the one source of truth about runs (DESIGN.md, "Boundaries");
+The store is the one source of truth about runs (docs/architecture.md, "Layers");
 Prefect orchestrates and traces but is never asked whether a run is alive.
 
 Concurrency: the annotation server's request threads, the dispatcher, flow
@@ -142,7 +142,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 5: the highest worker-event seq recorded for the run, written in the same
     # transaction as the event, so a batch re-sent after a lost answer or a
-    # server restart is not stored twice (issue 9, item 6).
+    # server restart is not stored twice.
     """
     ALTER TABLE runs ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0;
     """,

@@ -3,11 +3,11 @@
 Two kinds (docs/agent-protocol.md, "Authentication"):
 
 - a **backend token** for an ``agent`` backend, issued by ``potato training
-  register NAME CONFIG`` (SPEC §7). It lets any agent started with it claim
+  register NAME CONFIG``. It lets any agent started with it claim
   that backend's jobs. Registering again replaces it.
-- a **run token** for the agent that an ssh or slurm run starts on its host
-  (SPEC §5): valid for that one run only, handed to the agent on standard
-  input, never on a command line.
+- a **run token** for the agent that an ssh or slurm run starts on its host:
+  valid for that one run only, handed to the agent on standard input, never
+  on a command line.
 
 Only ``hash_token(token)`` is stored (the store's ``tokens`` table and the
 run's ``run_token_hash``); a token is shown once, when issued. Comparisons
@@ -24,7 +24,7 @@ from potato.config import BackendConfig, ProjectConfig
 from potato.errors import TokenError
 from potato.store import Run, Store, hash_token
 
-# 32 random bytes, ~43 URL-safe characters (SPEC §7 asks for token_urlsafe(32)).
+# 32 random bytes, ~43 URL-safe characters (token_urlsafe(32)).
 TOKEN_BYTES = 32
 DEFAULT_PORT = 8000
 
@@ -78,7 +78,7 @@ def default_server_url(port: int = DEFAULT_PORT) -> str:
 
 
 def register_text(name: str, token: str, server_url: str) -> str:
-    """The text ``potato training register`` prints (SPEC §7, word for word)."""
+    """The text ``potato training register`` prints (word for word; a test holds it)."""
     return (
         f"Token for backend {name!r} (shown once; registering again replaces it):\n"
         "\n"
@@ -95,7 +95,7 @@ def issue_run_token(store: Store, run_id: int) -> str:
     """Issue the token of run *run_id* for the agent of an ssh or slurm run; return it.
 
     The run's ``run_token_hash`` is set (replacing any earlier one). Send the
-    token to the agent on its standard input, never on its command line (SPEC §5).
+    token to the agent on its standard input, never on its command line.
     """
     token = new_token()
     store.update_run(run_id, run_token_hash=hash_token(token))

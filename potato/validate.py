@@ -3,7 +3,7 @@
 ``validate_config_file(path)`` is the one check: the server calls it at
 start-up (refusing to start on errors, printing warnings); ``potato validate``
 calls it with ``apply_acknowledge=True``, since the top-level
-``validation.acknowledge`` block is read by ``potato validate`` only (SPEC §2).
+``validation.acknowledge`` block is read by ``potato validate`` only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import click
 from potato.config import Issue, ProjectConfig, build_config, did_you_mean, read_config_file
 from potato.errors import ConfigError
 
-# Shorter entries would match warnings by accident ("time", "is"): SPEC §2.
+# Shorter entries would match warnings by accident ("time", "is").
 MIN_ACKNOWLEDGE_LENGTH = 12
 
 
@@ -101,7 +101,7 @@ def read_acknowledge(raw: Mapping[str, Any]) -> tuple[list[str], list[Issue]]:
 def apply_acknowledgements(
     warnings: tuple[Issue, ...], entries: list[str]
 ) -> tuple[tuple[Issue, ...], tuple[Acknowledged, ...], tuple[Issue, ...]]:
-    """Match *entries* against *warnings* (SPEC §2).
+    """Match *entries* against *warnings*.
 
     Returns (warnings left, acknowledged warnings, warnings about entries that
     are too short or match nothing). Each entry is a case-sensitive substring

@@ -1,4 +1,4 @@
-"""Writeback (SPEC §10, §11): a run's predictions, where the annotators of a Potato 2.12 server see them.
+"""Writeback: a run's predictions, where the annotators of a Potato 2.12 server see them.
 
 The file is ``<output_annotation_dir>/training/predictions.jsonl``, in the shape
 Potato 2.12's one public door for outside predictions reads

@@ -115,16 +115,18 @@ _EVENT_FIELDS: Mapping[str, Mapping[str, tuple[Callable[[Any], str | None], bool
 _COMMON_FIELDS = {"seq": (_whole(1), False), "t": (_number(0), False)}
 
 
-def _check_fields(record: Mapping[str, Any], fields: Mapping[str, tuple[Callable[[Any], str | None], bool]]) -> None:
+def _check_fields(record: Mapping[str, Any], fields: Mapping[str, tuple[Callable[[Any], str | None], bool]],
+                  where: str = "") -> None:
+    """Each of *fields* in *record*; a problem names the field after *where* (``"agent."``)."""
     for name, (check, required) in fields.items():
         value = record.get(name)
         if value is None:
             if required:
-                raise BadField(f"{name} is missing")
+                raise BadField(f"{where}{name} is missing")
             continue
         use = check(value)
         if use is not None:
-            raise BadField(f"{name} is {_show(value)}; use {use}")
+            raise BadField(f"{where}{name} is {_show(value)}; use {use}")
 
 
 def event_seq(event: Any) -> int | None:
@@ -162,10 +164,7 @@ def check_scores(value: Any) -> dict[str, Any]:
             raise BadField(f"scores has a schema named {_show(schema)}; use {_name(schema)}")
         if not isinstance(score, dict):
             raise BadField(f"scores.{schema} is {_show(score)}; use {shape}")
-        try:
-            _check_fields(score, _SCORE_FIELDS)
-        except BadField as exc:
-            raise BadField(f"scores.{schema}.{exc}") from None
+        _check_fields(score, _SCORE_FIELDS, f"scores.{schema}.")
         for key, number in score.items():
             if key not in _SCORE_FIELDS and number is not None and not _is_number(number):
                 raise BadField(f"scores.{schema}.{key} is {_show(number)}; use a number or null")
@@ -197,10 +196,7 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
         return {}
     if not isinstance(agent, dict):
         raise BadField(f"agent is {_show(agent)}; use a JSON object with host, python, version, workdir")
-    try:
-        _check_fields(agent, _AGENT_INFO_FIELDS)
-    except BadField as exc:
-        raise BadField(f"agent.{exc}") from None
+    _check_fields(agent, _AGENT_INFO_FIELDS, "agent.")
     return {key: agent[key] for key in _AGENT_INFO_FIELDS if agent.get(key) is not None}
 
 

@@ -11,7 +11,7 @@ route (docs/agent-protocol.md, "Authentication"):
 - 404: no such run (said only to a known token);
 - 409: the run has ended. A run's token, and a backend token's hold on one of
   its runs, last only while the run is running: nothing an agent sends
-  afterwards changes a run that is over (issue 9, item 8).
+  afterwards changes a run that is over.
 
 These checks only read: they run before a request's body is read, on
 waitress's I/O thread too (``potato.jsonapi.admits``). The views write the

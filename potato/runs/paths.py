@@ -46,6 +46,16 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+class _File:
+    """A file of the run directory, by name: ``paths.scores`` is ``paths.dir / "scores.json"``."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, paths: RunPaths | None, owner: type) -> Any:
+        return self if paths is None else paths.dir / self.name
+
+
 @dataclass(frozen=True)
 class RunPaths:
     """The files of one run directory."""
@@ -54,75 +64,23 @@ class RunPaths:
 
     # What the worker writes (a local run's job directory is its run directory), or what
     # reaches the server under the same names from a remote one.
-    @property
-    def job(self) -> Path:
-        return self.dir / job_paths.JOB
-
-    @property
-    def events(self) -> Path:
-        return self.dir / job_paths.EVENTS
-
-    @property
-    def predictions(self) -> Path:
-        return self.dir / job_paths.PREDICTIONS
-
-    @property
-    def scores(self) -> Path:
-        return self.dir / job_paths.SCORES
-
-    @property
-    def exit_code(self) -> Path:
-        return self.dir / job_paths.EXIT_CODE
-
-    @property
-    def artifacts(self) -> Path:
-        return self.dir / job_paths.ARTIFACTS
-
-    @property
-    def bundle(self) -> Path:
-        return self.dir / job_paths.BUNDLE
-
-    @property
-    def bundle_archive(self) -> Path:
-        return self.dir / job_paths.BUNDLE_ARCHIVE
-
-    @property
-    def worker_log(self) -> Path:
-        return self.dir / job_paths.WORKER_LOG
-
+    job = _File(job_paths.JOB)
+    events = _File(job_paths.EVENTS)
+    predictions = _File(job_paths.PREDICTIONS)
+    scores = _File(job_paths.SCORES)
+    exit_code = _File(job_paths.EXIT_CODE)
+    artifacts = _File(job_paths.ARTIFACTS)
+    bundle = _File(job_paths.BUNDLE)
+    bundle_archive = _File(job_paths.BUNDLE_ARCHIVE)
+    worker_log = _File(job_paths.WORKER_LOG)
+    labels = _File(job_paths.LABELS)  # every labelled item of the run's schemas, with its holdout prediction
     # The server's own.
-    @property
-    def run_log(self) -> Path:
-        return self.dir / "run.log"
-
-    @property
-    def flow_log(self) -> Path:
-        """The flow's own output: the dispatcher's child writes there, a flow under a Prefect worker too."""
-        return self.dir / "flow.log"
-
-    @property
-    def agent_log(self) -> Path:
-        """An ssh or slurm run's agent's stderr."""
-        return self.dir / "agent.log"
-
-    @property
-    def artifacts_partial(self) -> Path:
-        """Where a remote run's model files arrive until the copy is complete."""
-        return self.dir / "artifacts.partial"
-
-    @property
-    def labels(self) -> Path:
-        """Every labelled item of the run's schemas, with its holdout prediction (``potato.evaluation``)."""
-        return self.dir / job_paths.LABELS
-
-    @property
-    def evaluation(self) -> Path:
-        return self.dir / "evaluation.json"
-
-    @property
-    def uncalibrated_predictions(self) -> Path:
-        """The worker's own predictions, once decision-calibrate rewrote ``predictions.jsonl``."""
-        return self.dir / "predictions.uncalibrated.jsonl"
+    run_log = _File("run.log")
+    flow_log = _File("flow.log")  # the flow's output: the dispatcher's child's, a flow's under a Prefect worker
+    agent_log = _File("agent.log")  # an ssh or slurm run's agent's stderr
+    artifacts_partial = _File("artifacts.partial")  # a remote run's model files, until all have arrived
+    evaluation = _File("evaluation.json")  # the holdout evaluation the run page draws (potato.evaluation)
+    uncalibrated_predictions = _File("predictions.uncalibrated.jsonl")  # the worker's, once decision-calibrate rewrote them
 
     def partial_upload_prefix(self) -> str:
         """The name an uploaded ``predictions.jsonl`` has until all of it has arrived (``potato.protocol``)."""

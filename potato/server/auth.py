@@ -9,7 +9,7 @@ The key is never accepted in a URL (URLs end up in logs and browser history).
 Keys are compared in constant time. A wrong or missing key gets 401 with the
 same sentence whatever was wrong, so the answer gives no hint of the key.
 
-With ``debug: true`` a loopback request is an admin without a key (SPEC §5):
+With ``debug: true`` a loopback request is an admin without a key:
 that is why ``potato start`` warns when debug is on while an ssh or slurm
 backend is configured — their agents' requests arrive through a reverse
 forwarded socket, i.e. from loopback.

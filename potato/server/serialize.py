@@ -71,7 +71,7 @@ def event_json(event: Event) -> dict[str, Any]:
 
 
 def backends_json(config: ProjectConfig) -> list[dict[str, Any]]:
-    """The Runs on menu: every backend in config order, ``local`` last; the default is marked (SPEC §3)."""
+    """The Runs on menu: every backend in config order, ``local`` last; the default is marked."""
     default = config.model_training.backend or "local"
     names = sorted(config.model_training.backends, key=lambda n: n == "local")  # stable
     result = []

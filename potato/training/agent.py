@@ -2,14 +2,14 @@
 
 Two ways to start it:
 
-* by an ssh run, on the GPU host (SPEC §5):
+* by an ssh run, on the GPU host:
   ``python -m potato.training.agent --socket /tmp/potato-….sock --backend gpu-server``
   in the run's job directory, with the run's token as the first line of
   standard input (never on the command line: every account on a shared
   server can read command lines). The socket is the ssh reverse forward to
   the server. When standard input closes, the ssh connection is gone: the
   agent stops its worker and exits, so nothing outlives the run.
-* by hand, on a machine the server cannot reach (SPEC §7):
+* by hand, on a machine the server cannot reach:
   ``potato training agent --server URL --backend NAME`` polls for jobs.
 
 It speaks the protocol of docs/agent-protocol.md (the HTTP side and what
@@ -157,7 +157,7 @@ class Worker:
 
 
 class SlurmWorker:
-    """The worker as a SLURM job (SPEC §6); its notes to the run log go out with the next post."""
+    """The worker as a SLURM job; its notes to the run log go out with the next post."""
 
     def __init__(self, slurm_config: Dict[str, Any], job_dir: str, run_id: Any, notes: List[Dict[str, Any]]):
         from potato.training.slurm import SlurmJob
@@ -185,7 +185,7 @@ def run_job(client: Client, claim: Dict[str, Any], job_dir: str, start: Any, los
             offline_limit: float = UNREACHABLE_LIMIT_S) -> int:
     """Run one checked claim in *job_dir*; ``start(job_dir, notes)`` starts the worker. Returns its exit code.
 
-    Past *offline_limit* seconds without the server the worker is stopped (SPEC §7).
+    Past *offline_limit* seconds without the server the worker is stopped.
     """
     link = Link(offline_limit)
     try:

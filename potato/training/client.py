@@ -5,7 +5,7 @@ The server's answers fall in three groups (docs/agent-protocol.md):
 * **transient** — no connection, 429, 500, 502, 503 (the store is busy; it
   sends ``Retry-After``), 504: try again later. The agent keeps what it has
   not sent, backs off (1, 2, 4 … 30 s, or ``Retry-After``), and counts the
-  time toward its offline limit (SPEC §7: 300 s). It never stops a worker
+  time toward its offline limit (300 s). It never stops a worker
   over them: the server may simply be restarting.
 * **gone** — 401, 403, 404, 409, 410: this run is over for this agent (a run
   token is valid only while its run is running). The agent stops its worker.
@@ -28,11 +28,11 @@ from urllib.parse import urlsplit
 CHUNK = 1024 * 1024
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 GONE_STATUSES = frozenset({401, 403, 404, 409, 410})
-UNREACHABLE_LIMIT_S = 300   # SPEC §7: the agent cancels the run after this long without the server
+UNREACHABLE_LIMIT_S = 300   # the agent cancels the run after this long without the server
 MAX_BACKOFF_S = 30.0
 MAX_RETRY_AFTER_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
-DOWNLOAD_RESUMES = 5        # SPEC §7: an interrupted download resumes up to 5 times
+DOWNLOAD_RESUMES = 5        # an interrupted download resumes up to 5 times
 RESUME_WAITS_S = (1, 2, 4, 4, 4)
 
 T = TypeVar("T")

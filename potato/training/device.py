@@ -1,4 +1,4 @@
-"""Which torch device a run trains on (SPEC §4), and how to name it.
+"""Which torch device a run trains on, and how to name it.
 
 ``auto`` takes the first CUDA GPU that the installed torch has kernels for,
 then Apple Metal (``mps``), then the CPU. ``gpu`` (what Potato 2.12 configs

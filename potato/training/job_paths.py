@@ -12,7 +12,7 @@ Part of the remote half: Python 3.8, standard library only.
 """
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 JOB = "job.json"
 EVENTS = "events.jsonl"
@@ -35,78 +35,38 @@ SLURM_OUT = "slurm.out"          # SLURM's own output of the job
 STDERR = "stderr.log"            # a SLURM job's worker's stderr
 
 
+class _File(object):
+    """A file of the job directory, by name: ``paths.events`` is ``<dir>/events.jsonl``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, paths: Optional["JobPaths"], owner: type) -> Any:
+        return self if paths is None else os.path.join(paths.dir, self.name)
+
+
 class JobPaths(object):
     """The files of the job directory ``directory`` (a path on the machine that reads them)."""
 
     def __init__(self, directory: str) -> None:
         self.dir = str(directory)
 
-    def _in(self, name: str) -> str:
-        return os.path.join(self.dir, name)
-
-    @property
-    def job(self) -> str:
-        return self._in(JOB)
-
-    @property
-    def events(self) -> str:
-        return self._in(EVENTS)
-
-    @property
-    def predictions(self) -> str:
-        return self._in(PREDICTIONS)
-
-    @property
-    def scores(self) -> str:
-        return self._in(SCORES)
-
-    @property
-    def exit_code(self) -> str:
-        return self._in(EXIT_CODE)
-
-    @property
-    def artifacts(self) -> str:
-        return self._in(ARTIFACTS)
-
-    @property
-    def bundle(self) -> str:
-        return self._in(BUNDLE)
-
-    @property
-    def bundle_archive(self) -> str:
-        return self._in(BUNDLE_ARCHIVE)
-
-    @property
-    def worker_log(self) -> str:
-        return self._in(WORKER_LOG)
-
-    @property
-    def agent_pid(self) -> str:
-        return self._in(AGENT_PID)
-
-    @property
-    def worker_pid(self) -> str:
-        return self._in(WORKER_PID)
-
-    @property
-    def slurm_job_id(self) -> str:
-        return self._in(SLURM_JOB_ID)
-
-    @property
-    def slurm_config(self) -> str:
-        return self._in(SLURM_CONFIG)
-
-    @property
-    def job_script(self) -> str:
-        return self._in(JOB_SCRIPT)
-
-    @property
-    def slurm_out(self) -> str:
-        return self._in(SLURM_OUT)
-
-    @property
-    def stderr(self) -> str:
-        return self._in(STDERR)
+    job = _File(JOB)
+    events = _File(EVENTS)
+    predictions = _File(PREDICTIONS)
+    scores = _File(SCORES)
+    exit_code = _File(EXIT_CODE)
+    artifacts = _File(ARTIFACTS)
+    bundle = _File(BUNDLE)
+    bundle_archive = _File(BUNDLE_ARCHIVE)
+    worker_log = _File(WORKER_LOG)
+    agent_pid = _File(AGENT_PID)
+    worker_pid = _File(WORKER_PID)
+    slurm_job_id = _File(SLURM_JOB_ID)
+    slurm_config = _File(SLURM_CONFIG)
+    job_script = _File(JOB_SCRIPT)
+    slurm_out = _File(SLURM_OUT)
+    stderr = _File(STDERR)
 
     def rank(self, rank: int) -> "JobPaths":
         """The files of process ``rank`` of a data-parallel run: ``ranks/<rank>/``."""

@@ -25,7 +25,7 @@ TRAINING_PACKAGES = ("torch", "transformers", "peft")
 # A healthy nvidia-smi answers in well under a second (a few seconds on a host of many GPUs
 # without persistence mode); past this the driver is hung and would hang the run.
 NVIDIA_SMI_TIMEOUT_S = 30
-# A SLURM login node must have the first three; scontrol is used where it exists (SPEC §6).
+# A SLURM login node must have the first three; scontrol is used where it exists.
 SLURM_COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")
 
 

@@ -1,4 +1,4 @@
-"""SLURM for the agent on a login node (SPEC §6): job.sh, sbatch, squeue, scancel, scontrol.
+"""SLURM for the agent on a login node: job.sh, sbatch, squeue, scancel, scontrol.
 
 The agent submits only the worker; the worker writes events.jsonl, stderr.log
 and exit_code into the job directory on storage the login and compute nodes
@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from potato.training.job_paths import JobPaths, read_exit_code
 
-# Backend key -> sbatch flag (SPEC §1: "map to the sbatch flags of the same name").
+# Backend key -> sbatch flag ("map to the sbatch flags of the same name").
 SBATCH_FLAGS = {
     "partition": "--partition",
     "account": "--account",
@@ -30,7 +30,7 @@ SBATCH_FLAGS = {
 COMMAND_TIMEOUT_S = 60
 EXIT_SIGTERM = 143  # the worker's exit code after it stopped on SIGTERM
 
-# scontrol's JobState -> why the job ended (SPEC §6), and the slurm.out lines that say the same. First match wins:
+# scontrol's JobState -> why the job ended, and the slurm.out lines that say the same. First match wins:
 # a job killed for its memory also says "CANCELLED AT" in slurm.out, and scontrol calls it FAILED
 # (JobLaunchFailure) when slurmstepd's own memory watch (JobAcctGatherParams=OverMemoryKill) killed it.
 END_REASONS = (

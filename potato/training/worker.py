@@ -252,7 +252,7 @@ def apply_num_threads(num_threads: Optional[int]) -> None:
 
 
 def import_error_message(trainer: str, exc: ImportError, tried: str) -> str:
-    """The SPEC §9 text, with the missing module named."""
+    """The message for a trainer whose packages are missing, with the missing module named."""
     missing = (getattr(exc, "name", None) or tried).split(".")[0]
     return import_failure_message(trainer, missing)
 

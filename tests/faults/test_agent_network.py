@@ -1,4 +1,4 @@
-"""The agent's link to the server as a home network makes it (item 2): cut, black-holed, slow.
+"""The agent's link to the server as a home network makes it : cut, black-holed, slow.
 
 A real TCP proxy (``tests.support.tcp_proxy``) sits between the real
 ``potato training agent`` and the real ``potato start``:
@@ -8,7 +8,7 @@ A real TCP proxy (``tests.support.tcp_proxy``) sits between the real
   the server's; cut a sixth time, the run fails saying so;
 - the link goes black during training (packets dropped: requests hang): the
   agent stops its own worker after its ``--offline-limit`` (5 s here; 300 s
-  by default, SPEC §7), long before the server gives up on it;
+  by default), long before the server gives up on it;
 - every chunk is held a second each way: posts arrive late, the heartbeat is
   still satisfied, and the run succeeds.
 """

@@ -1,4 +1,4 @@
-"""kill -9 of each process of a run, at each stage, on every backend (issue 10, item 1).
+"""kill -9 of each process of a run, at each stage, on every backend.
 
 The processes: the flow (the dispatcher's child of ``potato start``), the
 worker, the remote agent (on the ssh host or SLURM login node; the polling

@@ -1,4 +1,4 @@
-"""The deployment path's faults (issue 12's left-overs): a Prefect worker killed, and its SIGTERM on cancel.
+"""The deployment path's faults: a Prefect worker killed, and its SIGTERM on cancel.
 
 Here runs go through ``model_training.prefect_deployment: training-run/potato``:
 a real ``prefect worker start --pool potato-training`` starts each flow as

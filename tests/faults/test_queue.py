@@ -1,4 +1,4 @@
-"""20 runs submitted at once through the API and the CLI together (item 5) — last, after all the faults.
+"""20 runs submitted at once through the API and the CLI together  — last, after all the faults.
 
 Ten through ``POST /admin/training/api/runs`` and ten through ``potato
 training run --detach``, all let go at the same moment; most on ``local``,

@@ -1,4 +1,4 @@
-"""Resources that run out or refuse (item 4): a full disk, an unwritable remote_dir, a hung nvidia-smi.
+"""Resources that run out or refuse : a full disk, an unwritable remote_dir, a hung nvidia-smi.
 
 The full disk is a small tmpfs mounted on the run's directory before the run
 starts, filled up once the worker trains (another job filling a shared disk;

@@ -1,4 +1,4 @@
-"""SLURM's own verdicts on the real scheduler, each named with SPEC §6's reason (item 3).
+"""SLURM's own verdicts on the real scheduler, each named with its reason as the run's error words it.
 
 The test SLURM (tests/services/slurm.conf.in) is this session's own: one node,
 partitions ``debug`` (PreemptMode=CANCEL), ``requeue`` (REQUEUE) and

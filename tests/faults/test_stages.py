@@ -1,11 +1,11 @@
-"""kill -9 during the stages a kill cannot just wait for: code sync, predictions upload, artifact copy (item 1).
+"""kill -9 during the stages a kill cannot just wait for: code sync, predictions upload, artifact copy.
 
 Each of these stages takes milliseconds on loopback, so the case slows the
 link down with the TCP proxy (``throttle``), as a slow home or campus
 network would, and kills while the stage is under way: the remote ``tar``
 has made its directory, the server has started writing the upload's
 temporary file, the model has started to arrive in ``artifacts.partial/``.
-The ssh connection cut during training and during the copy (item 2) are
+The ssh connection cut during training and during the copy are
 here too: they are the same runs with ``cut()`` in place of the kill.
 """
 

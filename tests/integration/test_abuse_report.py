@@ -1,4 +1,4 @@
-"""Issue 9's abuse report against a live ``potato start``: every row must say yes.
+"""The abuse report against a live ``potato start``: every row must say yes.
 
 Runs bench/abuse_report.py as a user would (its own process, its own
 project, the real ``potato start``), with the session's Prefect API.

@@ -1,4 +1,4 @@
-"""The real agent against a server that misbehaves on purpose (issue 9, items 2, 3 and 10).
+"""The real agent against a server that misbehaves on purpose.
 
 The agent (``python -m potato.training.agent --server …``) and its worker are
 real; the server is a scripted peer speaking docs/agent-protocol.md. Each case

@@ -1,4 +1,4 @@
-"""Issue 9, item 5: a body the server will refuse is refused before it is read, by a real HTTP server.
+"""A body the server will refuse is refused before it is read, by a real HTTP server.
 
 The app served by waitress (what ``potato start`` uses) and by Werkzeug's
 server (its fallback, and an ssh run's protocol socket) on a loopback port;

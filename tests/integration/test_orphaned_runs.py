@@ -1,4 +1,4 @@
-"""A flow that dies or hangs must not cost the one-run rule or the queue (issue 9, items 3 and 4).
+"""A flow that dies or hangs must not cost the one-run rule or the queue.
 
 Each test kills (-9) or stops a real flow process while its real worker
 trains locally, driven by `potato training run` (the fault matrix, tests/faults/,
@@ -138,7 +138,7 @@ def test_a_stop_that_cannot_be_verified_holds_the_queue_until_the_agent_has_stop
     assert store.claim_next_queued(only_when_idle=True) is None  # the queue waits
     assert reconcile(cfg, store) == []  # tried again only after RETRY_STOP_S
 
-    # 300 s after the agent was last heard from, it has stopped its worker by itself (SPEC §7).
+    # 300 s after the agent was last heard from, it has stopped its worker by itself.
     store.update_run(run.id, heartbeat_at=time.time() - 400, ending=dict(held.ending, last_try=0))
     [ended] = reconcile(cfg, store, release_slot=False)
     assert (ended.id, ended.state, ended.ending) == (run.id, "failed", {})

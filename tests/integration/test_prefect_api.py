@@ -72,7 +72,7 @@ def test_pure_builders():
     env = build_server_env(Path("/x/prefect"), "http://127.0.0.1:4321/api",
                            base={"PREFECT_API_URL": "http://elsewhere/api", "PATH": "/bin"})
     assert env["PREFECT_HOME"] == "/x/prefect"
-    # The UI is told where its API is: `--port` alone leaves it calling 127.0.0.1:4200 (issue 12).
+    # The UI is told where its API is: `--port` alone leaves it calling 127.0.0.1:4200.
     assert env["PREFECT_SERVER_UI_API_URL"] == "http://127.0.0.1:4321/api"
     assert "PREFECT_API_URL" not in env and env["PATH"] == "/bin"
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"

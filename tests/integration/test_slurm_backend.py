@@ -1,4 +1,4 @@
-"""The slurm backend against a real single-node SLURM, through a real sshd as its login node (SPEC §6)."""
+"""The slurm backend against a real single-node SLURM, through a real sshd as its login node."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_cancel_scancels_the_job(prefect_api, slurm_service, sshd_service, ssh_u
 
 
 def test_the_job_never_sees_the_agents_token(slurm_service, tmp_path, monkeypatch):
-    """An agent started with POTATO_TRAINING_TOKEN submits a job whose environment lacks it (issue 9, item 10)."""
+    """An agent started with POTATO_TRAINING_TOKEN submits a job whose environment lacks it."""
     from potato.training.agent import worker_environment
     from potato.training.slurm import SlurmJob
 

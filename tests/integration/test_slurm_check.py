@@ -1,4 +1,4 @@
-"""`potato training check` for a slurm backend (SPEC §8), logging in to a real sshd as the login node."""
+"""`potato training check` for a slurm backend, logging in to a real sshd as the login node."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_an_ssh_run_trains_on_the_host_and_brings_everything_back(
     assert f"{ssh_user_config}: Python 3.11.7 ({sshd_service.python})" in log
     assert "The run uses the CPU (the host has no GPU)" in log
     assert "Copied Potato's code" in log
-    steps = [e.data["text"] for e in store.events(1) if e.kind == "step"]  # the step row, as SPEC §3 words it
+    steps = [e.data["text"] for e in store.events(1) if e.kind == "step"]  # the step row, as the Training page shows it
     host = ssh_user_config
     assert f"copying Potato's code to {host}" in steps and f"waiting for the agent on {host}" in steps
     assert steps.index(f"copying Potato's code to {host}") < steps.index(f"waiting for the agent on {host}")

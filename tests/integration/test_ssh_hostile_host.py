@@ -1,4 +1,4 @@
-"""A GPU host that lies: its artifacts try to write files outside the run directory (issue 9, item 1).
+"""A GPU host that lies: its artifacts try to write files outside the run directory.
 
 The host is the real sshd's unprivileged user; while a real ssh run trains,
 the test (root, so "the attacker") plants a hostile tree in the run's remote

@@ -8,7 +8,7 @@ finds it, skipping the test when it is missing (failing under ``CI=true``).
 ``Potato212Server`` starts ``potato start CONFIG -p PORT`` there, on
 loopback, in the project's directory, and stops it with SIGTERM (then
 SIGKILL). ``Annotator`` talks to it the way its annotate page does
-(shared/notes/potato-2.12.md): ``POST /auth`` for a session cookie,
+(as measured against it): ``POST /auth`` for a session cookie,
 ``POST /updateinstance`` to save a label, ``POST /annotate`` with
 ``next_instance`` to move on, and the page's hidden ``instance_id`` and
 ``checked`` radio inputs to read what it shows.

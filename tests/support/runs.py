@@ -171,7 +171,7 @@ def processes_matching(marker: str) -> list[int]:
 
 
 def assert_private(directory: Path) -> None:
-    """*directory* and every directory under it are 0700; every file is its owner's only (issue 9, item 10)."""
+    """*directory* and every directory under it are 0700; every file is its owner's only."""
     for path in [directory, *directory.rglob("*")]:
         mode = stat.S_IMODE(path.lstat().st_mode)
         if path.is_dir():

@@ -15,8 +15,7 @@ Session-scoped, real daemons (no stand-ins), started as root on loopback:
 
 Config templates and the fake nvidia-smi live in ``tests/services/``.
 
-Facts these follow were measured on this machine type:
-``shared/notes/real-sshd-and-slurm.md``.
+The settings follow what was measured on real sshd and SLURM on this machine type.
 
 Isolation between pytest sessions running at the same time (several
 engineers share one machine): everything a session creates is keyed by a
@@ -613,7 +612,7 @@ def untrust_forwarded_ports(sshd_service) -> None:
 def ssh_user_config(sshd_service) -> str:
     """Make ``ssh <alias>`` work for this process's user without ``-F``; yields the alias.
 
-    For tests of code that runs plain ``ssh HOST`` (SPEC §1: ``host`` may be a
+    For tests of code that runs plain ``ssh HOST`` (``host`` may be a
     ``~/.ssh/config`` alias): adds a marked ``Host potato-test-host-<tag>``
     block to the user's ``~/.ssh/config`` and the host key to its
     ``~/.ssh/known_hosts``; both are removed after the test (or by the next

@@ -3,7 +3,7 @@
 WordPiece tokenizer trained with ``tokenizers`` on the texts, wrapped in
 ``PreTrainedTokenizerFast``; ``BertConfig`` hidden 32, 2 layers, 2 heads,
 intermediate 64; both ``save_pretrained``. It learns an easy task in about
-10 epochs at lr 3e-3 (see shared/notes/hf-offline.md).
+10 epochs at lr 3e-3.
 """
 
 from __future__ import annotations

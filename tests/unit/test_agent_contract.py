@@ -1,4 +1,4 @@
-"""The agent's side of the protocol's contract: which claims it takes, what each answer means (issue 9, item 2)."""
+"""The agent's side of the protocol's contract: which claims it takes, what each answer means."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CLI facing values a hostile or older store or a careless user gives it (issue 9, items 7 and 9)."""
+"""The CLI facing values a hostile or older store or a careless user gives it."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from potato.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
-# SPEC §1 "The seeds' full example config", verbatim.
+# The user guide's full example config, verbatim.
 SEED_CONFIG = """\
 annotation_task_name: "Review Sentiment"
 task_dir: "."
@@ -139,8 +139,8 @@ def test_seed_backends_have_every_key_with_defaults(tmp_path):
 
 
 def test_tables_hold_exactly_the_spec_keys():
-    # SPEC §1 "Keys per backend type", column by column, plus copy_stall_timeout_s: SPEC §9's
-    # "sent nothing for 180 s" as a setting (a slow link may need more); and issue 11's several
+    # The user guide's keys per backend type, column by column, plus copy_stall_timeout_s: the copy's
+    # "sent nothing for 180 s" as a setting (a slow link may need more); and for several
     # GPUs: max_gpus widens `gpus: auto`, processes asks for data-parallel processes (ssh, local).
     common_ssh_slurm = {"type", "description", "host", "user", "port", "identity_file", "python",
                         "remote_dir", "env", "num_threads", "max_artifact_mb", "fetch_artifacts",

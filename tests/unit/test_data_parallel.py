@@ -1,4 +1,4 @@
-"""Issue 11's pure parts: the trainer's batching, the data-parallel plan, merging the processes' events,
+"""The speed work's pure parts: the trainer's batching, the data-parallel plan, merging the processes' events,
 the streamed predictions file, and which processes a backend's job asks for."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def test_events_are_numbered_timed_and_done_is_last(tmp_path):
 
 
 def test_a_nan_loss_is_written_as_null_with_one_warning(tmp_path):
-    """A diverging training's loss: JSON has no NaN, the server refuses one (issue 9, item 7)."""
+    """A diverging training's loss: JSON has no NaN, the server refuses one."""
     path = tmp_path / "events.jsonl"
     w = EventWriter(str(path), progress_interval=0)
     w.progress("train", 1, 4, epoch=0.25, loss=float("nan"))
@@ -135,7 +135,7 @@ def test_memory_message_names_the_key_and_a_fix():
 def test_import_error_message_starts_with_the_spec_text():
     exc = ModuleNotFoundError("No module named 'peft'", name="peft")
     text = import_error_message("hf-text-classification", exc, "peft")
-    assert text.startswith("Trainer 'hf-text-classification' could not be imported")  # SPEC §9
+    assert text.startswith("Trainer 'hf-text-classification' could not be imported")  # the user guide's words
     assert text == "Trainer 'hf-text-classification' could not be imported (missing module: peft)"
     assert import_error_message("t", ImportError("boom"), "torch.cuda").endswith("(missing module: torch)")
 

@@ -1,4 +1,4 @@
-"""GPU choice (SPEC §5) from nvidia-smi's machine format: pure input → expected tables."""
+"""GPU choice from nvidia-smi's machine format: pure input → expected tables."""
 
 from __future__ import annotations
 

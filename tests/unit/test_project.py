@@ -509,7 +509,7 @@ def _pack(tmp_path, config, name):
 
 
 def test_concurrent_packs_of_one_bundle_do_not_collide(tmp_path):
-    """The flow and an agent's claim may pack the same bundle at once (issue 9, item 9)."""
+    """The flow and an agent's claim may pack the same bundle at once."""
     import threading
 
     config = project_config(make_project(tmp_path / "proj", n_items=300))
@@ -615,7 +615,7 @@ def test_missing_media_and_urls(tmp_path):
     assert info.warnings == () and info.media_files == 0
 
 
-# --------------------------------------------------------------------------- fast paths (issue 11)
+# --------------------------------------------------------------------------- fast paths
 # Blocks written in C-level passes, distinct label entries interpreted once,
 # annotators' files parsed in forked children: each must give exactly what the
 # plain way gives, or step aside for it.

@@ -18,7 +18,7 @@ from tests.support.potato_project import make_project, project_config
 
 
 def test_a_bad_prediction_line_does_not_fail_the_run(tmp_path):
-    """Issue 9: a non-numeric confidence failed the run with "Internal error" and left a .tmp file."""
+    """A non-numeric confidence once failed the run with "Internal error" and left a .tmp file."""
     config = project_config(make_project(tmp_path, n_items=10, labeled_fraction=0.0), holdout_fraction=0.0)
     config = replace(config, model_training=replace(
         config.model_training, writeback=WritebackConfig(schemas=("sentiment",), include_unlabeled=True)))

@@ -1,4 +1,4 @@
-"""Deciding that a run is orphaned, and reading what stopping it found (issue 9, items 3 and 4)."""
+"""Deciding that a run is orphaned, and reading what stopping it found."""
 
 from __future__ import annotations
 

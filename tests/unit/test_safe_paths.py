@@ -1,4 +1,4 @@
-"""Names from a remote host or a server become local paths only through potato/training/safe_paths.py (issue 9, item 1)."""
+"""Names from a remote host or a server become local paths only through potato/training/safe_paths.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 9, items 6-9: a hostile or broken client must not cost an event, a run's result or the server.
+"""A hostile or broken client must not cost an event, a run's result or the server.
 
 Through Flask's test client against the real app and a real store; each test
 reproduces one attack or fault of the issue and asserts what the user sees

@@ -23,7 +23,7 @@ __all__ = ["ADMIN", "BACKENDS", "V1", "project", "store", "app", "client", "admi
 ADMIN = {"X-API-Key": "change-me"}
 V1 = "/training/agent/v1"
 
-# SPEC §1's example backends.
+# The user guide's example backends.
 BACKENDS = {
     "gpu-server": {"type": "ssh", "host": "gpu.example.org", "python": "/opt/conda/bin/python3",
                    "gpus": "auto", "min_free_gpu_mb": 4000},
@@ -99,7 +99,7 @@ def running_run(project, store):
 
 @pytest.fixture
 def token(project, store) -> str:
-    """The agent token of SPEC §1's lab-workstation backend."""
+    """The agent token of the example lab-workstation backend."""
     return register_agent(project, store, "lab-workstation")
 
 

@@ -39,7 +39,7 @@ def test_job_script_quotes_every_word_and_execs_the_worker(tmp_path):
 @pytest.mark.parametrize("key, value", [("partition", "gpu\ntouch /tmp/owned"), ("prelude", ["ok", "x\ry"]),
                                         ("job_python", "/py\n"), ("gres", "gpu:1\x00")])
 def test_job_script_refuses_a_control_character_in_any_value(tmp_path, key, value):
-    """A hand-started agent's --slurm-config is seen by no validation (issue 9, item 9)."""
+    """A hand-started agent's --slurm-config is seen by no validation."""
     config = {"job_python": "/shared/envs/train/bin/python", key: value}
     with pytest.raises(ValueError, match=r"The slurm setting (prelude\[1\]|{}) is .*: it holds a control "
                        r"character, which would break job\.sh into shell lines of its own; remove it".format(key)):

@@ -1,4 +1,4 @@
-"""stop_job.py, what the server runs on a host to stop a run's leftovers (issue 9, item 3)."""
+"""stop_job.py, what the server runs on a host to stop a run's leftovers."""
 
 from __future__ import annotations
 

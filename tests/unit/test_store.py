@@ -369,7 +369,7 @@ def _open_and_create(path: str) -> None:
     store.close()
 
 
-# -- at rest (issue 9, item 10) -----------------------------------------------
+# -- at rest -----------------------------------------------
 
 def _mode(path) -> int:
     import os

@@ -1,4 +1,4 @@
-"""potato.validate: every SPEC §2 rule, with its exact message and key path."""
+"""potato.validate: every validation rule, with its exact message and key path."""
 
 from __future__ import annotations
 

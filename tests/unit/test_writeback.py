@@ -1,4 +1,4 @@
-"""Writeback (SPEC §10, §11): Potato 2.12's predictions_file shape, the leak guard, every rule counted."""
+"""Writeback: Potato 2.12's predictions_file shape, the leak guard, every rule counted."""
 
 from __future__ import annotations
 

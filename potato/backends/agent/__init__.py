@@ -12,18 +12,16 @@ from potato.backends.contract import BackendType
 from potato.config_keys import Key
 
 AGENT = BackendType(
-    name="agent",
-    keys=(
-    keys.TYPE,
-    keys.DESCRIPTION,
-    keys.HEARTBEAT,
-    Key("queue_timeout_s", "float", "a run no agent picks up within this long fails",
-        minimum=0, default_text="— (wait until cancelled)"),
-    ),
-    menu="{name} (agent)",
+    name="agent", article="an", menu="{name} (agent)",
+    claimed_by_agent=True,
     steps="potato.backends.agent.steps",
     check="potato.backends.agent.steps:check",
-    article="an",
-    doc="A machine the server cannot reach; `potato training agent` there polls the server.",
-    claimed_by_agent=True,
+    keys=(
+        keys.TYPE,
+        keys.DESCRIPTION,
+        keys.HEARTBEAT,
+        Key("queue_timeout_s", "float", "a run no agent picks up within this long fails",
+            minimum=0, default_text="— (wait until cancelled)"),
+    ),
+    doc="""A machine the server cannot reach; `potato training agent` there polls the server.""",
 )

@@ -12,28 +12,23 @@ from potato.backends.contract import BackendType
 from potato.config_keys import Key
 
 LOCAL = BackendType(
-    name="local",
-    keys=(
-    Key("type", "str", "`local` (the only type the name `local` may have)", default="local"),
-    keys.DESCRIPTION,
-    Key("device", "device", "`auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda`, `cuda:N`, `mps`",
-        default_text="`model_training.device` (`auto`)"),
-    Key("num_threads", "int", "torch threads and `OMP_NUM_THREADS`", minimum=1,
-        default_text="`model_training.num_threads`"),
-    Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
-        default_text="`model_training.max_ram_mb`"),
-    Key("processes", "int", keys.PROCESSES_MEANING, minimum=1, default=1),
-    ),
-    menu="{name} (this machine)",
+    name="local", article="the", menu="{name} (this machine)",
+    on_this_machine=True, configurable=False, inherited=("device", "num_threads", "max_ram_mb"),
     steps="potato.backends.local.steps",
     check="potato.backends.local.steps:check",
     leftovers="potato.backends.local.steps:stop_leftovers",
-    article="the",
-    doc=("The built-in backend: a subprocess of the annotation server. A "
-         "`backends.local` entry may set these; otherwise they come from `model_training`. "
-         "`processes: 2` trains data-parallel in two CPU processes (gloo): the several-GPU "
-         "path, tried without GPUs."),
-    configurable=False,
-    inherited=("device", "num_threads", "max_ram_mb"),
-    on_this_machine=True,
+    keys=(
+        Key("type", "str", "`local` (the only type the name `local` may have)", default="local"),
+        keys.DESCRIPTION,
+        Key("device", "device", "`auto` (CUDA, then Apple Metal, then CPU), `cpu`, `cuda`, `cuda:N`, `mps`",
+            default_text="`model_training.device` (`auto`)"),
+        Key("num_threads", "int", "torch threads and `OMP_NUM_THREADS`", minimum=1,
+            default_text="`model_training.num_threads`"),
+        Key("max_ram_mb", "int", "the worker stops when its memory passes this", minimum=1,
+            default_text="`model_training.max_ram_mb`"),
+        Key("processes", "int", keys.PROCESSES_MEANING, minimum=1, default=1),
+    ),
+    doc="""The built-in backend: a subprocess of the annotation server. A `backends.local` entry may
+    set these; otherwise they come from `model_training`. `processes: 2` trains data-parallel in
+    two CPU processes (gloo): the several-GPU path, tried without GPUs.""",
 )

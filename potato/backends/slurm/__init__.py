@@ -44,41 +44,11 @@ def check_rules(options: Mapping[str, Any], path: str, issues: Issues) -> None:
 
 
 SLURM = BackendType(
-    name="slurm",
-    keys=(
-    keys.TYPE,
-    keys.DESCRIPTION,
-    Key("host", "str", "the login node: any name `ssh` accepts, `~/.ssh/config` aliases too",
-        required=True),
-    keys.USER, keys.PORT, keys.IDENTITY_FILE,
-    Key("python", "str", "interpreter on the login node, for the agent", default="python3"),
-    Key("remote_dir", "str",
-        "on storage the compute nodes share; not under `/tmp` or `/var/tmp`", required=True),
-    keys.ENV,
-    keys.NUM_THREADS,
-    keys.MAX_ARTIFACT_MB, keys.FETCH_ARTIFACTS, keys.KEEP_REMOTE, keys.COPY_STALL, keys.HEARTBEAT,
-    Key("job_python", "str", "interpreter on the compute nodes, with the trainer's packages",
-        required=True),
-    Key("prelude", "list of str", "shell lines run in `job.sh` before the worker (`module load …`)",
-        default=()),
-    Key("partition", "str", "`sbatch --partition`"),
-    Key("account", "str", "`sbatch --account`"),
-    Key("qos", "str", "`sbatch --qos`"),
-    Key("gres", "str", "`sbatch --gres` (e.g. `gpu:1`); a job without it gets no GPU"),
-    Key("time", "SLURM time", "`sbatch --time` (e.g. `\"04:00:00\"`); over 6 hours warns"),
-    Key("mem", "str", "`sbatch --mem` (e.g. `\"16G\"`)"),
-    Key("cpus_per_task", "int", "`sbatch --cpus-per-task`", minimum=1),
-    Key("constraint", "str", "`sbatch --constraint`"),
-    Key("poll_interval_s", "float", "how often the agent runs `squeue`", default=10, minimum=1),
-    ),
-    menu="{name} (slurm on {host})",
+    name="slurm", menu="{name} (slurm on {host})",
+    over_ssh=True, has_scheduler=True, rules=check_rules,
     steps="potato.backends.slurm.steps",
     check="potato.backends.slurm.check:check_slurm",
     leftovers="potato.backends.ssh.leftovers:stop_leftovers",
-    doc=("Compute nodes behind a SLURM login node. `remote_dir` must be on storage the "
-         "compute nodes share. `packages` is not supported: use `job_python` and `prelude`. "
-         "`gres: gpu:2` gives a run two GPUs, and it trains data-parallel on both (one "
-         "process per GPU, NCCL), as an ssh run with several GPUs does."),
     unsupported={
         "packages": ("a venv built on the login node may not run on the compute nodes; name the "
                      "compute nodes' interpreter in job_python and load modules in prelude"),
@@ -86,7 +56,34 @@ SLURM = BackendType(
         "min_free_gpu_mb": _GRES_NOT_GPUS,
         "max_gpus": "the scheduler assigns GPUs; ask for several with gres (e.g. gres: gpu:2)",
     },
-    rules=check_rules,
-    over_ssh=True,
-    has_scheduler=True,
+    keys=(
+        keys.TYPE,
+        keys.DESCRIPTION,
+        Key("host", "str", "the login node: any name `ssh` accepts, `~/.ssh/config` aliases too",
+            required=True),
+        keys.USER, keys.PORT, keys.IDENTITY_FILE,
+        Key("python", "str", "interpreter on the login node, for the agent", default="python3"),
+        Key("remote_dir", "str",
+            "on storage the compute nodes share; not under `/tmp` or `/var/tmp`", required=True),
+        keys.ENV,
+        keys.NUM_THREADS,
+        keys.MAX_ARTIFACT_MB, keys.FETCH_ARTIFACTS, keys.KEEP_REMOTE, keys.COPY_STALL, keys.HEARTBEAT,
+        Key("job_python", "str", "interpreter on the compute nodes, with the trainer's packages",
+            required=True),
+        Key("prelude", "list of str", "shell lines run in `job.sh` before the worker (`module load …`)",
+            default=()),
+        Key("partition", "str", "`sbatch --partition`"),
+        Key("account", "str", "`sbatch --account`"),
+        Key("qos", "str", "`sbatch --qos`"),
+        Key("gres", "str", "`sbatch --gres` (e.g. `gpu:1`); a job without it gets no GPU"),
+        Key("time", "SLURM time", "`sbatch --time` (e.g. `\"04:00:00\"`); over 6 hours warns"),
+        Key("mem", "str", "`sbatch --mem` (e.g. `\"16G\"`)"),
+        Key("cpus_per_task", "int", "`sbatch --cpus-per-task`", minimum=1),
+        Key("constraint", "str", "`sbatch --constraint`"),
+        Key("poll_interval_s", "float", "how often the agent runs `squeue`", default=10, minimum=1),
+    ),
+    doc="""Compute nodes behind a SLURM login node. `remote_dir` must be on storage the compute nodes
+    share. `packages` is not supported: use `job_python` and `prelude`. `gres: gpu:2` gives a
+    run two GPUs, and it trains data-parallel on both (one process per GPU, NCCL), as an ssh run
+    with several GPUs does.""",
 )

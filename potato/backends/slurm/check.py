@@ -9,7 +9,7 @@ from __future__ import annotations
 from potato.backends.contract import CheckReport
 from potato.backends.slurm import under_node_local_dir
 from potato.backends.slurm.steps import REQUIRED_COMMANDS
-from potato.backends.ssh.check import probe_host
+from potato.backends.ssh.check import login_and_probe
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import MissingSlurmCommand
 from potato.trainers.registry import DEFAULT_TRAINER
@@ -17,10 +17,8 @@ from potato.trainers.registry import DEFAULT_TRAINER
 
 def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
     """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python."""
-    report = CheckReport(backend=backend.name, type=backend.type, ok=False,
-                         lines=[f"{backend.name}: slurm on {backend.host}"])
+    report, probe = login_and_probe(backend, trainer, f"{backend.name}: slurm on {backend.host}")
     lines = report.lines
-    probe = probe_host(backend, trainer, report)
     if probe is not None:
         lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")
         commands = probe.get("commands") or {}

@@ -14,27 +14,27 @@ from potato.errors import PotatoError
 from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS
 
 
-def probe_host(backend: BackendConfig, trainer: str, report: CheckReport) -> dict | None:
-    """Log in and probe the host once; a failure becomes the report's last line and None."""
+def login_and_probe(backend: BackendConfig, trainer: str, first_line: str) -> tuple[CheckReport, dict | None]:
+    """A report that starts with *first_line*, and what the host has (None when logging in or probing failed:
+    then the report's last line says why)."""
+    report = CheckReport(backend=backend.name, type=backend.type, ok=False, lines=[first_line])
     target = SshTarget.from_backend(backend)
     connection = Connection(target)
     try:
         connection.open()
         session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
-        return ssh.probe(session, backend.get("remote_dir"), trainer, gpus=ssh.wants_gpus(backend))
+        return report, ssh.probe(session, backend.get("remote_dir"), trainer, gpus=ssh.wants_gpus(backend))
     except PotatoError as exc:
         report.lines.append(str(exc))
-        return None
+        return report, None
     finally:
         connection.close()
 
 
 def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
     """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
-    report = CheckReport(backend=backend.name, type=backend.type, ok=False,
-                         lines=[f"{backend.name}: ssh to {backend.host}"])
+    report, probe = login_and_probe(backend, trainer, f"{backend.name}: ssh to {backend.host}")
     lines = report.lines
-    probe = probe_host(backend, trainer, report)
     if probe is not None:
         lines.append(f"Python {probe['python']} ({probe['executable']})")
         report.data.update(python=probe["python"], missing=probe["missing"])

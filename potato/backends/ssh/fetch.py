@@ -162,7 +162,7 @@ def _watch_copy(ctx: RunContext, session: Any, processes: list[subprocess.Popen]
     """Wait for the copy, showing progress; raise when nothing lands for the stall time or too much does.
 
     The flow beats the run's heartbeat while it watches: a live flow copying
-    is not an orphaned run (``runs.reconcile``).
+    is not an orphaned run (``potato.runs.reconcile``).
     """
     stall = float(ctx.backend.get("copy_stall_timeout_s", 180))
     what = f"copying the model from {session.host}"

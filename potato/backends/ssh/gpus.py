@@ -1,4 +1,4 @@
-"""GPU choice for the ssh backend (SPEC §5): parse ``nvidia-smi``, pick by free memory.
+"""GPU choice for the ssh backend: parse ``nvidia-smi``, pick by free memory.
 
 ``gpus: auto`` takes the GPU with the most *free memory* (on a shared server a
 card with low utilisation can still be full) — with ``max_gpus: N``, up to N

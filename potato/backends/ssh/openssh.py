@@ -3,7 +3,7 @@
 Why OpenSSH and not paramiko/fabric: only the OpenSSH client forwards a UNIX
 socket (paramiko #544), honours ``~/.ssh/config`` (aliases, ProxyJump),
 ssh-agent and ``known_hosts`` exactly as the user's own ``ssh`` does, and it
-moves bulk data about twice as fast (shared/notes/real-sshd-and-slurm.md).
+moves bulk data about twice as fast.
 
 One ControlMaster connection per run carries the reverse forward from a fresh
 UNIX socket in the remote ``/tmp`` to the run's protocol socket here; every
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # Every option Potato sets, and why.
 SSH_OPTIONS = {
-    # Fail at once instead of prompting for a password or passphrase (SPEC §5).
+    # Fail at once instead of prompting for a password or passphrase.
     "BatchMode": "yes",
     # A reverse forward that cannot be set up must fail the connection, not
     # leave the agent without a way back to the server.

@@ -1,4 +1,4 @@
-"""The ssh backend (SPEC §5): zero-install training on a GPU host Potato logs in to.
+"""The ssh backend: zero-install training on a GPU host Potato logs in to.
 
 Steps of a run, as the flow calls them:
 

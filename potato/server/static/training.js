@@ -1,15 +1,10 @@
 /* The Training page: Runs on + Check, start a run, the live Runs table with step rows. */
 "use strict";
 (function () {
-  var form = document.getElementById("start-form");
-  var backendSelect = document.getElementById("backend");
-  var checkButton = document.getElementById("check-button");
-  var report = document.getElementById("check-report");
-  var message = document.getElementById("start-message");
-  var table = document.getElementById("runs");
-  var tbody = table.querySelector("tbody");
-  var empty = document.getElementById("runs-empty");
-  var note = document.getElementById("runs-note");
+  var byId = document.getElementById.bind(document);
+  var form = byId("start-form"), backendSelect = byId("backend"), checkButton = byId("check-button");
+  var report = byId("check-report"), message = byId("start-message");
+  var table = byId("runs"), tbody = table.querySelector("tbody"), empty = byId("runs-empty"), note = byId("runs-note");
   var backendsApi = checkButton.dataset.api;
   var rows = {};  // run id -> {main, step}
 
