@@ -64,10 +64,10 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from potato.config_keys import SLURM_TIME_FORMS, Issue, Issues, Key, parse_slurm_time
 from potato.backends.contract import BackendType
 from potato.backends.local import LOCAL
 from potato.backends.registry import BACKEND_TYPES, backend_type, configurable_types
+from potato.config_keys import SLURM_TIME_FORMS, Issue, Issues, Key, parse_slurm_time
 from potato.errors import ConfigError
 from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, misfit
 from potato.trainers.registry import check_options as check_trainer_options
