@@ -42,9 +42,8 @@ from prefect.artifacts import create_progress_artifact, create_table_artifact, u
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.flow_engine import run_flow
-from prefect.states import Cancelled
-
 from prefect.exceptions import TerminationSignal
+from prefect.states import Cancelled
 
 from potato import prefect_runs
 from potato.backends.base import RunContext, Steps, steps_of
@@ -65,7 +64,7 @@ from potato.store import MANUAL, SCHEDULE, Store
 from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, hook
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
-# it once the lease expires (notes/prefect-3.md).
+# it once the lease expires (measured).
 LEASE_SECONDS = 60
 # True in a process that main() started, i.e. the dispatcher's child.
 _DISPATCHED = False

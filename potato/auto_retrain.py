@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from potato.runs.queue import create_run
 from potato.config import AutoRetrainConfig, ProjectConfig
 from potato.labels import UserStateError, count_user_state_annotations, find_user_states
+from potato.runs.queue import create_run
 from potato.store import AUTO, Run, Store
 
 log = logging.getLogger(__name__)

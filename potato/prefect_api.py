@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 # Every project's concurrency limit is named LIMIT_NAME-<project> (potato.prefect_runs).
 LIMIT_NAME = "potato-training"
 
-# Measured here: healthy after 4–10 s on a warm DB, 13–15 s on a fresh one
-# (notes); two busy cores can double that.
+# Measured here: healthy after 4–10 s on a warm DB, 13–15 s on a fresh one;
+# two busy cores can double that.
 START_DEADLINE_S = 90.0
 # How long a second process waits for the one starting the server.
 LOCK_DEADLINE_S = START_DEADLINE_S + 30.0
@@ -131,7 +131,7 @@ def build_server_env(home: Path, url: str, base: dict[str, str] | None = None) -
         # does not tell it: left alone, the UI calls 127.0.0.1:4200 and shows
         # "Can't connect to Server API".
         "PREFECT_SERVER_UI_API_URL": url,
-        # Offline machines: without these the server logs telemetry errors (notes).
+        # Offline machines: without these the server logs telemetry errors (measured).
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
@@ -450,7 +450,7 @@ def release_leaked_slots(name: str, *, home: str | os.PathLike | None = None) ->
 
     Only call this when the store says no run is active (reconciliation after
     a crash): a holder killed with -9 keeps its slot until its lease expires,
-    or forever on a temporary server (notes).
+    or forever on a temporary server (measured).
 
     With *home* (the embedded server's ``PREFECT_HOME``; by default that of
     the embedded server this process uses, if any), the leaked leases on this

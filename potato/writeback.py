@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from potato.config import ProjectConfig
-from potato.protocol.bodies import prediction_problem
 from potato.errors import WritebackError
+from potato.protocol.bodies import prediction_problem
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5

@@ -25,10 +25,10 @@ from flask import current_app, request
 from potato.config import ProjectConfig
 from potato.errors import UnknownRun
 from potato.jsonapi import ApiError
-from potato.training.agent_protocol import PREFIX
 from potato.protocol.state import AgentState
 from potato.store import END_STATES, Run, Store
 from potato.tokens import backend_of_token, run_of_token, tokens_equal
+from potato.training.agent_protocol import PREFIX
 
 BAD_TOKEN = "Missing or invalid agent token: send Authorization: Bearer <token>"
 MAX_TOKEN_CHARS = 512

@@ -17,8 +17,8 @@ from typing import BinaryIO
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from potato.jsonapi import ApiError
-from potato.runs.paths import RunPaths
 from potato.protocol.bodies import BadField, check_prediction_line
+from potato.runs.paths import RunPaths
 
 UPLOAD_CHUNK = 256 * 1024
 MAX_LINE_BYTES = 1024 * 1024  # a prediction is about 100 bytes; a line this long is not one

@@ -26,8 +26,8 @@ from flask import Blueprint, jsonify, request, send_file
 from potato import run_events
 from potato.errors import DiskFull
 from potato.jobs import make_job
-from potato.project import pack_bundle
 from potato.jsonapi import ApiError, admits, json_body
+from potato.project import pack_bundle
 from potato.protocol import bodies, predictions
 from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
 from potato.protocol.state import CLAIMED, display_state

@@ -19,8 +19,8 @@ from potato.backends.checks import check_backend
 from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError
 from potato.evaluation import read_evaluation
 from potato.jsonapi import ApiError, json_body
-from potato.runs.paths import run_paths
 from potato.runs import queue
+from potato.runs.paths import run_paths
 from potato.server.auth import require_admin
 from potato.server.context import get_config, get_store
 from potato.server.serialize import backends_json, event_json, run_json, schemas_json, trainers_json

@@ -77,7 +77,7 @@ def make_job_script(config: Dict[str, Any], job_dir: str, run_id: Any) -> str:
     """job.sh: the #SBATCH lines, the prelude, then ``exec`` the worker.
 
     ``exec``: a batch shell that keeps running beside Python dies on
-    ``scancel --signal=TERM`` before the worker can stop cleanly (notes).
+    ``scancel --signal=TERM`` before the worker can stop cleanly (measured).
     Raises ValueError for a value with a control character (``check_job_values``).
     """
     check_job_values(config, job_dir)

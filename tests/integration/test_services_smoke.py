@@ -88,7 +88,7 @@ def local_http_server():
 @pytest.mark.sshd
 def test_reverse_unix_socket_forward_reaches_a_local_server(sshd_service, local_http_server):
     # A fresh path each run: the socket file stays behind on the host after
-    # the session and sshd (like real hosts) won't unlink it (notes).
+    # the session and sshd (like real hosts) won't unlink it (measured).
     sock = f"/tmp/potato-smoke-{secrets.token_hex(6)}.sock"
     client = textwrap.dedent(f"""\
         import http.client, socket, os, stat

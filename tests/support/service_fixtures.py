@@ -76,7 +76,7 @@ ETC_SLURM_FILES = ("slurm.conf", "gres.conf")
 
 SSHD = "/usr/sbin/sshd"
 SLURMCTLD = "/usr/sbin/slurmctld"   # not the *-wlm names: started that way the
-SLURMD = "/usr/sbin/slurmd"         # node came up with Gres=(null) (notes)
+SLURMD = "/usr/sbin/slurmd"         # node came up with Gres=(null) (measured)
 MUNGED = "/usr/sbin/munged"
 
 START_DEADLINE_S = 30.0

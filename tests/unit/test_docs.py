@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # Spelled in pieces, so that this file does not cite them itself.
 OUTSIDE = re.compile("|".join((r"\.\./" + "shared", "SPEC" + r" §", "SPEC" + r"\.md", "DESIGN" + r"\.md",
-                               r"shared/" + "notes", r"\b[Ii]ssues? " + r"\d+\b")))
+                               r"\bnotes/" + r"[\w.-]+\.md", r"\(" + "notes" + r"\)", r"\b[Ii]ssues? " + r"\d+\b")))
 
 
 def tracked_text_files() -> list[Path]:

@@ -18,8 +18,8 @@ from potato.backends.base import RunContext
 from potato.backends.contract import CheckReport
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import NoAgent, RunCancelled
-from potato.protocol.state import CLAIMED
 from potato.project import pack_bundle
+from potato.protocol.state import CLAIMED
 from potato.runs.paths import open_store
 from potato.store import Store
 

@@ -23,9 +23,8 @@ from potato.config import BackendConfig, ProjectConfig
 from potato.jobs import make_job, write_job
 from potato.runs.paths import importing_this_potato, run_paths
 from potato.store import Run, Store
-from potato.training.device import describe_local_device
+from potato.training.device import THREAD_VARIABLES, describe_local_device
 from potato.training.stop_job import processes
-from potato.training.device import THREAD_VARIABLES
 
 
 @dataclass

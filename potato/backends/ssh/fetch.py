@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from potato import training
-from potato.errors import BackendError, ConnectionLost, DiskFull
 from potato.backends.base import RunContext
 from potato.backends.ssh.openssh import remote_path, with_env
+from potato.errors import BackendError, ConnectionLost, DiskFull
 from potato.training.safe_paths import UnsafeName, create_file, expect_files, extract_tar, name_problem
 
 LIST_FILES_SOURCE = Path(training.__file__).with_name("list_files.py")

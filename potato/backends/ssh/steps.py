@@ -42,8 +42,8 @@ from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
 from potato.runlog import last_line
 from potato.trainers.registry import TRAINERS
-from potato.training.job_paths import JobPaths
 from potato.training.device import THREAD_VARIABLES
+from potato.training.job_paths import JobPaths
 
 PROBE_SOURCE = Path(training.__file__).with_name("probe.py")
 MIN_PYTHON = (3, 8)
@@ -146,7 +146,7 @@ def connect(ctx: RunContext) -> SshSession:
     ctx.set_step(f"connecting to {target.host}")
     protocol = ProtocolServer(ctx.config, ctx.store)
     # A fresh path per run: the socket file stays behind if a session dies, and
-    # a real host's sshd will not unlink it for the next bind (notes).
+    # a real host's sshd will not unlink it for the next bind (measured).
     remote_socket = f"/tmp/potato-{ctx.run_id}-{secrets.token_hex(6)}.sock"
     connection = Connection(target, forward=(remote_socket, protocol.socket_path))
     # Recorded first: the master outlives a flow killed with -9, and this is how it is found (leftovers.py).
