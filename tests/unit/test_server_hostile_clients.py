@@ -246,6 +246,9 @@ def test_predictions_with_a_bad_line_are_refused_whole_and_leave_no_file(client,
          "confidence is nan in predictions.jsonl line 2; JSON has no NaN or Infinity"),
         (good + b"not json\n", "predictions.jsonl line 2 is not valid JSON"),
         (good + b'{"id": true, "schema": "sentiment", "label": "x", "confidence": 1}', "predictions.jsonl line 2: id is True"),
+        # Item ids are strings in the bundle: the writeback would drop a number, so the upload refuses it.
+        (good + b'{"id": 7, "schema": "sentiment", "label": "x", "confidence": 1}',
+         "predictions.jsonl line 2: id is 7; use the item's id (a non-empty string)"),
         (b"[1]\n", "predictions.jsonl line 1 is [1]; each line is a JSON object"),
     ]:
         answer = client.put(f"{V1}/runs/{claimed.id}/predictions", headers=bearer(token), data=body)

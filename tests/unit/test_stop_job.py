@@ -41,3 +41,11 @@ def test_stop_kills_what_names_the_job_and_reports_nothing_left(tmp_path):
     assert report["left"] == [] and report["slurm"]["gone"] is True
     assert len(report["killed"]) == 1 and str(job) in report["killed"][0]
     assert report["removed"] == [str(job)] and not job.exists()
+
+
+def test_the_files_it_reads_are_the_ones_the_job_directory_names():
+    """stop_job.py runs alone on a host, so it spells the names itself; they must be JobPaths's."""
+    from potato.training import job_paths, stop_job
+
+    assert (stop_job.AGENT_PID, stop_job.WORKER_PID, stop_job.SLURM_JOB_ID, stop_job.BUNDLE) == (
+        job_paths.AGENT_PID, job_paths.WORKER_PID, job_paths.SLURM_JOB_ID, job_paths.BUNDLE)
