@@ -15,6 +15,7 @@ the declarations whatever its name, so that a new type needs no line here.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -59,6 +60,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=1)
 def module_paths() -> dict[str, Path]:
     """Every module of the project: name -> file."""
     return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
@@ -101,6 +103,7 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
     return resolved
 
 
+@functools.lru_cache(maxsize=1)
 def import_graph() -> dict[str, set[str]]:
     paths = module_paths()
     return {name: imports_of(path, set(paths)) - {name} for name, path in paths.items()}
