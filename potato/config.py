@@ -162,6 +162,12 @@ class ModelTrainingConfig:
     )
 
 
+# The directory under output_annotation_dir where training keeps everything (runs.db, run
+# directories, the writeback file). Potato 2.12 would take it for an annotator's directory
+# if a user named it so; the label reader never reads it.
+TRAINING_DIR = "training"
+
+
 @dataclass(frozen=True)
 class ProjectConfig:
     path: Path
@@ -184,7 +190,7 @@ class ProjectConfig:
 
     @property
     def training_dir(self) -> Path:
-        return self.output_annotation_dir / "training"
+        return self.output_annotation_dir / TRAINING_DIR
 
     def scheme(self, name: str) -> Scheme | None:
         return next((s for s in self.schemes if s.name == name), None)
@@ -1094,8 +1100,14 @@ def data_directory_files(directory: Path) -> list[Path]:
 def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
     try:
         if isinstance(value, str):
-            return codecs.lookup(value).name
+            name = codecs.lookup(value).name
+            # base64, hex, rot13, zlib…: codecs Python knows, but they turn bytes into bytes (or text
+            # into text); str.encode refuses them, as reading the file with one would.
+            "".encode(name)
+            return name
     except LookupError:
+        pass
+    except UnicodeError:  # the 'undefined' codec: it refuses every text
         pass
     issues.error(path, f"{path} is {value!r}, which is not a text encoding Python knows; use e.g. "
                  "utf-8 or latin-1")
@@ -1202,6 +1214,17 @@ def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Pa
                     "predictions under pre_annotation.field, so make the two the same")
 
 
+def _check_training_user(task_dir: Path, output_dir: Path, issues: _Issues) -> None:
+    """Warn when Potato 2.12 let an annotator sign in as ``training``: their files land beside the run store."""
+    state = output_dir / TRAINING_DIR / "user_state.json"
+    if state.is_file():
+        shown = os.path.relpath(state, task_dir)
+        issues.warn("output_annotation_dir", f"{shown} exists: an annotator signed in to Potato 2.12 as "
+                    f"{TRAINING_DIR!r}, the directory where this project keeps its run store and runs. Their "
+                    "labels are never read for training; give the annotator another user name (move that "
+                    "directory's user_state.json and annotation_history.jsonl to a directory named after it)")
+
+
 # Top-level keys this feature reads: name -> (kind, default). Others are ignored.
 _TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
     "annotation_task_name": ("str", ""),
@@ -1244,6 +1267,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     schemes = _build_schemes(raw.get("annotation_schemes"), issues)
     model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
     _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues)
+    _check_training_user(task_dir, output_dir, issues)
 
     warnings = tuple(issues.warnings)
     config = None

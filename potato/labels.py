@@ -33,21 +33,23 @@ spare, the next files are parsed in forked children meanwhile
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
 import os
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
+from itertools import compress, filterfalse, islice, repeat
 from operator import add, neg
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.config import Scheme
+from potato.config import TRAINING_DIR, Scheme
 from potato.data_warnings import GroupedWarnings, show_path
 from potato.forked import Forked, ForkFailed, can_fork
 from potato.json_chunks import WINDOW, Batch, GiveUp, member_batches
+from potato.training.escaping import QUOTED, quote, quote_all
 
 # Values Potato (or a tool writing its files) uses for "this label is not selected".
 _NOT_SELECTED = (False, "false", "False", 0, "0", "", None)
@@ -128,14 +130,18 @@ class Aggregated:
 def find_user_states(annotation_dir: Path) -> list[tuple[str, Path]]:
     """``(user, path)`` of every ``<annotation_dir>/<user>/user_state.json``, sorted by user.
 
-    A directory without ``user_state.json`` (``training/``, for one) is not a user.
+    A directory without ``user_state.json`` is not a user. ``training/`` never
+    is: it is where training keeps its run store and runs, and an annotator
+    Potato 2.12 let sign up as ``training`` must not have their file read
+    from beside them (``potato validate`` and ``potato start`` warn about
+    such a user).
     """
     if not annotation_dir.is_dir():
         return []
     found = []
     for entry in sorted(annotation_dir.iterdir(), key=lambda p: p.name):
         state = entry / "user_state.json"
-        if entry.is_dir() and state.is_file():
+        if entry.name != TRAINING_DIR and entry.is_dir() and state.is_file():
             found.append((entry.name, state))
     return found
 
@@ -427,14 +433,91 @@ def read_votes(
     result.warnings.extend(
         unknown.render(
             lambda key, listed: (
-                f"{key[0]}: item(s) {listed} have label {key[2]!r} for schema {key[1]!r}, which is "
+                f"{key[0]}: item(s) {listed} have label {quote(key[2])} for schema {key[1]!r}, which is "
                 f"not one of its labels {list(index[key[1]])!r}; those annotations were skipped. "
-                f"Fix the label in the config's annotation_schemes if {key[2]!r} is meant to be one"
+                f"Fix the label in the config's annotation_schemes if {quote(key[2])} is meant to be one"
             )
         )
     )
     result.warnings.extend(bad_entries.render(lambda key, listed: f"{key[0]}: item(s) {listed} skipped: {key[1]}"))
     return result
+
+
+# Each annotator's votes on ids that are not items of the project: {user: {schema: {id: packed counts}}}.
+NotItems = dict[str, dict[str, dict[str, int]]]
+
+
+def drop_not_items(votes: Votes, items: set[str] | frozenset[str]) -> NotItems:
+    """Remove the votes on ids not in *items* from *votes* (read ``per_user``); return them per annotator."""
+    removed: NotItems = {}
+    for user, per_schema in votes.by_user.items():
+        for schema, per_item in per_schema.items():
+            gone = list(filterfalse(items.__contains__, per_item))
+            if gone:
+                removed.setdefault(user, {})[schema] = dict(zip(gone, map(per_item.pop, gone)))
+    for per_item in votes.votes.values():
+        for item_id in list(filterfalse(items.__contains__, per_item)):
+            del per_item[item_id]
+    return removed
+
+
+def read_votes_on(annotation_dir: Path, schemes: Sequence[Scheme], ids: set[str]) -> NotItems:
+    """Each annotator's votes on *ids* only, read again from their files.
+
+    For naming, after the fact, who labelled ids that turned out not to be
+    items (majority vote learns which ids are items only once the bundle's
+    items are written). Costs a second read of the files, only when such ids
+    exist. A file that cannot be read is left out: ``read_votes`` named it.
+    """
+    index = {s.name: {label: i for i, label in enumerate(s.labels)} for s in schemes}
+    found: NotItems = {}
+    for user, path in find_user_states(annotation_dir):
+        into: dict[str, dict[str, int]] = {name: {} for name in index}
+        try:
+            try:
+                _tally_votes(_only_ids(ids, _fast_label_batches(path)), index, into)
+            except GiveUp:
+                _tally_votes(_only_ids(ids, _careful_label_batches(path)), index, into)
+        except (OSError, UnicodeDecodeError, UserStateError):
+            continue
+        into = {schema: per_item for schema, per_item in into.items() if per_item}
+        if into:
+            found[user] = into
+    return found
+
+
+def _only_ids(ids: set[str], batches: Iterable[Batch]) -> Iterator[Batch]:
+    """The entries of *batches* whose item is one of *ids*."""
+    for keys, texts, values in batches:
+        wanted = list(map(ids.__contains__, keys))
+        if any(wanted):
+            yield list(compress(keys, wanted)), list(compress(texts, wanted)), values
+
+
+def describe_not_items(not_items: NotItems, schemes: Mapping[str, Sequence[str]], annotation_dir: Path,
+                       base: Path | None = None) -> list[str]:
+    """One warning per annotator: how many labels on how many ids that are not items were ignored, and which.
+
+    ``annotation_output/mallory/user_state.json: 3 labels by mallory on 2 ids
+    that are not items of this project were ignored: '\\ud83d', 'xxxx…' (200000
+    characters)``: ids quoted short, at most ``QUOTED`` of them, so a planted
+    2 MB id costs a line of bounded length.
+    """
+    out = []
+    for user, per_schema in sorted(not_items.items()):
+        ids: set[str] = set()
+        labels = 0
+        for schema, per_item in per_schema.items():
+            ids.update(per_item)
+            n_labels = len(schemes[schema])
+            labels += sum(sum(unpack_counts(packed, n_labels)) for packed in per_item.values())
+        listed = quote_all(heapq.nsmallest(QUOTED, ids), total=len(ids))
+        shown = show_path(annotation_dir / user / "user_state.json", base)
+        many = len(ids) != 1
+        out.append(f"{shown}: {labels} label{'s' if labels != 1 else ''} by {user} on {len(ids)} "
+                   f"{'ids that are not items' if many else 'id that is not an item'} of this project "
+                   f"{'were' if labels != 1 else 'was'} ignored: {listed}")
+    return out
 
 
 # Entries of the careful reader tallied at a time.

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from potato.errors import RunEnded, StoreBusy, StoreError, UnknownRun
+from potato.training.escaping import escaped
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -257,7 +258,8 @@ def _load_json(text: str) -> Any:
 def _encode(column: str, value: Any) -> Any:
     if column in _JSON_COLUMNS:
         return None if value is None else dump_json(f"The run's {column}", value)
-    return value
+    # A text (an error quoting a worker's words, say) may hold a lone surrogate, which SQLite cannot bind.
+    return escaped(value) if isinstance(value, str) else value
 
 
 def _row_to_run(row: sqlite3.Row) -> Run:

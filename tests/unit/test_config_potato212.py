@@ -202,6 +202,10 @@ SOURCE_ERRORS = {
         {"data_files": [{"path": "data/reviews.json", "encoding": "klingon"}]}, "data_files[0].encoding",
         "data_files[0].encoding is 'klingon', which is not a text encoding Python knows; use e.g. utf-8 or "
         "latin-1"),
+    **{f"{codec} encoding": (  # codecs Python knows that turn bytes into bytes, or text into text
+        {"data_files": [{"path": "data/reviews.json", "encoding": codec}]}, "data_files[0].encoding",
+        f"data_files[0].encoding is {codec!r}, which is not a text encoding Python knows; use e.g. utf-8 or "
+        "latin-1") for codec in ("base64", "hex", "rot13", "zlib", "undefined")},
     "data_sources": (
         {"data_sources": [{"type": "url", "url": "https://example.org/items.jsonl"}]}, "data_sources",
         "data_sources is set, and this feature does not read data_sources (URLs, cloud storage, "
