@@ -130,7 +130,7 @@ def record_results_task(ctx: RunContext) -> dict:
             ctx.log.info(metrics.describe(schema, s))
     if scores:
         create_table_artifact(
-            [{"schema": k, **v} for k, v in scores.items()],
+            [metrics.table_row(k, v) for k, v in scores.items()],
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )

@@ -527,7 +527,8 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("max_predictions_mb", "int", "the server answers 413 to a larger predictions upload",
         default=512, minimum=1),
     Key("holdout_fraction", "float", "share of labelled items held out for scoring (unless `splits` "
-        "or `split_seed` is set)", default=0.2, minimum=0, maximum=1),
+        "or `split_seed` is set); `0` trains on every label, and runs then have no holdout scores",
+        default=0.2, minimum=0, maximum=1),
     Key("splits", "splits", "Potato 2.12's split: fractions of `train`, `val`, `test`; the `test` items "
         "are held out for scoring, the rest are trained on", default_text="— (`holdout_fraction`); "
         "with only `split_seed` set, `{train: 0.7, val: 0.15, test: 0.15}`"),
@@ -1002,6 +1003,10 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     # Potato reads should not stop an older one.
     mt = _check_table(MODEL_TRAINING_KEYS, mt_raw, path, "model_training", issues,
                       unknown="warn", skip=("writeback", "auto_retrain", "backends", "trainers"))
+    if isinstance(mt["holdout_fraction"], (int, float)) and mt["holdout_fraction"] >= 1:
+        issues.error(f"{path}.holdout_fraction", f"{path}.holdout_fraction is {mt['holdout_fraction']!r}: every "
+                     "labelled item would be held out, leaving nothing to train on; use a value below 1 (0 trains "
+                     "on every label)")
     if mt_raw.get("holdout_fraction") is not None and (
             mt_raw.get("splits") is not None or mt_raw.get("split_seed") is not None):
         issues.error(f"{path}.holdout_fraction", f"{path}.holdout_fraction and {path}.splits/split_seed "

@@ -106,6 +106,10 @@ ERRORS = {
         {"holdout_fraction": 0.2, "split_seed": 0},
         "model_training.holdout_fraction and model_training.splits/split_seed both decide which items are "
         "held out; keep one (splits and split_seed are Potato 2.12's, holdout_fraction this project's)"),
+    "holdout_fraction of 1": (
+        {"holdout_fraction": 1},
+        "model_training.holdout_fraction is 1: every labelled item would be held out, leaving nothing to "
+        "train on; use a value below 1 (0 trains on every label)"),
     "aggregation": (
         {"aggregation": "mean"},
         "model_training.aggregation is 'mean'; use majority (most votes) or consensus (Dawid-Skene, weighs "
