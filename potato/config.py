@@ -536,9 +536,10 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
         "run and backend)", default_text="— (`holdout_fraction`); `0` when `splits` is set"),
     Key("aggregation", "aggregation", "how several annotators' labels become one: `majority` (most votes, "
         "ties to the label listed first) or `consensus` (Dawid-Skene)", default="majority"),
-    Key("retain_runs", "int", "keep the directories of the newest this many finished runs; older ones "
-        "are deleted (their records stay; a queued or running run is never touched)", minimum=1,
-        default_text="— (keep all)"),
+    Key("retain_runs", "int", "keep the directories of the newest this many succeeded training runs and "
+        "of every run that finished after them; older ones are deleted (their records stay; a queued or "
+        "running run, one whose predictions are written back, and the run a kept decision-calibrate run "
+        "calibrated are never touched)", minimum=1, default_text="— (keep all)"),
     Key("writeback", "mapping", "which predictions are written back (table below)", default={}),
     Key("auto_retrain", "mapping", "retrain automatically (table below)", default={}),
     Key("backends", "mapping", "backend name -> backend (tables below); `local` always exists",
@@ -579,8 +580,9 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
      "is asked to). Set it `false` in a shared config: Potato 2.12 then neither trains nor "
      "auto-retrains, so the two never both train on one trigger; `potato validate` warns when it "
      "is `true` together with `auto_retrain.enabled`"),
-    ("retain_runs", "honoured: run directories beyond the newest N finished runs are deleted "
-     "(2.12 keeps its directories and trims its ledger); unset keeps all"),
+    ("retain_runs", "honoured: run directories older than the newest N succeeded training runs are "
+     "deleted, unless their predictions are written back (2.12 keeps its directories and trims its ledger); "
+     "unset keeps all"),
     ("grace_seconds", "honoured: SIGTERM, then SIGKILL after this many seconds"),
     ("split_seed", "honoured: 2.12's seeded split of item ids"),
     ("splits", "honoured: the `test` fraction is held out for scoring; `train` and `val` are trained on"),

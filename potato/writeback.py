@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +126,20 @@ class WritebackSummary:
 
 def writeback_path(config: ProjectConfig) -> Path:
     return config.training_dir / "predictions.jsonl"
+
+
+# How _write spells each prediction's run (json.dumps' default separators). In a JSON string a
+# quote is escaped, so '"run_id": ' followed by a digit can only be that key.
+_RUN_ID = re.compile(rb'"run_id": (\d+)')
+
+
+def live_run_ids(config: ProjectConfig) -> set[int]:
+    """The runs whose predictions the writeback file holds now (what annotators see pre-filled)."""
+    try:
+        data = writeback_path(config).read_bytes()
+    except FileNotFoundError:
+        return set()
+    return {int(found) for found in set(_RUN_ID.findall(data))}
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
