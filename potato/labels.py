@@ -38,10 +38,10 @@ import io
 import json
 import os
 import re
-from collections import defaultdict, deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, islice, repeat
-from operator import add, neg
+from itertools import chain, compress, filterfalse, islice, repeat
+from operator import add, ne, neg
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
@@ -779,20 +779,42 @@ def consensus_votes(votes: Votes) -> Aggregated:
 
     Each label an annotator selected is one observation (a multiselect item
     gives several). With fewer than two annotators it is majority vote, as in
-    Potato 2.12.
+    Potato 2.12. Items are grouped by what each annotator said (their packed
+    counts side by side, in C-level passes): EM runs over the distinct groups.
     """
-    from potato.consensus import dawid_skene
+    from potato.consensus import decide_patterns
 
     if len(votes.by_user) < 2:
         return aggregate_votes(votes)
+    users = list(votes.by_user)
     labels: dict[str, dict[str, int]] = {}
     ties: dict[str, int] = {}
     for schema, names in votes.schemes.items():
-        observations: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for user, per_schema in votes.by_user.items():
-            for item_id, packed in per_schema.get(schema, {}).items():
-                for index, n in enumerate(unpack_counts(packed, len(names))):
-                    if n:
-                        observations[item_id].append((user, index))
-        labels[schema], ties[schema] = dawid_skene(observations)
+        columns = [votes.by_user[user].get(schema, {}) for user in users]
+        ids = list(dict.fromkeys(chain.from_iterable(columns)))
+
+        def rows() -> Iterator[tuple[int, ...]]:  # each item's packed counts, one per annotator
+            return zip(*(map(column.get, ids, repeat(0)) for column in columns))
+
+        seen = Counter(rows())
+        pattern_of = {row: _observed(row, len(names)) for row in seen}
+        patterns: Counter = Counter()
+        for row, n in seen.items():
+            patterns[pattern_of[row]] += n
+        decided, tied = decide_patterns(patterns)
+        label_of = {row: decided[pattern] for row, pattern in pattern_of.items()}
+        labels[schema] = dict(zip(ids, map(label_of.__getitem__, rows())))
+        ties[schema] = sum(n for row, n in seen.items() if pattern_of[row] in tied)
     return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+
+
+def _observed(row: tuple[int, ...], n_labels: int) -> tuple[tuple[int, int], ...]:
+    """``((annotator number, label index), ...)`` of one item from its annotators' packed counts."""
+    return tuple((user, label) for user, packed in enumerate(row) if packed
+                 for label, n in enumerate(unpack_counts(packed, n_labels)) if n)
+
+
+def changed_labels(chosen: Aggregated, majority: Aggregated) -> dict[str, int]:
+    """Per schema, how many items *chosen* labels otherwise than *majority* does."""
+    return {schema: sum(map(ne, map(majority.labels[schema].get, per_item), per_item.values()))
+            for schema, per_item in chosen.labels.items()}

@@ -65,8 +65,8 @@ from potato.config import ProjectConfig, Scheme, data_directory_files
 from potato.data_warnings import GroupedWarnings, show_path
 from potato.errors import ProjectDataError
 from potato.holdout import holdout_rule
-from potato.labels import (Aggregated, aggregate_votes, consensus_votes, describe_not_items, drop_not_items,
-                           read_votes, read_votes_on)
+from potato.labels import (Aggregated, aggregate_votes, changed_labels, consensus_votes, describe_not_items,
+                           drop_not_items, read_votes, read_votes_on)
 from potato.training.escaping import json_bytes, quote
 
 BUNDLE_FORMAT = 1
@@ -134,6 +134,8 @@ class BundleInfo:
     unknown_item_labels: int
     skipped_annotations: int
     warnings: tuple[str, ...]
+    # aggregation consensus: per schema, the items Dawid-Skene labelled otherwise than majority vote.
+    changed_by_consensus: dict[str, int] | None = None
 
 
 def describe_bundle(info: BundleInfo) -> str:
@@ -147,7 +149,11 @@ def describe_bundle(info: BundleInfo) -> str:
         for schema, count in info.labeled.items()
     )
     annotators = f"{len(info.users)} annotator{'s' if len(info.users) != 1 else ''}"
-    return f"Bundle: {info.items} items from {annotators}; {per_schema}"
+    line = f"Bundle: {info.items} items from {annotators}; {per_schema}"
+    if info.changed_by_consensus is not None:
+        changed = ", ".join(f"{n} of {schema}" for schema, n in info.changed_by_consensus.items())
+        line += f"; consensus (Dawid-Skene) labelled items otherwise than majority vote: {changed}"
+    return line
 
 
 # --------------------------------------------------------------------------- items
@@ -710,7 +716,12 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         # Dawid-Skene weighs each annotator by all their labels: labels on ids that are not
         # items (planted, say) must not count, so the items' ids are read first.
         not_items = drop_not_items(votes, _item_ids(config))
-    aggregated = consensus_votes(votes) if consensus else aggregate_votes(votes)
+    aggregated = aggregate_votes(votes)
+    changed = None
+    if consensus:
+        majority, aggregated = aggregated, consensus_votes(votes)
+        changed = changed_labels(aggregated, majority)
+        del majority
     votes.votes.clear()  # the aggregated labels are all we need from here
     votes.by_user.clear()
     warnings = list(votes.warnings)
@@ -783,6 +794,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         unknown_item_labels=unknown_ids,
         skipped_annotations=votes.skipped_annotations,
         warnings=tuple(warnings),
+        changed_by_consensus=changed,
     )
 
 
