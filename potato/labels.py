@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import io
 import json
+import mmap
 import os
 import re
 from collections import Counter, deque
@@ -363,13 +364,32 @@ _ANNOTATED_KEYS = ("instance_id_to_label_to_value", "instance_id_to_span_to_valu
 
 
 def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
-    """How many items one annotator annotated, counted as Potato 2.12 counts for ``auto_retrain``.
+    """How many items one annotator annotated, counted as Potato 2.12 counts for ``auto_retrain``."""
+    return len(annotated_ids(path, chunk))
+
+
+def annotated_ids(path: Path, chunk: int = 1 << 20) -> set[str]:
+    """The items one annotator annotated: what Potato 2.12 counts for ``auto_retrain``.
 
     2.12's ``maybe_auto_retrain`` sums ``len(get_all_annotations())`` over
-    users: the items with an entry in any of ``_ANNOTATED_KEYS``. Streams the
-    file (values are walked, not kept). Raises ``UserStateError``, ``OSError``
-    or ``UnicodeDecodeError`` for a file that cannot be read.
+    users: the items with an entry in any of ``_ANNOTATED_KEYS``. A file as
+    2.12 writes it (``indent=2``) is read by ``_pretty_annotated_ids``, which
+    finds those members' keys without decoding anything else (a busy
+    annotator's file is rewritten on every click); any other file is streamed
+    by the careful reader (values walked, not kept). Raises
+    ``UserStateError``, ``OSError`` or ``UnicodeDecodeError`` for a file that
+    cannot be read.
     """
+    with open(path, "rb") as raw:
+        try:
+            data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            data = None
+        if data is not None:
+            with data:
+                found = _pretty_annotated_ids(data)
+            if found is not None:
+                return found
     annotated: set[str] = set()
     with open(path, "r", encoding="utf-8") as handle:
         stream = _JsonStream(handle, chunk)
@@ -380,7 +400,40 @@ def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
                 annotated.update(item_id for item_id, _ in _decoded_members(member))
             else:
                 member.value()
-    return len(annotated)
+    return annotated
+
+
+# In an indent=2 file a line that opens with exactly two spaces and a quote is a
+# member of the top-level object (a string holds no raw newline; deeper lines are
+# indented further); inside such a member's object, a line with four spaces and a
+# quote is one of its keys, and the first line of two spaces and "}" closes it.
+_ANNOTATED_NEEDLES = tuple(b'\n  "%s": ' % key.encode() for key in _ANNOTATED_KEYS)
+_SECOND_KEY = re.compile(rb'\n    "((?:[^"\\\n]|\\.)*)": ')
+
+
+def _pretty_annotated_ids(data: Any) -> set[str] | None:
+    """``annotated_ids`` of a whole file as ``json.dump(state, f, indent=2)`` writes it, by searching its
+    bytes for the four members and their keys (C-level finds and one regex; the rest is never looked
+    at); None for any other layout."""
+    if data[:5] != b'{\n  "' or data[max(0, len(data) - 8):].rstrip()[-2:] != b"\n}":
+        return None
+    found: set[str] = set()
+    for needle in _ANNOTATED_NEEDLES:
+        at = data.find(needle)
+        if at < 0:
+            continue
+        value = at + len(needle)
+        if data[value:value + 2] == b"{}" or data[value:value + 4] == b"null":
+            continue
+        end = data.find(b"\n  }", value)
+        if data[value:value + 2] != b"{\n" or end < 0:
+            return None
+        keys = _SECOND_KEY.findall(data, value, end)
+        if b"\\" in b"".join(keys):
+            found.update(json.loads(b'"' + k + b'"') for k in keys)
+        else:
+            found.update(map(bytes.decode, keys))
+    return found
 
 
 def read_votes(

@@ -519,7 +519,7 @@ def iter_items(config: ProjectConfig, skipped: GroupedWarnings | None = None) ->
     return _items_of(_item_parts(config, skipped))
 
 
-def _item_ids(config: ProjectConfig) -> set[str]:
+def item_ids(config: ProjectConfig) -> set[str]:
     """The ids of every item, read without writing anything (duplicates are the bundle's to name)."""
     ids: set[str] = set()
     for part in _item_parts(config, GroupedWarnings()):
@@ -715,7 +715,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
     if consensus:
         # Dawid-Skene weighs each annotator by all their labels: labels on ids that are not
         # items (planted, say) must not count, so the items' ids are read first.
-        not_items = drop_not_items(votes, _item_ids(config))
+        not_items = drop_not_items(votes, item_ids(config))
     aggregated = aggregate_votes(votes)
     changed = None
     if consensus:
