@@ -13,7 +13,8 @@ Importable without I/O. The tree::
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
     │   ├── RunCancelled        a cancel was requested and carried out
-    │   └── NoPrefectWorker     no Prefect worker started a deployment's run in time
+    │   ├── NoPrefectWorker     no Prefect worker started a deployment's run in time
+    │   └── NotThisFlowRun      a flow run was given a run another flow run (or process) executes
     ├── DiskFull                the disk holding the run directory is full
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
@@ -105,6 +106,24 @@ class RunCancelled(RunError):
 
     def __init__(self, message: str = "Cancelled"):
         super().__init__(message)
+
+
+class NotThisFlowRun(RunError):
+    """Raised when a flow run is given (``run_id``) a run that another flow run or flow process executes.
+
+    A Prefect "Custom run", a second ``prefect deployment run --param run_id=N``
+    or a copy of a dispatched flow run would otherwise write itself onto run N
+    and then cancel or fail it; it changes nothing and fails instead.
+    """
+
+    def __init__(self, run_id: int, flow_run_id: str | None, *, owner: str | None = None, pid: int | None = None):
+        self.run_id = run_id
+        self.owner = owner
+        whose = f"flow run {owner} (run-{run_id} in the Prefect UI)" if owner else f"the flow process {pid}"
+        super().__init__(
+            f"Run {run_id} belongs to {whose}; this flow run ({flow_run_id}) changed nothing and stops. To train "
+            "again, start a new run (the Training page, potato training run, or prefect deployment run without "
+            "run_id)")
 
 
 class NoPrefectWorker(RunError):
