@@ -178,6 +178,8 @@ def training_run(
 ):
     """Execute training run *run_id* of the project at *config* (or create one first)."""
     os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
+    if not _DISPATCHED:  # the parameter came from the Prefect API, not from Potato's own dispatcher
+        prefect_runs.check_allowed_config(config)
     cfg = load_config(config)
     store = runs.open_store(cfg)
     flow_run_id = _flow_run_id()

@@ -4,6 +4,7 @@ Importable without I/O. The tree::
 
     PotatoError                 anything Potato reports to a user as a message
     ├── ConfigError             the config file is missing, unreadable or invalid
+    │   └── ConfigNotAllowed    a Prefect flow run names a config its deployments' allow-list lacks
     ├── ProjectDataError        items or labels cannot be read (file and line named)
     ├── StoreError              the run store refuses an operation (bad field, bad value, newer schema)
     │   ├── UnknownRun          no run has that id                         (HTTP 404)
@@ -34,6 +35,9 @@ class named for them.
 
 from __future__ import annotations
 
+from potato.training.escaping import quote
+from potato.training.safe_paths import MAX_NAME_BYTES
+
 
 class PotatoError(Exception):
     """Raised when something goes wrong that a user should read about."""
@@ -41,6 +45,18 @@ class PotatoError(Exception):
 
 class ConfigError(PotatoError):
     """Raised when the config file is missing, unreadable or invalid."""
+
+
+class ConfigNotAllowed(ConfigError):
+    """Raised when a flow run's ``config`` parameter is not in the allow-list ``deployments.create`` keeps."""
+
+    def __init__(self, config: str, allowed: list[str], allow_list: str):
+        shown = quote(config, MAX_NAME_BYTES)  # a path is named whole, as long as a path can be
+        listed = ", ".join(map(repr, allowed)) or "none"  # the operator's own list
+        super().__init__(
+            f"The config {shown} is not one this Prefect deployment trains ({allow_list} allows {listed}); "
+            f"nothing was read. If it should be, add it on the worker's host: python -m deployments.create "
+            f"--allow-config {shown}")
 
 
 class ProjectDataError(PotatoError):
