@@ -215,7 +215,7 @@ def _the_projects_turn(store: Store, run_id: int, limit: str) -> Iterator:
     forever: the slot is let go, and taken again a moment later. A run that
     ended meanwhile (cancelled while queued) is yielded as it is.
     """
-    waited = False
+    shown = None
     while True:
         with concurrency(limit, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
             run = store.start(run_id)
@@ -223,9 +223,9 @@ def _the_projects_turn(store: Store, run_id: int, limit: str) -> Iterator:
                 yield run
                 return
         busy = next((r.id for r in store.active_runs()), None)
-        if not waited and busy is not None:
+        if busy is not None and busy != shown:
             store.update_run(run_id, step=f"waiting for run {busy} to finish")
-            waited = True
+            shown = busy
         time.sleep(TURN_RETRY_S)
 
 
