@@ -845,20 +845,21 @@ def consensus_votes(votes: Votes) -> Aggregated:
     for schema, names in votes.schemes.items():
         columns = [votes.by_user[user].get(schema, {}) for user in users]
         ids = list(dict.fromkeys(chain.from_iterable(columns)))
-
-        def rows() -> Iterator[tuple[int, ...]]:  # each item's packed counts, one per annotator
-            return zip(*(map(column.get, ids, repeat(0)) for column in columns))
-
-        seen = Counter(rows())
+        seen = Counter(_rows(columns, ids))
         pattern_of = {row: _observed(row, len(names)) for row in seen}
         patterns: Counter = Counter()
         for row, n in seen.items():
             patterns[pattern_of[row]] += n
         decided, tied = decide_patterns(patterns)
         label_of = {row: decided[pattern] for row, pattern in pattern_of.items()}
-        labels[schema] = dict(zip(ids, map(label_of.__getitem__, rows())))
+        labels[schema] = dict(zip(ids, map(label_of.__getitem__, _rows(columns, ids))))
         ties[schema] = sum(n for row, n in seen.items() if pattern_of[row] in tied)
     return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+
+
+def _rows(columns: list[dict[str, int]], ids: list[str]) -> Iterator[tuple[int, ...]]:
+    """Each item's packed counts, one per annotator (0: no answer), in the order of *ids*."""
+    return zip(*(map(column.get, ids, repeat(0)) for column in columns))
 
 
 def _observed(row: tuple[int, ...], n_labels: int) -> tuple[tuple[int, int], ...]:

@@ -394,6 +394,14 @@ def test_labels_an_annotator_planted_on_ids_that_are_not_items_are_ignored_and_n
                                                                     "r1": {"sentiment": "negative"}}
 
 
+def test_five_two_megabyte_ids_make_one_short_warning(tmp_path):
+    config = _config(tmp_path, n_items=3, annotators=("mallory",),
+                     user_labels={"mallory": {str(k) * 2_000_000: "positive" for k in range(5)}})
+    (warning,) = build_bundle(config, ["sentiment"], tmp_path / "bundle").warnings
+    assert len(warning) < 700 and warning.endswith("'44444444444444444444444444444444444444444444444444444444444444444444"
+                                                   "444444444444…' (2000000 characters)")
+
+
 def test_one_label_on_one_id_that_is_not_an_item_is_worded_in_the_singular(tmp_path):
     config = _config(tmp_path, n_items=3, annotators=("mallory",), user_labels={"mallory": {"gone": "negative"}})
     assert build_bundle(config, ["sentiment"], tmp_path / "bundle").warnings == (
