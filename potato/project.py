@@ -201,11 +201,11 @@ def _item_from_record(
         # Potato displays non-string text (numbers, lists) via str(); do the same.
         text = json.dumps(text, ensure_ascii=False) if isinstance(text, (list, dict)) else str(text)
     item_id = str(item_id)
-    check_id_encodes(item_id, f"{shown} line {line}")
+    _check_id_encodes(item_id, f"{shown} line {line}")
     return Item(item_id, text, record, path, line)
 
 
-def check_id_encodes(item_id: str, where: str) -> None:
+def _check_id_encodes(item_id: str, where: str) -> None:
     """Raise ``ProjectDataError`` naming *where* when *item_id* holds a lone surrogate.
 
     JSON can carry one (a ``\\ud83d`` escape with no pair); UTF-8 cannot, so
@@ -711,17 +711,15 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
 
     consensus = config.model_training.aggregation == "consensus"
     votes = read_votes(config.output_annotation_dir, schemes, base, per_user=consensus)
-    not_items = {}
     if consensus:
         # Dawid-Skene weighs each annotator by all their labels: labels on ids that are not
         # items (planted, say) must not count, so the items' ids are read first.
         not_items = drop_not_items(votes, item_ids(config))
-    aggregated = aggregate_votes(votes)
-    changed = None
-    if consensus:
-        majority, aggregated = aggregated, consensus_votes(votes)
-        changed = changed_labels(aggregated, majority)
-        del majority
+        aggregated = consensus_votes(votes)
+        changed = changed_labels(aggregated, aggregate_votes(votes))
+    else:
+        not_items, changed = {}, None
+        aggregated = aggregate_votes(votes)
     votes.votes.clear()  # the aggregated labels are all we need from here
     votes.by_user.clear()
     warnings = list(votes.warnings)
@@ -739,7 +737,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
 
     if outcome_of:  # majority vote: what is left are labels on ids that are not items
         not_items = read_votes_on(config.output_annotation_dir, schemes, set(outcome_of))
-    unknown_ids = len({i for per_schema in not_items.values() for per_item in per_schema.values() for i in per_item})
+    unknown_ids = len({item_id for per_schema in not_items.values() for per_item in per_schema.values()
+                       for item_id in per_item})
     warnings.extend(describe_not_items(not_items, aggregated.schemes, config.output_annotation_dir, base))
     warnings.extend(skipped_items.render(lambda key, listed: f"{key[0]}: " + key[1].replace("{listed}", listed)))
     warnings.extend(

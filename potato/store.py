@@ -540,8 +540,8 @@ class Store:
         Only a run without a flow run yet, or whose flow run is this one (a
         Prefect retry of it, in a new process), is recorded on; a finished run
         is returned as it is. Raises ``NotThisFlowRun``, changing nothing, when
-        another flow run, or another live flow process the dispatcher started,
-        has the run.
+        another flow run has the run, or the dispatcher started a flow process
+        for it (its pid recorded) that is not this one.
         """
         with self._write() as conn:
             run = self._get(conn, run_id)
