@@ -8,7 +8,8 @@ real polling agent) — then succeeds, and its run log names what it ignored
 in lines of bounded length. The tiny model (tests/support/tiny_model.py) and
 the session's services are shared; 2.12.1 runs only while the ids are planted.
 
-Cost (2 cores): about two minutes, most of it the four tiny trainings.
+Cost (2 cores, loaded by other sessions): about three minutes, most of it the ssh, SLURM and agent
+orchestration of four tiny runs; 2.12.1 starts once.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ IGNORED = ("annotation_output/mallory/user_state.json: 2 labels by mallory on 2 
 def planted(potato212, sshd_service, shared_model, tmp_path_factory) -> Path:
     """A project whose annotator mallory planted the two ids through 2.12.1's /submit_annotation."""
     root = tmp_path_factory.mktemp("planted")
-    options = {"model": str(shared_model), "epochs": 4, "learning_rate": 3e-3, "batch_size": 8, "max_length": 32}
+    options = {"model": str(shared_model), "epochs": 1, "learning_rate": 3e-3, "batch_size": 8, "max_length": 32}
     config_path = make_project(root, n_items=60, labeled_fraction=0.9, model_training={
         "enabled": False, "max_wall_seconds": 600, "grace_seconds": 5,
         "writeback": {"schemas": ["sentiment"], "include_unlabeled": True},
