@@ -83,3 +83,13 @@ def test_without_an_allow_list_any_config_is_accepted(tmp_path, monkeypatch):
     monkeypatch.setattr(prefect_runs, "ALLOW_LIST", tmp_path / "absent.json")
     prefect_runs.check_allowed_config(str(Path("/any/config.yaml")))
     assert create.update_allow_list([], str(tmp_path / "config.yaml")) is None
+
+
+def test_the_command_says_which_configs_flow_runs_may_train(prefect_api, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prefect_runs, "ALLOW_LIST", tmp_path / "allowed-configs.json")
+    monkeypatch.setattr(create, "deploy", lambda argv: None)  # prefect deploy itself: test_deployment.py
+    config = make_project(tmp_path / "reviews", n_items=4)
+    assert create.main(["--allow-config", str(config)]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        f"Flow runs may train these configs ({tmp_path}/allowed-configs.json): {config.resolve()}",
+        "Deployment training-run/potato is on work pool 'potato-training'"]
