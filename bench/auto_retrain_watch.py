@@ -12,9 +12,8 @@ the stat cache does), ``AnnotationCounter.count()`` when nothing changed (a
 
 **A busy annotator** (target: <= 5 % of a core): one annotator with
 ``--items`` labelled items, their ``user_state.json`` as Potato 2.12 writes
-it (``indent=2``, with the order each item's options were shown in: 29 MB at
-100 k items),
-rewritten (a temporary file, then a rename) once a second, each time with one
+it (``indent=2``, with the order each item's options were shown in: 25 MB at
+100 k items), rewritten (a temporary file, then a rename) once a second, each time with one
 more label, as a click does. For ``--seconds`` a fresh interpreter polls it
 every 2 s (the watcher's ``POLL_SECONDS``) with the baseline's
 ``AnnotationCounter`` (``git archive REF potato``, first on its path), then

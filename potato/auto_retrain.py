@@ -6,7 +6,7 @@ at ``<output_annotation_dir>/<user>/user_state.json`` every ``POLL_SECONDS``:
 it stats each file and re-counts only those whose size, mtime or inode changed
 (2.12 replaces the file on every save, atomically), so an idle project costs
 one ``stat`` per annotator per poll. A busy annotator's file is rewritten on
-every click (100 k items: 29 MB): counting it reads only the members that
+every click (100 k items: 25-30 MB): counting it reads only the members that
 matter (``labels.annotated_ids``), and a file whose count costs more is
 re-counted less often, so that counting one file never takes more than
 ``CPU_SHARE`` of a core (``bench/auto_retrain_watch.py``).
