@@ -7,6 +7,7 @@ from typing import Any
 
 from potato.answer_kinds import kind_of_type
 from potato.config import ProjectConfig
+from potato.follow import describe_scores
 from potato.protocol.state import display_state
 from potato.store import QUEUED, RUNNING, Event, Run, Store
 from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, trainers_for_type
@@ -57,6 +58,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "cancel_requested": run.cancel_requested_at is not None,
         "error": run.error,
         "scores": run.scores or {},
+        "scores_text": describe_scores(run.scores),
         "options": run.options or {},
         "artifact_uri": run.artifact_uri,
         "host_python": run.host_python,

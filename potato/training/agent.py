@@ -45,6 +45,7 @@ from potato.training.client import (
     REQUEST_TIMEOUT_S, UNREACHABLE_LIMIT_S, Client, DownloadCut, Link, Offline, ProtocolError, Unreachable, is_gone,
     is_transient,
 )
+from potato.training.escaping import open_text
 from potato.training.events import read_events
 from potato.training.job_paths import BUNDLE, JobPaths, read_exit_code
 from potato.training.safe_paths import UnsafeName, extract_tar
@@ -214,7 +215,7 @@ def _fetch_bundle(client: Client, claim: Dict[str, Any], job_dir: str) -> None:
     _extract(archive, paths.bundle)
     os.remove(archive)
     job = dict(claim["job"], bundle=BUNDLE)
-    with open(paths.job, "w", encoding="utf-8") as fh:
+    with open_text(paths.job) as fh:
         json.dump(job, fh, indent=2)
 
 

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from potato.runs.paths import run_paths
-from potato.runs.reconcile import orphan_reason
+from potato.runs.paths import open_store, run_paths
+from potato.runs.queue import create_run
+from potato.runs.reconcile import orphan_reason, reconcile
 from potato.config import load_config
 from potato.store import Run
 from potato.backends.contract import Stopped
@@ -101,3 +102,16 @@ def test_a_reused_process_group_id_is_left_alone(config):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_queued_run_whose_own_flow_died_before_its_turn_fails(tmp_path):
+    config = load_config(make_project(tmp_path, n_items=3))
+    store = open_store(config)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run = create_run(config, store)
+    assert store.adopt(run.id, "a-flow-run", gone.pid)
+    assert [r.id for r in reconcile(config, store, release_slot=False)] == [run.id]
+    run = store.get_run(run.id)
+    assert (run.state, run.error) == ("failed", f"The run's flow process is gone (pid {gone.pid} ended while the "
+                                                "run waited for its turn); Potato marked the run failed")
