@@ -55,6 +55,7 @@ from potato.store import MANUAL, SCHEDULE, Store
 from potato.tasks.base import RunContext, backend_module
 from potato.tasks.openssh import is_transient
 from potato.tasks.relay import watch
+from potato.trainer_choice import describe_plan
 from potato.trainers import metrics
 from potato.writeback import write_back
 
@@ -169,12 +170,15 @@ def _named(t, text: str):
 def training_run(
     config: str,
     run_id: int | None = None,
-    trainer: str = runs.DEFAULT_TRAINER,
+    trainer: str | None = None,
     schemas: list[str] | None = None,
     backend: str | None = None,
     options: dict | None = None,
 ):
-    """Execute training run *run_id* of the project at *config* (or create one first)."""
+    """Execute training run *run_id* of the project at *config* (or create one first).
+
+    Without *trainer*, each schema is trained by its kind's default trainer (potato/trainer_choice.py).
+    """
     os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     cfg = load_config(config)
     store = runs.open_store(cfg)
@@ -268,7 +272,8 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         return _named(t, name)(ctx, *args)
 
     try:
-        ctx.log.info(f"Run {run_id}: {run.trainer} on {', '.join(run.schemas)}, on backend {backend_cfg.describe()}")
+        ctx.log.info(f"Run {run_id}: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, "
+                     f"on backend {backend_cfg.describe()}")
         backend = backend_module(backend_cfg)
         step(build_bundle_task, f"build the bundle of run {run_id}")
         session = step(connect_task, f"connect to {where}", backend)

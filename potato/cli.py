@@ -82,7 +82,8 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
 @training.command("run")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--backend", help="A backend of model_training.backends (default: model_training.backend, else local).")
-@click.option("--trainer", default="hf-text-classification", show_default=True)
+@click.option("--trainer", help="The trainer for every schema (default: each schema's kind's own, e.g. "
+              "hf-text-classification for radio, hf-span-tagging for span).")
 @click.option("--schema", "schemas", multiple=True, help="A schema to train (repeatable; default: writeback.schemas).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A trainer option (JSON value), e.g. epochs=3.")
 @click.option("--detach", is_flag=True, help="Queue the run and return; a running `potato start` dispatches it.")
@@ -91,16 +92,19 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
     from potato import runs
     from potato.follow import follow
     from potato.prefect_api import embedded_prefect
+    from potato.trainer_choice import NoTrainerFor, describe_plan
 
     cfg = _load(config)
     store = runs.open_store(cfg)
     try:
         run = runs.create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
                               options=_parse_options(options))
+    except NoTrainerFor as exc:
+        raise click.UsageError(str(exc)) from None
     except runs.RunRequestError as exc:
         raise click.ClickException(str(exc)) from None
     where = cfg.model_training.backends[run.backend].describe()
-    click.echo(f"Run {run.id} queued: {run.trainer} on {', '.join(run.schemas)}, runs on {where}")
+    click.echo(f"Run {run.id} queued: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, runs on {where}")
     if detach:
         return
     with embedded_prefect(cfg.training_dir):

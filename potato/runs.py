@@ -36,7 +36,6 @@ from potato.training.client import UNREACHABLE_LIMIT_S
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRAINER = "hf-text-classification"
 # Added to max_wall_seconds for Prefect's own flow timeout: the relay step's
 # one-second check stops the run first; Prefect's timeout is the backstop.
 FLOW_TIMEOUT_MARGIN_S = 60
@@ -56,7 +55,10 @@ SELF_STOP_MARGIN_S = 30
 
 
 class RunRequestError(PotatoError):
-    """Raised when a run request names an unknown trainer or schema (HTTP 400)."""
+    """Raised when a run request names an unknown trainer or schema (HTTP 400).
+
+    A schema no trainer of the run can train raises ``potato.trainer_choice.NoTrainerFor`` (409).
+    """
 
 
 class UnknownBackendError(RunRequestError):
@@ -122,10 +124,10 @@ def create_run(
     *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
     (None when *only_when_idle* and a run is queued or running).
     """
+    from potato.trainer_choice import plan_trainers
     from potato.trainers import LOCAL_ONLY, TRAINERS
 
-    trainer = trainer or DEFAULT_TRAINER
-    if trainer not in TRAINERS:
+    if trainer is not None and trainer not in TRAINERS:
         raise RunRequestError(f"Unknown trainer {trainer!r}; known trainers: {', '.join(sorted(TRAINERS))}")
     backend = backend or config.model_training.backend or "local"
     if backend not in config.model_training.backends:
@@ -134,18 +136,36 @@ def create_run(
     if trainer in LOCAL_ONLY and backend_type != "local":
         raise LocalOnlyTrainerError(trainer, backend, backend_type)
     known = [s.name for s in config.schemes]
+    schemas = schemas or default_schemas(config, trainer)
     if not schemas:
-        schemas = list(config.model_training.writeback.schemas) or known
+        raise RunRequestError("No schema to train: name one of the config's annotation_schemes "
+                              f"({', '.join(known) or 'there are none'})")
     for schema in schemas:
         if schema not in known:
             raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
-    run = store.create_run(trainer, list(schemas), backend, options or {}, trigger=trigger,
-                           annotation_count=annotation_count, only_when_idle=only_when_idle)
+    plan = plan_trainers([config.scheme(s) for s in schemas], trainer)  # NoTrainerFor names the schema
+    for name in plan:
+        if name in LOCAL_ONLY and backend_type != "local":
+            raise LocalOnlyTrainerError(name, backend, backend_type)
+    run = store.create_run(" + ".join(plan), list(schemas), backend, options or {}, trigger=trigger,
+                           annotation_count=annotation_count, only_when_idle=only_when_idle, plan=plan)
     if run is not None:
         private_dir(run_dir(config, run.id))
     return run
+
+
+def default_schemas(config: ProjectConfig, trainer: str | None = None) -> list[str]:
+    """The schemas a run that names none trains: ``writeback.schemas``, else every schema a trainer of
+    the run can train (*trainer*'s kinds, or those with a default trainer), in config order."""
+    from potato.trainer_choice import default_trainer, trainer_kinds
+
+    if config.model_training.writeback.schemas:
+        return list(config.model_training.writeback.schemas)
+    kinds = trainer_kinds(trainer) if trainer is not None else None
+    return [s.name for s in config.schemes
+            if (s.kind in kinds if kinds is not None else default_trainer(s.kind) is not None)]
 
 
 def cancel_run(config: ProjectConfig, store: Store, run_id: int) -> Run:

@@ -21,6 +21,7 @@ from potato.server import get_config, get_store
 from potato.server.auth import require_admin
 from potato.server.serialize import backends_json, event_json, run_json
 from potato.store import MAX_RUN_ID
+from potato.trainer_choice import NoTrainerFor
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
 
@@ -92,7 +93,7 @@ def create_run():
                               options=options)
     except runs.UnknownBackendError as exc:
         raise ApiError(409, str(exc), known_backends=exc.known) from None
-    except runs.LocalOnlyTrainerError as exc:
+    except (runs.LocalOnlyTrainerError, NoTrainerFor) as exc:
         raise ApiError(409, str(exc)) from None
     except runs.RunRequestError as exc:
         raise ApiError(400, str(exc)) from None
@@ -229,11 +230,12 @@ def auto_retrain():
 @bp.get("/trainers")
 @require_admin
 def trainers():
+    from potato.trainer_choice import DEFAULT_TRAINER_BY_KIND
     from potato.trainers import TRAINERS
 
     config = get_config()
     return jsonify({
-        "trainers": sorted(TRAINERS), "default": runs.DEFAULT_TRAINER,
+        "trainers": sorted(TRAINERS), "default": None, "default_by_kind": DEFAULT_TRAINER_BY_KIND,
         "schemas": [s.name for s in config.schemes],
-        "default_schemas": list(config.model_training.writeback.schemas) or [s.name for s in config.schemes],
+        "default_schemas": runs.default_schemas(config),
     })

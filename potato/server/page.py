@@ -66,9 +66,8 @@ def training():
         title=config.annotation_task_name,
         backends=backends_json(config),
         trainers=sorted(TRAINERS),
-        default_trainer=runs.DEFAULT_TRAINER,
         schemas=[s.name for s in config.schemes],
-        default_schemas=set(config.model_training.writeback.schemas) or {s.name for s in config.schemes},
+        default_schemas=set(runs.default_schemas(config)),
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )
 

@@ -35,7 +35,9 @@
   form.addEventListener("submit", function (ev) {
     ev.preventDefault();
     var schemas = Array.prototype.map.call(form.querySelectorAll("input[name=schemas]:checked"), function (c) { return c.value; });
-    var body = { trainer: document.getElementById("trainer").value, schemas: schemas, backend: backendSelect.value };
+    var body = { schemas: schemas, backend: backendSelect.value };
+    var trainer = document.getElementById("trainer").value;
+    if (trainer) body.trainer = trainer;  // none: each schema is trained by its kind's default trainer
     var button = document.getElementById("start-button");
     button.disabled = true;
     message.className = "";
