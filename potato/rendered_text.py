@@ -41,7 +41,7 @@ import html
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 # normalize_display_text (2.12.1 server_utils/span_text.py)
 _CONTROL = re.compile(r"[\x00-\x1F\x7F]")
@@ -166,4 +166,40 @@ def _cut(chars: list[tuple[str, int, int]], pattern: re.Pattern) -> list[tuple[s
         out.extend(chars[pos:m.start()])
         pos = m.end()
     out.extend(chars[pos:])
+    return out
+
+
+def spans_to_raw(raw: str, spans: Iterable[tuple[int, int, str]], highlight_linebreaks: bool = False
+                 ) -> list[dict[str, Any]]:
+    """Spans on 2.12's rendered text as ``[{"start", "end", "label"}]`` on *raw*, sorted by start.
+
+    Each is cut to the characters it shows, without white space at its ends
+    (so a span over ``<b>love</b>`` is ``love``); one that shows nothing, or
+    lies outside the rendered text, is left out.
+    """
+    rendering = render(raw, highlight_linebreaks)
+    shown = rendering.text
+    out = []
+    for start, end, label in spans:
+        start, end = max(start, 0), min(end, len(shown))
+        while start < end and shown[start].isspace():
+            start += 1
+        while end > start and shown[end - 1].isspace():
+            end -= 1
+        found = rendering.to_raw(start, end)
+        if found is not None:
+            out.append({"start": found[0], "end": found[1], "label": label})
+    return sorted(out, key=lambda s: (s["start"], s["end"]))
+
+
+def spans_to_rendered(raw: str, spans: Iterable[Mapping[str, Any]], highlight_linebreaks: bool = False
+                      ) -> list[dict[str, Any]]:
+    """Spans ``{"start", "end", "label", …}`` on *raw* moved onto 2.12's rendered text (other keys kept);
+    one that shows nothing there is left out."""
+    rendering = render(raw, highlight_linebreaks)
+    out = []
+    for span in spans:
+        found = rendering.from_raw(span["start"], span["end"])
+        if found is not None:
+            out.append({**span, "start": found[0], "end": found[1]})
     return out

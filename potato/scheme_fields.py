@@ -86,3 +86,18 @@ def answer_kind(annotation_type: str, labels: tuple[str, ...]) -> str:
     if annotation_type.strip().lower() == "slider" and labels:
         return kind_of_type("radio")
     return kind
+
+
+def answer_spec(scheme: Any) -> dict[str, Any]:
+    """A schema's entry in the bundle manifest's ``answers`` (docs/answer-types.md, "In the bundle")."""
+    spec: dict[str, Any] = {"type": scheme.annotation_type, "kind": scheme.kind}
+    if scheme.kind == "ordinal":
+        spec["values"] = list(range(1, len(scheme.labels) + 1))
+    elif scheme.kind == "continuous" and scheme.min_value is not None:
+        spec.update(min=_plain(scheme.min_value), max=_plain(scheme.max_value), step=_plain(scheme.step))
+    return spec
+
+
+def _plain(number: float) -> float | int:
+    """``35`` for 35.0, so the manifest reads as the config was written."""
+    return int(number) if float(number).is_integer() else number
