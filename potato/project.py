@@ -70,7 +70,7 @@ from potato.data_warnings import WARNING_EXAMPLES, GroupedWarnings, show_path
 from potato.errors import ProjectDataError
 from potato.holdout import holdout_rule
 from potato.labels import read_votes
-from potato.rendered_text import renders_raw_text, spans_to_raw
+from potato.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, spans_to_raw
 from potato.scheme_fields import answer_spec
 
 BUNDLE_FORMAT = 1
@@ -816,6 +816,7 @@ class _RichAnswers:
         self.kinds = {s.name: s.kind for s in schemes}
         self.highlight_linebreaks = bool(config.raw.get("highlight_linebreaks", False))
         self.text_key = config.text_key
+        self.spans = SPAN in self.kinds.values()
         self.counted: dict[str, list[int]] = {}  # schema -> [labelled, held out]
         self.per_label: dict[str, Counter[str]] = {}
         self.answers: dict[str, int] = {}
@@ -842,6 +843,13 @@ class _RichAnswers:
             counted[1] += holdout
             out[schema] = answer
         return out
+
+    def needs_lines(self, block: _Block) -> bool:
+        """Whether *block* must be written item by item: it holds rich answers, or (a run with spans) an
+        item 2.12 shows from ``displayed_text``, which items.jsonl marks."""
+        if self.ids and not self.ids.isdisjoint(block.ids):
+            return True
+        return self.spans and any(map(dict.__contains__, block.records, repeat(DISPLAYED_TEXT_FIELD)))
 
     def add_counts(self, labeled: dict[str, int], holdout: dict[str, int], per_label: dict[str, dict[str, int]]) -> None:
         for schema, (n, held) in self.counted.items():
@@ -874,7 +882,7 @@ class _ItemsWriter:
         self.missing_media = GroupedWarnings()
 
     def write(self, part: Item | _Block) -> None:
-        if (type(part) is _Block and not part.may_name_media and (not self.rich.ids or self.rich.ids.isdisjoint(part.ids))
+        if (type(part) is _Block and not part.may_name_media and not self.rich.needs_lines(part)
                 and _claim_ids(self.seen, part.ids)):
             self.out.write(_block_lines(part, self.outcome_of, self.written))
             return
@@ -890,6 +898,8 @@ class _ItemsWriter:
         record = {"id": item.id, "text": item.text, "labels": outcome.labels, "holdout": outcome.holdout}
         if item.id in self.rich.ids:
             record["labels"] = {**outcome.labels, **self.rich.labels_of(item, outcome.holdout)}
+        if self.rich.spans and not renders_raw_text(item.fields, config.text_key):
+            record["span_offsets"] = False  # 2.12 shows another text: span offsets cannot be moved to it
         media_fields = _media_fields(item, config.task_dir, config, self.missing_media)
         if media_fields:
             for rel in media_fields.values():

@@ -18,7 +18,9 @@ import math
 import re
 from typing import Any, Callable, Mapping
 
+from potato.answer_kinds import KINDS
 from potato.jsonapi import ApiError, parse_json
+from potato.prediction_shapes import check_answer_fields
 from potato.store import MAX_RUN_ID
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
@@ -149,12 +151,34 @@ def check_event(event: Any) -> dict[str, Any]:
 
 # -- scores and results -----------------------------------------------------------------------
 
-_SCORE_FIELDS = {"accuracy": (_number(0, 1), False), "macro_f1": (_number(0, 1), False), "n": (_whole(0), False)}
+# Each kind's metrics (docs/answer-types.md, "In scores.json"), with their ranges; any other key a
+# newer worker adds may be a number or null.
+_SHARE = _number(0, 1)
+_SCORE_FIELDS = {"kind": (_one_of(*KINDS), False), "n": (_whole(0), False),
+                 "accuracy": (_SHARE, False), "macro_f1": (_SHARE, False), "micro_f1": (_SHARE, False),
+                 "exact_match": (_SHARE, False), "precision": (_SHARE, False), "recall": (_SHARE, False),
+                 "f1": (_SHARE, False), "mae": (_number(0), False), "spearman": (_number(-1, 1), False),
+                 "chrf": (_number(0), False)}
+_PER_LABEL_LIMIT = 1000
+
+
+def _check_per_label(value: Any, where: str) -> None:
+    """``per_label``: ``{label: {metric: number or null}}``."""
+    if not isinstance(value, dict) or len(value) > _PER_LABEL_LIMIT:
+        raise BadField(f"{where} is {_show(value)}; use a JSON object {{label: {{metric: number}}}}")
+    for label, metrics in value.items():
+        if _name(label) is not None:
+            raise BadField(f"{where} has a label named {_show(label)}; use {_name(label)}")
+        if not isinstance(metrics, dict):
+            raise BadField(f"{where}.{label} is {_show(metrics)}; use a JSON object {{metric: number}}")
+        for key, number in metrics.items():
+            if _name(key) is not None or (number is not None and not _is_number(number)):
+                raise BadField(f"{where}.{label}.{key} is {_show(number)}; use a number or null")
 
 
 def check_scores(value: Any) -> dict[str, Any]:
-    """Holdout scores ``{schema: {"accuracy", "macro_f1", "n"}}``, or ``BadField``."""
-    shape = 'a JSON object {schema: {"accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'
+    """Holdout scores ``{schema: {"kind", "n", …its kind's metrics}}``, or ``BadField``."""
+    shape = 'a JSON object {schema: {"kind": "nominal", "accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'
     if not isinstance(value, dict) or len(value) > 100:
         raise BadField(f"scores must be {shape}")
     for schema, score in value.items():
@@ -167,7 +191,9 @@ def check_scores(value: Any) -> dict[str, Any]:
         except BadField as exc:
             raise BadField(f"scores.{schema}.{exc}") from None
         for key, number in score.items():
-            if key not in _SCORE_FIELDS and number is not None and not _is_number(number):
+            if key == "per_label":
+                _check_per_label(number, f"scores.{schema}.per_label")
+            elif key not in _SCORE_FIELDS and number is not None and not _is_number(number):
                 raise BadField(f"scores.{schema}.{key} is {_show(number)}; use a number or null")
     return value
 
@@ -208,19 +234,21 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
 
 _PREDICTION_FIELDS = {"id": (lambda v: None if isinstance(v, (str, int)) and not isinstance(v, bool)
                              else "the item's id (a string or a whole number)", True),
-                      "schema": (_name, True), "label": (_name, True), "confidence": (_number(0, 1), True)}
+                      "schema": (_name, True)}
 
 
 def check_prediction_line(line: bytes, number: int) -> None:
-    """One line of ``predictions.jsonl``: ``{"id", "schema", "label", "confidence"}``, or ``BadField``."""
+    """One line of ``predictions.jsonl`` (``{"id", "schema"}`` and its kind's answer fields,
+    ``potato.prediction_shapes``), or ``BadField``."""
     try:
         record = parse_json(line, f"predictions.jsonl line {number}")
     except ApiError as exc:
         raise BadField(exc.message) from None
     if not isinstance(record, dict):
         raise BadField(f"predictions.jsonl line {number} is {_show(record)}; each line is a JSON object "
-                       '{"id", "schema", "label", "confidence"}')
+                       '{"id", "schema", "label", "confidence"} (or value, spans or text for numbers, spans and text)')
     try:
         _check_fields(record, _PREDICTION_FIELDS)
-    except BadField as exc:
+        check_answer_fields(record)
+    except (BadField, ValueError) as exc:
         raise BadField(f"predictions.jsonl line {number}: {exc}") from None

@@ -12,50 +12,15 @@ id ``<schema>_<label>_<s>_<e>`` and value 1; its ``/updateinstance``: id
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from potato.aggregation import aggregate, majority_label_sets, majority_spans, median_points
 from potato.answers import read_answers
-from potato.config import Scheme
 from potato.labels import read_votes
 from potato.project import build_bundle, describe_bundle
-from tests.support.potato_project import make_project, project_config, user_state_dict
-
-SENTIMENT = Scheme("sentiment", "radio", ("positive", "negative"))
-TOPICS = Scheme("topics", "multiselect", ("food", "travel", "people"))
-QUALITY = Scheme("quality", "likert", ("bad", "ok", "good"), size=3)
-AGREE = Scheme("agree", "likert", ("1", "2", "3", "4", "5"), size=5)
-SCORE = Scheme("score", "slider", (), min_value=0.0, max_value=100.0, step=5.0)
-ENTITIES = Scheme("entities", "span", ("PER", "LOC"))
-SUMMARY = Scheme("summary", "text", ())
-ALL = (SENTIMENT, TOPICS, QUALITY, AGREE, SCORE, ENTITIES, SUMMARY)
-
-
-def _pair(schema: str, name: str, value) -> list:
-    return [{"schema": schema, "name": name}, value]
-
-
-def _span(schema: str, label: str, start: int, end: int, page: bool = True) -> list:
-    """A span as 2.12.1's page stores it (page) or as its /updateinstance does."""
-    if page:
-        return [{"schema": schema, "name": label, "title": label, "start": start, "end": end,
-                 "id": f"{schema}_{label}_{start}_{end}"}, 1]
-    return [{"schema": schema, "name": label, "title": label, "start": start, "end": end,
-             "id": f"{schema}_{label}___{start}_{end}"}, "covered text"]
-
-
-def write_state(directory: Path, user: str, entries: dict, spans: dict | None = None) -> None:
-    state = user_state_dict(user, {})
-    state["instance_id_ordering"] = list(entries)
-    state["instance_id_to_label_to_value"] = entries
-    state["instance_id_to_span_to_value"] = spans or {}
-    path = directory / user / "user_state.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=2, ensure_ascii=False), encoding="utf-8")
-
+from tests.support.answer_project import ALL, SENTIMENT, TOPICS, bundle_project, pair as _pair, span as _span, \
+    write_state
 
 def test_numbers_texts_spans_and_who_answered_are_read_as_potato_212_writes_them(tmp_path):
     write_state(tmp_path, "alice", {
@@ -174,37 +139,8 @@ def test_consensus_decides_each_multiselect_label_by_dawid_skene(tmp_path):
 # --------------------------------------------------------------------------- the bundle
 
 
-TEXTS = {
-    "i0": "Alice met Bob in Paris.",
-    "i1": "  Tom  &amp; Jerry <b>love</b>   cheese &lt;3 — café 😀 ok  ",
-    "i2": "Plain text, nobody answered.",
-}
-
-
-def _bundle_project(tmp_path: Path):
-    make_project(tmp_path, n_items=0)
-    config = project_config(tmp_path / "config.yaml")
-    data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps({"id": k, "text": v}, ensure_ascii=False) + "\n" for k, v in TEXTS.items()),
-                    encoding="utf-8")
-    config = replace(config, schemes=ALL, data_files=(data,))
-    out = config.output_annotation_dir
-    # On i1, 2.12.1 renders "Tom & Jerry love cheese <3 — café 😀 ok": Jerry is 6-11, ok (after the emoji) 36-38.
-    write_state(out, "alice", {
-        "i0": [_pair("topics", "people", "people"), _pair("agree", "4", "4"), _pair("score", "slider", "35"),
-               _pair("summary", "text_box", "Two people meet.")],
-        "i1": [_pair("sentiment", "positive", "positive"), _pair("topics", "food", "food")],
-    }, {"i0": [_span("entities", "PER", 0, 5), _span("entities", "PER", 10, 13), _span("entities", "LOC", 17, 22)],
-        "i1": [_span("entities", "PER", 6, 11), _span("entities", "LOC", 36, 38)]})
-    write_state(out, "bob", {"i0": [_pair("topics", "people", "people"), _pair("agree", "5", "5"),
-                                    _pair("score", "slider", "45")]},
-                {"i0": [_span("entities", "PER", 0, 5, page=False), _span("entities", "LOC", 17, 22, page=False)],
-                 "i1": [_span("entities", "PER", 6, 11, page=False)]})
-    return config
-
-
 def test_the_bundle_holds_each_kinds_answer_in_its_documented_shape(tmp_path):
-    config = _bundle_project(tmp_path)
+    config = bundle_project(tmp_path)
     info = build_bundle(config, [s.name for s in ALL], tmp_path / "bundle", holdout_fraction=0.0)
     items = [json.loads(line) for line in (tmp_path / "bundle" / "items.jsonl").read_text("utf-8").splitlines()]
     labels = {item["id"]: item["labels"] for item in items}
@@ -217,7 +153,7 @@ def test_the_bundle_holds_each_kinds_answer_in_its_documented_shape(tmp_path):
     assert labels["i1"] == {"sentiment": "positive", "topics": ["food"],
                             "entities": [{"start": 13, "end": 18, "label": "PER"}, {"start": 55, "end": 57, "label": "LOC"}]}
     assert [text_of["i1"][s["start"]:s["end"]] for s in labels["i1"]["entities"]] == ["Jerry", "ok"]
-    assert labels["i2"] == {}
+    assert labels["i2"] == labels["i3"] == {}
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["schemas"] == {"sentiment": ["positive", "negative"], "topics": ["food", "travel", "people"],
                                    "quality": ["bad", "ok", "good"], "agree": ["1", "2", "3", "4", "5"], "score": [],
@@ -234,7 +170,7 @@ def test_the_bundle_holds_each_kinds_answer_in_its_documented_shape(tmp_path):
     assert info.labeled == {"sentiment": 1, "topics": 2, "quality": 0, "agree": 1, "score": 1, "entities": 2,
                             "summary": 1}
     assert describe_bundle(info) == (
-        "Bundle: 3 items from 3 annotators; sentiment: 1 labelled (positive 1, negative 0; 0 held out, 0 ties); "
+        "Bundle: 4 items from 3 annotators; sentiment: 1 labelled (positive 1, negative 0; 0 held out, 0 ties); "
         "topics: 2 labelled (food 1, travel 0, people 1; 0 held out, 1 ties); quality: 0 labelled (bad 0, ok 0, "
         "good 0; 0 held out, 0 ties); agree: 1 labelled (1 0, 2 0, 3 0, 4 1, 5 0; 0 held out, 1 ties); score: 1 "
         "labelled (from 40 to 40, mean 40; 0 held out, 0 ties); entities: 2 labelled (PER 3, LOC 2; 0 held out, "
@@ -242,7 +178,7 @@ def test_the_bundle_holds_each_kinds_answer_in_its_documented_shape(tmp_path):
 
 
 def test_spans_of_an_item_potato_212_shows_from_a_list_are_left_out_and_named(tmp_path):
-    config = _bundle_project(tmp_path)
+    config = bundle_project(tmp_path)
     data = config.data_files[0]
     data.write_text(json.dumps({"id": "i0", "text": ["turn one", "turn two"]}) + "\n", encoding="utf-8")
     info = build_bundle(config, ["entities"], tmp_path / "bundle", holdout_fraction=0.0)
@@ -254,6 +190,6 @@ def test_spans_of_an_item_potato_212_shows_from_a_list_are_left_out_and_named(tm
 
 @pytest.mark.parametrize("schema", ["score", "summary"])
 def test_schemas_without_labels_train_when_their_kind_needs_none(tmp_path, schema):
-    config = _bundle_project(tmp_path)
+    config = bundle_project(tmp_path)
     info = build_bundle(config, [schema], tmp_path / "bundle", holdout_fraction=0.0)
     assert info.labeled == {schema: 1}
