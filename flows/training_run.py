@@ -51,6 +51,7 @@ from potato.prefect_runs import CancelWatch
 from potato.project import build_bundle, describe_bundle
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
+from potato.score_text import table_rows
 from potato.store import MANUAL, SCHEDULE, Store
 from potato.tasks.base import RunContext, backend_module
 from potato.tasks.openssh import is_transient
@@ -131,7 +132,7 @@ def record_results_task(ctx: RunContext) -> dict:
             ctx.log.info(metrics.describe(schema, s))
     if scores:
         create_table_artifact(
-            [{"schema": k, **v} for k, v in scores.items()],
+            table_rows(scores),
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )

@@ -51,16 +51,22 @@ class NoTrainerFor(PotatoError):
 
 def untrainable_message(scheme: "Scheme", trainer: str | None, able: Sequence[str]) -> str:
     """The one sentence for a schema no trainer of a run can train (runs, API, CLI and validate say it)."""
+    from potato.trainers import TRAINERS
+
     what = f"schema {scheme.name!r} ({scheme.annotation_type or 'no annotation_type'})"
-    who = (f"the trainers that can: {', '.join(able)}" if able
-           else f"no trainer of this installation trains {scheme.kind} answers")
     if trainer is not None:
+        who = (f"the trainers that can: {', '.join(able)}" if able
+               else f"no trainer of this installation trains {scheme.kind} answers")
         return f"Trainer {trainer!r} cannot train {what}; {who}"
     default = DEFAULT_TRAINER_BY_KIND.get(scheme.kind)
-    if default is not None and not able:
-        return (f"No trainer can train {what}: its answers are trained by {default}, which this "
-                f"installation does not have")
-    return f"No trainer can train {what}; {who}"
+    if default is None:
+        return f"No trainer can train {what}: no trainer trains {scheme.kind} answers"
+    why = (f"{default}, which this installation does not have" if default not in TRAINERS
+           else f"{default}, which does not train them in this installation")
+    if able:
+        return (f"No default trainer for {what}: {scheme.kind} answers are trained by {why}; name a trainer "
+                f"that can: {', '.join(able)}")
+    return f"No trainer can train {what}: {scheme.kind} answers are trained by {why}"
 
 
 def trainer_kinds(trainer: str) -> tuple[str, ...]:

@@ -108,7 +108,8 @@ _EVENT_FIELDS: Mapping[str, Mapping[str, tuple[Callable[[Any], str | None], bool
     "log": {"level": (_one_of(*LOG_LEVELS), False), "message": (_message, True)},
     "progress": {"phase": (_one_of("train", "predict"), False), "step": (_whole(0), False),
                  "total": (_whole(0), False), "epoch": (_number(0), False), "loss": (_number(), False),
-                 "schema": (_name, False)},
+                 "schema": (_name, False), "trainer": (_name, False), "part": (_whole(1), False),
+                 "parts": (_whole(1), False)},
     "metrics": {},  # its scores: check_scores
     "done": {"status": (_one_of("succeeded", "failed", "cancelled"), True), "error": (_message, False)},
 }

@@ -13,6 +13,7 @@ from potato import runs
 from potato.server import get_config, get_store
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
 from potato.server.serialize import backends_json
+from potato.trainer_choice import describe_plan
 
 bp = Blueprint("page", __name__, url_prefix="/admin/training",
                template_folder="templates", static_folder="static", static_url_path="/static")
@@ -79,7 +80,7 @@ def run_page(run_id: int):
     config = get_config()
     run = get_store().get_run(run_id)  # unknown → 404 JSON via the app's handler
     return render_template(
-        "run.html", title=config.annotation_task_name, run=run,
+        "run.html", title=config.annotation_task_name, run=run, trainers=describe_plan(run.trainers),
         ran_on=config.model_training.backends[run.backend].describe()
         if run.backend in config.model_training.backends else run.backend,
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,

@@ -7,7 +7,9 @@ from typing import Any
 
 from potato.config import ProjectConfig
 from potato.protocol.state import display_state
+from potato.score_text import score_lines
 from potato.store import QUEUED, RUNNING, Event, Run, Store
+from potato.trainer_choice import describe_plan
 
 
 def duration(run: Run, now: float | None = None) -> float | None:
@@ -37,6 +39,8 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
     return {
         "id": run.id,
         "trainer": run.trainer,
+        "trainers": run.trainers,  # {trainer: [schemas]}: every trainer of the run and what it trains
+        "trainers_text": describe_plan(run.trainers),
         "schemas": list(run.schemas),
         "trigger": run.trigger,
         "backend": run.backend,
@@ -55,6 +59,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "cancel_requested": run.cancel_requested_at is not None,
         "error": run.error,
         "scores": run.scores or {},
+        "scores_text": score_lines(run.scores),
         "options": run.options or {},
         "artifact_uri": run.artifact_uri,
         "host_python": run.host_python,

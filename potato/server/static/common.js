@@ -30,19 +30,9 @@ var Potato = (function () {
     if (m < 60) return m + " min " + pad(s) + " s";
     return Math.floor(m / 60) + " h " + pad(m % 60) + " min";
   }
-  function scores(sc) {
-    var names = Object.keys(sc || {}).sort();
-    if (!names.length) return "–";
-    return names.map(function (n) {
-      var s = sc[n] || {};
-      if (typeof s.ece_before === "number") {  // decision-calibrate's scores
-        return n + ": ECE " + s.ece_before.toFixed(3) + (typeof s.ece_after === "number" ? " → " + s.ece_after.toFixed(3) : "") +
-          (s.kept ? " (kept)" : " (backed out)");
-      }
-      var acc = typeof s.accuracy === "number" ? s.accuracy.toFixed(3) : "?";
-      var f1 = typeof s.macro_f1 === "number" ? s.macro_f1.toFixed(3) : "?";
-      return n + ": accuracy " + acc + ", macro-F1 " + f1 + (s.n !== undefined ? " (n=" + s.n + ")" : "");
-    }).join("; ");
+  // The server words each schema's scores (potato/score_text.py: each kind its own metrics).
+  function scores(lines) {
+    return lines && lines.length ? lines.join("; ") : "–";
   }
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
