@@ -156,7 +156,8 @@ def predictions(run_id: int):
     path = runs.run_dir(get_config(), run_id) / "predictions.jsonl"
     if not path.is_file():
         return jsonify({"available": False, "count": 0, "schemas": {}, "sample": []})
-    labels: dict[str, Counter] = {}
+    labels: dict[str, Counter] = {}  # per schema: its predictions' labels (a set's each, a span's each)
+    per_schema: dict[str, int] = {}
     confidence: dict[str, list[float]] = {}
     sample, count, unreadable = [], 0, 0
     with open(path, "rb") as fh:
@@ -165,12 +166,13 @@ def predictions(run_id: int):
                 continue
             try:
                 row = json.loads(line)
-                schema, label = str(row["schema"]), str(row["label"])
+                schema, shown = str(row["schema"]), _shown_answers(row)
             except (ValueError, KeyError, TypeError):
                 unreadable += 1
                 continue
             count += 1
-            labels.setdefault(schema, Counter())[label] += 1
+            labels.setdefault(schema, Counter()).update(shown)
+            per_schema[schema] = per_schema.get(schema, 0) + 1
             if isinstance(row.get("confidence"), (int, float)):
                 stats = confidence.setdefault(schema, [0.0, 0])
                 stats[0] += row["confidence"]
@@ -178,12 +180,25 @@ def predictions(run_id: int):
             if len(sample) < PREDICTION_SAMPLE:
                 sample.append(row)
     schemas = {
-        s: {"labels": dict(c.most_common()), "count": sum(c.values()),
+        s: {"labels": dict(c.most_common()), "count": per_schema[s],
             "mean_confidence": (confidence[s][0] / confidence[s][1]) if confidence.get(s) else None}
         for s, c in sorted(labels.items())
     }
     return jsonify({"available": True, "count": count, "unreadable_lines": unreadable,
                     "schemas": schemas, "sample": sample})
+
+
+def _shown_answers(row: dict[str, Any]) -> list[str]:
+    """What a prediction counts under in the summary: its label (each of a set's), each span's label,
+    or ``value``/``text`` for a number or a text. KeyError for a line with none of these."""
+    if "label" in row:
+        return [str(x) for x in row["label"]] if isinstance(row["label"], list) else [str(row["label"])]
+    if "spans" in row:
+        return [str(span["label"]) for span in row["spans"]]
+    for field in ("value", "text"):
+        if field in row:
+            return [field]
+    raise KeyError("label")
 
 
 @bp.get("/runs/<run_id:run_id>/evaluation")
