@@ -42,7 +42,8 @@ from potato.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
 from potato.config import Scheme
 from potato.data_warnings import GroupedWarnings, show_path
 from potato.json_chunks import GiveUp, members_batches
-from potato.labels import UserStateError, find_user_states, parse_label_entries, read_user_state_labels
+from potato.labels import (UserStateError, find_user_states, parse_label_entries, read_user_state_labels,
+                           skipped_file)
 
 LABELS_MEMBER = "instance_id_to_label_to_value"
 SPANS_MEMBER = "instance_id_to_span_to_value"
@@ -96,11 +97,8 @@ def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterabl
                 one = reader.read(path, _fast_entries(path))
             except GiveUp:
                 one = reader.read(path, _careful_entries(path))
-        except (OSError, UnicodeDecodeError) as exc:
-            result.warnings.append(f"{shown}: skipped, it cannot be read ({exc})")
-            continue
-        except UserStateError as exc:
-            result.warnings.append(f"{shown}: skipped, {exc}")
+        except (OSError, UnicodeDecodeError, UserStateError) as exc:
+            result.warnings.append(skipped_file(shown, exc))
             continue
         _merge(result, user, one, per_user)
         for key, item_id in one.problems:

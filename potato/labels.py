@@ -378,6 +378,13 @@ def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
     return len(annotated)
 
 
+def skipped_file(shown: str, exc: Exception) -> str:
+    """The warning for an annotator's file that is skipped because reading it raised *exc*."""
+    if isinstance(exc, UserStateError):
+        return f"{shown}: skipped, {exc}"
+    return f"{shown}: skipped, it cannot be read ({exc})"
+
+
 def read_votes(
     annotation_dir: Path,
     schemes: Sequence[Scheme],
@@ -409,11 +416,8 @@ def read_votes(
                         _fast_label_batches(path) if batches is None else batches, index, into)
                 except GiveUp:  # odd or broken: the careful reader names the problem
                     file_unknown, file_bad = _tally_votes(_careful_label_batches(path), index, into)
-            except (OSError, UnicodeDecodeError) as exc:
-                result.warnings.append(f"{shown}: skipped, it cannot be read ({exc})")
-                continue
-            except UserStateError as exc:
-                result.warnings.append(f"{shown}: skipped, {exc}")
+            except (OSError, UnicodeDecodeError, UserStateError) as exc:
+                result.warnings.append(skipped_file(shown, exc))
                 continue
             result.users.append(user)
             if per_user:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from potato.answer_kinds import KINDS
 from potato.jsonapi import ApiError, parse_json
@@ -163,37 +163,34 @@ _SCORE_FIELDS = {"kind": (_one_of(*KINDS), False), "n": (_whole(0), False),
 _PER_LABEL_LIMIT = 1000
 
 
-def _check_per_label(value: Any, where: str) -> None:
-    """``per_label``: ``{label: {metric: number or null}}``."""
-    if not isinstance(value, dict) or len(value) > _PER_LABEL_LIMIT:
-        raise BadField(f"{where} is {_show(value)}; use a JSON object {{label: {{metric: number}}}}")
-    for label, metrics in value.items():
-        if _name(label) is not None:
-            raise BadField(f"{where} has a label named {_show(label)}; use {_name(label)}")
-        if not isinstance(metrics, dict):
-            raise BadField(f"{where}.{label} is {_show(metrics)}; use a JSON object {{metric: number}}")
-        for key, number in metrics.items():
-            if _name(key) is not None or (number is not None and not _is_number(number)):
-                raise BadField(f"{where}.{label}.{key} is {_show(number)}; use a number or null")
+def _named_objects(value: Any, where: str, noun: str, shape: str, limit: int) -> Iterator[tuple[str, dict]]:
+    """``(name, object)`` of a JSON object of at most *limit* names (a *noun* each: one line) to JSON objects."""
+    if not isinstance(value, dict) or len(value) > limit:
+        raise BadField(f"{where} must be {shape}")
+    for name, inner in value.items():
+        if _name(name) is not None:
+            raise BadField(f"{where} has a {noun} named {_show(name)}; use {_name(name)}")
+        if not isinstance(inner, dict):
+            raise BadField(f"{where}.{name} is {_show(inner)}; use {shape}")
+        yield name, inner
 
 
 def check_scores(value: Any) -> dict[str, Any]:
     """Holdout scores ``{schema: {"kind", "n", …its kind's metrics}}``, or ``BadField``."""
     shape = 'a JSON object {schema: {"kind": "nominal", "accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'
-    if not isinstance(value, dict) or len(value) > 100:
-        raise BadField(f"scores must be {shape}")
-    for schema, score in value.items():
-        if _name(schema) is not None:
-            raise BadField(f"scores has a schema named {_show(schema)}; use {_name(schema)}")
-        if not isinstance(score, dict):
-            raise BadField(f"scores.{schema} is {_show(score)}; use {shape}")
+    for schema, score in _named_objects(value, "scores", "schema", shape, 100):
         try:
             _check_fields(score, _SCORE_FIELDS)
         except BadField as exc:
             raise BadField(f"scores.{schema}.{exc}") from None
         for key, number in score.items():
             if key == "per_label":
-                _check_per_label(number, f"scores.{schema}.per_label")
+                for label, metrics in _named_objects(number, f"scores.{schema}.per_label", "label",
+                                                     "a JSON object {label: {metric: number}}", _PER_LABEL_LIMIT):
+                    for metric, x in metrics.items():
+                        if _name(metric) is not None or (x is not None and not _is_number(x)):
+                            raise BadField(f"scores.{schema}.per_label.{label}.{metric} is {_show(x)}; "
+                                           "use a number or null")
             elif key not in _SCORE_FIELDS and number is not None and not _is_number(number):
                 raise BadField(f"scores.{schema}.{key} is {_show(number)}; use a number or null")
     return value

@@ -60,6 +60,7 @@ def training():
     if admin_via() is None:
         return _needs_login()
     config = get_config()
+    from potato.trainer_choice import default_trainer
     from potato.trainers import TRAINERS
 
     return render_template(
@@ -67,7 +68,7 @@ def training():
         title=config.annotation_task_name,
         backends=backends_json(config),
         trainers=sorted(TRAINERS),
-        schemas=[s.name for s in config.schemes],
+        schemas=[{"name": s.name, "kind": s.kind, "trainer": default_trainer(s.kind)} for s in config.schemes],
         default_schemas=set(runs.default_schemas(config)),
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )

@@ -205,3 +205,32 @@ def test_span_predictions_for_an_item_potato_212_shows_from_another_text_are_not
     rows = [{"id": i, "schema": "entities", "spans": [{"start": 0, "end": 1, "label": "PER"}]} for i in ("i4", "i5")]
     summary = write_back(config, 3, ["entities"], _predictions(tmp_path / "p.jsonl", rows), tmp_path / "bundle")
     assert summary.held_back == {"entities": {"nothing_to_show": 2}}
+
+
+@pytest.mark.parametrize("scores, problem", [
+    ({"topics": {"kind": "multilabel", "exact_match": 0.5, "micro_f1": 0.7, "macro_f1": 0.6, "n": 4}}, None),
+    ({"score": {"kind": "continuous", "mae": 12.5, "spearman": -0.2, "n": 4}}, None),
+    ({"entities": {"kind": "span", "precision": 1, "recall": 0.5, "f1": 0.667, "n": 4,
+                   "per_label": {"PER": {"precision": 1.0, "recall": 0.5, "f1": 0.667, "n": 2}}}}, None),
+    ({"summary": {"kind": "text", "exact_match": 0.25, "chrf": 61.2, "n": 4}}, None),
+    ({"topics": {"kind": "sets"}}, "scores.topics.kind is 'sets'; use one of: nominal, ordinal, continuous, "
+                                   "multilabel, span, text"),
+    ({"score": {"kind": "continuous", "spearman": 1.5}}, "scores.score.spearman is 1.5; use a number from -1 to 1"),
+    ({"score": {"kind": "continuous", "mae": -1}}, "scores.score.mae is -1; use a number of at least 0"),
+    ({"entities": {"per_label": {"PER": {"f1": "high"}}}},
+     "scores.entities.per_label.PER.f1 is 'high'; use a number or null"),
+    ({"entities": {"per_label": {"PER": 0.5}}},
+     "scores.entities.per_label.PER is 0.5; use a JSON object {label: {metric: number}}"),
+    ({"entities": {"per_label": {"P\nER": {}}}},
+     "scores.entities.per_label has a label named 'P\\nER'; use a string of at most 300 characters without "
+     "control characters"),
+])
+def test_the_protocol_takes_each_kinds_metrics_and_names_a_bad_one(scores, problem):
+    from potato.protocol.bodies import BadField, check_scores
+
+    if problem is None:
+        assert check_scores(scores) == scores
+    else:
+        with pytest.raises(BadField) as caught:
+            check_scores(scores)
+        assert str(caught.value) == problem

@@ -98,6 +98,9 @@ def test_the_api_refuses_a_schema_no_trainer_of_the_run_trains_with_409(tmp_path
     assert job["trainer"] == "hf-text-classification + toy-span" and job["options"] == {}
     assert job["parts"] == [{"trainer": "hf-text-classification", "schemas": ["sentiment"], "options": {"seed": 1}},
                             {"trainer": "toy-span", "schemas": ["entities"], "options": {"seed": 1}}]
+    form = client.get("/admin/training", headers=ADMIN).data.decode()
+    assert 'value="entities" checked> entities <span class="hint">(span: toy-span)</span>' in form
+    assert 'value="score"> score <span class="hint">(continuous: no trainer here)</span>' in form
     page = client.get(f"/admin/training/runs/{run['id']}", headers=ADMIN)
     assert b'<dt>Trainers</dt><dd id="run-trainers">hf-text-classification (sentiment) + toy-span (entities)</dd>' \
         in page.data
