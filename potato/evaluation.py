@@ -35,7 +35,6 @@ Files in ``runs/<id>/``:
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -44,6 +43,7 @@ import orjson
 
 from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.prediction_shapes import Prediction, parse_prediction
+from potato.project import dump_line
 from potato.training.calibration import expected_calibration_error, reliability_bins
 
 FORMAT = 1
@@ -56,7 +56,7 @@ def _bundle_items(bundle_dir: Path) -> Iterator[dict[str, Any]]:
     with open(bundle_dir / "items.jsonl", "rb") as fh:
         for line in fh:
             if line.strip():
-                yield orjson.loads(line)
+                yield _loads(line)
 
 
 def _holdout_predictions(predictions: Path, kinds: dict[str, str], labels: dict[str, Sequence[str]],
@@ -68,7 +68,7 @@ def _holdout_predictions(predictions: Path, kinds: dict[str, str], labels: dict[
     with open(predictions, "rb") as fh:
         for line in fh:
             try:
-                record = orjson.loads(line)
+                record = _loads(line)
                 if record.get("id") not in held.get(record.get("schema"), ()):
                     continue
                 prediction = parse_prediction(record, kinds, labels)
@@ -76,6 +76,14 @@ def _holdout_predictions(predictions: Path, kinds: dict[str, str], labels: dict[
                 continue  # the writeback names bad lines in the run log
             found.setdefault((prediction.schema, prediction.item_id), prediction)
     return found
+
+
+def _loads(line: bytes) -> Any:
+    """A JSON line; the standard library reads what orjson refuses (a lone surrogate's escape)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
 
 
 def _prediction_fields(prediction: Prediction) -> dict[str, Any]:
@@ -178,7 +186,7 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                     else:
                         line.update(_prediction_fields(prediction))
                         pictures[schema].add(gold, prediction)
-                out.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+                out.write(dump_line(line))  # answers may hold any string JSON carries (a lone surrogate)
     os.replace(tmp, run_dir / LABELS_FILE)
 
     evaluation = {"format": FORMAT, "run_id": run_id,
@@ -206,7 +214,7 @@ def trained_on(run_dir: Path, schemas: Sequence[str]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {s: set() for s in schemas}
     with open(run_dir / LABELS_FILE, "rb") as fh:
         for line in fh:
-            record = orjson.loads(line)
+            record = _loads(line)
             if record["schema"] in found and not record["holdout"]:
                 found[record["schema"]].add(record["id"])
     return found

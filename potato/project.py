@@ -634,8 +634,8 @@ def _resolve_schemes(config: ProjectConfig, schemas: Sequence[str]) -> list[Sche
     return out
 
 
-def _dump_line(record: dict[str, Any]) -> bytes:
-    """One line of items.jsonl: compact JSON, UTF-8, newline-terminated (orjson)."""
+def dump_line(record: dict[str, Any]) -> bytes:
+    """One line of items.jsonl (or any JSON-lines file of a run): compact JSON, UTF-8, newline-terminated."""
     try:
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError:  # a lone surrogate from a \\ud800 escape: the stdlib escapes it
@@ -909,7 +909,7 @@ class _ItemsWriter:
                     shutil.copyfile(config.task_dir / rel, target)
                     self.copied.add(rel)
             record["fields"] = {k: v.as_posix() for k, v in media_fields.items()}
-        return _dump_line(record)
+        return dump_line(record)
 
 
 class _Outcome(NamedTuple):
@@ -969,7 +969,7 @@ _plus_one = (1).__add__
 
 
 def _block_lines(block: _Block, outcome_of: dict[str, bytes], written: Counter[bytes]) -> bytes:
-    """A block's items.jsonl lines: the same bytes as ``_dump_line`` of each item's record, built in C-level passes."""
+    """A block's items.jsonl lines: the same bytes as ``dump_line`` of each item's record, built in C-level passes."""
     outcome_json = list(map(outcome_of.pop, block.ids, repeat(_UNLABELLED)))
     written.update(outcome_json)
     dumps = orjson.dumps

@@ -58,7 +58,6 @@ keeps the worker's original beside it; annotators' files are never opened.
 from __future__ import annotations
 
 import json
-import math
 import os
 from array import array
 from dataclasses import dataclass, field

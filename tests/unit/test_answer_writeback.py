@@ -171,7 +171,7 @@ def test_each_kinds_holdout_evaluation(tmp_path):
         {"id": "i0", "schema": "score", "value": 43.5},
         {"id": "i0", "schema": "entities", "spans": [{"start": 0, "end": 5, "label": "PER"},
                                                      {"start": 17, "end": 23, "label": "LOC"}]},
-        {"id": "i0", "schema": "summary", "text": "Two people meet. "},
+        {"id": "i0", "schema": "summary", "text": "Two people meet \ud83d"},  # any string JSON carries
     ]
     (tmp_path / "run").mkdir()
     _predictions(tmp_path / "run" / "predictions.jsonl", rows)
@@ -186,11 +186,13 @@ def test_each_kinds_holdout_evaluation(tmp_path):
     assert evaluation["score"] == {"kind": "continuous", "labels": [], "n": 1, "missing": 0, "mae": 3.5}
     assert evaluation["entities"]["per_label"] == [{"label": "PER", "tp": 1, "fp": 0, "fn": 1},
                                                    {"label": "LOC", "tp": 0, "fp": 1, "fn": 1}]
-    assert evaluation["summary"] == {"kind": "text", "labels": [], "n": 1, "missing": 0, "exact_match": 1.0}
+    assert evaluation["summary"] == {"kind": "text", "labels": [], "n": 1, "missing": 0, "exact_match": 0.0}
     assert "kind" not in evaluation["sentiment"]  # a nominal schema's evaluation is as it was
     lines = [json.loads(line) for line in (tmp_path / "run" / "labels.jsonl").read_text().splitlines()]
     score = next(line for line in lines if line["schema"] == "score")
     assert score == {"id": "i0", "schema": "score", "gold": 40, "holdout": True, "value": 43.5}
+    summary = next(line for line in lines if line["schema"] == "summary")
+    assert summary["gold"] == ["Two people meet."] and summary["text"] == "Two people meet \ud83d"
 
 
 def test_span_predictions_for_an_item_potato_212_shows_from_another_text_are_not_written(tmp_path):

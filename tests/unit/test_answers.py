@@ -19,7 +19,7 @@ from potato.aggregation import aggregate, majority_label_sets, majority_spans, m
 from potato.answers import read_answers
 from potato.labels import read_votes
 from potato.project import build_bundle, describe_bundle
-from tests.support.answer_project import ALL, SENTIMENT, TOPICS, bundle_project, pair as _pair, span as _span, \
+from tests.support.answer_project import ALL, TOPICS, bundle_project, pair as _pair, span as _span, \
     write_state
 
 def test_numbers_texts_spans_and_who_answered_are_read_as_potato_212_writes_them(tmp_path):
