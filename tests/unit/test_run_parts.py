@@ -60,3 +60,21 @@ def test_the_step_row_names_the_part_and_its_bar_counts_the_whole_run():
     assert describe_progress(event) == ("hf-span-tagging (2 of 2): training: step 3 of 10 (epoch 1), loss 0.5000",
                                         0.65)
     assert describe_progress({"phase": "predict", "step": 1, "total": 4}) == ("predicting: batch 1 of 4", 0.25)
+
+
+def test_scores_are_worded_once_for_every_page_and_command():
+    from potato.follow import format_scores
+    from potato.score_text import score_line, score_lines, table_rows
+
+    nominal = {"kind": "nominal", "accuracy": 0.95, "macro_f1": 0.949, "n": 40}
+    spans = {"kind": "span", "precision": 1.0, "recall": 0.5, "f1": 0.667, "n": 4,
+             "per_label": {"PER": {"f1": 0.667}}}
+    assert score_line("sentiment", nominal) == "sentiment: accuracy 0.950, macro-F1 0.949 (n=40)"
+    assert score_line("sentiment", 0.9) == "sentiment: ?"
+    assert score_line("sentiment", {"ece_before": 0.12, "ece_after": 0.031, "kept": True}) == \
+        "sentiment: ECE 0.120 -> 0.031 (kept)"
+    assert score_lines({"b": nominal, "a": nominal})[0].startswith("a: ")
+    assert format_scores({"sentiment": nominal}) == "sentiment acc 0.950 F1 0.949"
+    assert format_scores({"entities": spans}) == score_line("entities", spans)  # each kind's own words
+    assert table_rows({"entities": spans}) == [{"schema": "entities", "kind": "span", "scores": score_line(
+        "entities", spans), "precision": 1.0, "recall": 0.5, "f1": 0.667, "n": 4}]  # flat: Prefect's table
