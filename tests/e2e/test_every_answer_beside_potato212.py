@@ -24,8 +24,9 @@ renders, read from the page's ``data-original-text``). Then:
   ordinal and continuous answers in hf-text-classification, spans in
   hf-span-tagging); until they are, it is skipped naming what is missing.
 
-Cost (2 cores): about 40 s for the first two — three 2.12.1 starts, a
-hundred HTTP requests, one tiny-model run — plus the full run's training.
+Cost (measured on 2 cores at load 8): about 85 s for the three that run
+now — four 2.12.1 starts, a few hundred HTTP requests, one tiny-model run —
+plus the session's Prefect API; the full run adds its training.
 """
 
 from __future__ import annotations
