@@ -148,9 +148,9 @@ class _FileReader:
     """Turns one file's entries into a ``_FileAnswers`` for the schemes being read."""
 
     def __init__(self, schemes: dict[str, Scheme]):
-        self.schemes = schemes
-        self.valued = {n for n, s in schemes.items() if s.kind in (CONTINUOUS, TEXT)}
-        self.spanned = {n: set(s.labels) for n, s in schemes.items() if s.kind == SPAN}
+        self.kinds = {name: scheme.kind for name, scheme in schemes.items()}
+        self.valued = {n for n, kind in self.kinds.items() if kind in (CONTINUOUS, TEXT)}
+        self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
         self.problems = GroupedWarnings()
 
     def read(self, path: Path, entries: Iterator[tuple[str, str, Any]]) -> _FileAnswers:
@@ -176,8 +176,7 @@ class _FileReader:
         for schema, _, value in pairs:
             if schema not in self.valued:
                 continue
-            kind = self.schemes[schema].kind
-            if kind == CONTINUOUS:
+            if self.kinds[schema] == CONTINUOUS:
                 number = _number(value)
                 if number is None:
                     one.problems.append((("number", schema, _short(value)), item_id))

@@ -41,7 +41,7 @@ import html
 import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 # normalize_display_text (2.12.1 server_utils/span_text.py)
 _CONTROL = re.compile(r"[\x00-\x1F\x7F]")
@@ -54,6 +54,8 @@ _DANGEROUS = (
 )
 _TAG = re.compile(r"<(/?)(\w+)([^>]*)(/?)>", re.IGNORECASE | re.DOTALL)
 _CHAR_REF = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
+# Anything a step above may change: without one of these the rendered text is the raw text (most items).
+_MAY_CHANGE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f&<]|  |javascript:|vbscript:|data:|expression\s*\(", re.IGNORECASE)
 _ALLOWED_ELEMENTS = frozenset(
     "span b i u strong em mark s del ins br hr wbr div p ul ol li dl dt dd h1 h2 h3 h4 h5 h6 table thead "
     "tbody tr th td caption sub sup small code pre blockquote abbr cite kbd samp var details summary a img "
@@ -69,8 +71,8 @@ class Rendering:
     """The rendered text and, per rendered character ``i``, the raw range ``[starts[i], ends[i])`` it shows."""
 
     text: str
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
+    starts: Sequence[int]
+    ends: Sequence[int]
 
     def to_raw(self, start: int, end: int) -> tuple[int, int] | None:
         """The raw range a rendered span ``[start, end)`` shows; None when it is empty or outside the text."""
@@ -97,6 +99,8 @@ def renders_raw_text(record: Mapping[str, Any], text_key: str) -> bool:
 
 def render(raw: str, highlight_linebreaks: bool = False) -> Rendering:
     """What 2.12.1's annotate page shows of *raw*, with each character's raw range."""
+    if _MAY_CHANGE.search(raw) is None and raw == raw.strip() and not (highlight_linebreaks and "\n" in raw):
+        return Rendering(raw, range(len(raw)), range(1, len(raw) + 1))  # shown as it is
     chars = _normalized(raw, highlight_linebreaks)
     for pattern in _DANGEROUS:
         chars = _cut(chars, pattern)
