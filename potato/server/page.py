@@ -13,7 +13,7 @@ from potato import runs
 from potato.server import get_config, get_store
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
 from potato.server.serialize import backends_json
-from potato.trainer_choice import describe_plan
+from potato.trainer_choice import default_trainer, describe_plan
 
 bp = Blueprint("page", __name__, url_prefix="/admin/training",
                template_folder="templates", static_folder="static", static_url_path="/static")
@@ -60,7 +60,6 @@ def training():
     if admin_via() is None:
         return _needs_login()
     config = get_config()
-    from potato.trainer_choice import default_trainer
     from potato.trainers import TRAINERS
 
     return render_template(
