@@ -61,8 +61,9 @@ from potato.runs.ending import after_flow, end_run
 from potato.runs.paths import open_store, private_dir, run_paths
 from potato.runs.queue import create_run
 from potato.store import MANUAL, SCHEDULE, Store
-from potato.trainers import metrics
-from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, hook
+from potato.score_text import table_rows
+from potato.trainer_choice import describe_plan
+from potato.trainers.registry import TRAINERS, hook
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (measured).
@@ -136,7 +137,7 @@ def record_results_task(ctx: RunContext) -> dict:
     scores = record_results(ctx)
     if scores:
         create_table_artifact(
-            [metrics.table_row(k, v) for k, v in scores.items()],
+            table_rows(scores),
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
@@ -161,12 +162,15 @@ def _named(t, text: str):
 def training_run(
     config: str,
     run_id: int | None = None,
-    trainer: str = DEFAULT_TRAINER,
+    trainer: str | None = None,
     schemas: list[str] | None = None,
     backend: str | None = None,
     options: dict | None = None,
 ):
-    """Execute training run *run_id* of the project at *config* (or create one first)."""
+    """Execute training run *run_id* of the project at *config* (or create one first).
+
+    Without *trainer*, each schema is trained by its kind's default trainer (potato/trainer_choice.py).
+    """
     os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
     if not _DISPATCHED:  # the parameter came from the Prefect API, not from Potato's own dispatcher
         prefect_runs.check_allowed_config(config)
@@ -291,7 +295,8 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         return _named(t, name)(ctx, *args)
 
     try:
-        ctx.log.info(f"Run {run_id}: {run.trainer} on {', '.join(run.schemas)}, on backend {backend_cfg.describe()}")
+        ctx.log.info(f"Run {run_id}: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, "
+                     f"on backend {backend_cfg.describe()}")
         backend = steps_of(backend_cfg)
         step(build_bundle_task, f"build the bundle of run {run_id}")
         session = step(connect_task, f"connect to {where}", backend)

@@ -11,7 +11,6 @@ import sys
 
 import click
 
-from potato.trainers.registry import DEFAULT_TRAINER
 
 
 @click.group()
@@ -84,7 +83,8 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
 @training.command("run")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("--backend", help="A backend of model_training.backends (default: model_training.backend, else local).")
-@click.option("--trainer", default=DEFAULT_TRAINER, show_default=True)
+@click.option("--trainer", help="The trainer for every schema (default: each schema's kind's own, e.g. "
+              "hf-text-classification for radio, hf-span-tagging for span).")
 @click.option("--schema", "schemas", multiple=True, help="A schema to train (repeatable; default: writeback.schemas).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A trainer option (JSON value), e.g. epochs=3.")
 @click.option("--detach", is_flag=True, help="Queue the run and return; a running `potato start` dispatches it.")
@@ -97,16 +97,19 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
     from potato.runs.paths import open_store
     from potato.runs.queue import cancel_run, create_run
     from potato.runs.reconcile import reconcile
+    from potato.trainer_choice import NoTrainerFor, describe_plan
 
     cfg = _load(config)
     store = open_store(cfg)
     try:
         run = create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
                          options=_parse_options(options))
+    except NoTrainerFor as exc:
+        raise click.UsageError(str(exc)) from None
     except RunRequestError as exc:
         raise click.ClickException(str(exc)) from None
     where = cfg.model_training.backends[run.backend].describe()
-    click.echo(f"Run {run.id} queued: {run.trainer} on {', '.join(run.schemas)}, runs on {where}")
+    click.echo(f"Run {run.id} queued: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, runs on {where}")
     if detach:
         return
     with embedded_prefect(cfg.training_dir):

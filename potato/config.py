@@ -69,7 +69,7 @@ from potato.backends.local import LOCAL
 from potato.backends.registry import BACKEND_TYPES, backend_type, configurable_types
 from potato.config_keys import SLURM_TIME_FORMS, Issue, Issues, Key, parse_slurm_time
 from potato.errors import ConfigError
-from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, misfit
+from potato.trainers.registry import TRAINERS
 from potato.trainers.registry import check_options as check_trainer_options
 
 # ---------------------------------------------------------------------------
@@ -79,10 +79,28 @@ from potato.trainers.registry import check_options as check_trainer_options
 
 @dataclass(frozen=True)
 class Scheme:
+    """One annotation scheme; ``potato.scheme_fields`` reads the fields that shape its answers.
+
+    ``labels``: the labels in schema order (a likert without ``labels:`` has
+    its points, ``"1"`` … ``str(size)``). ``size``: a likert's number of
+    points. ``min_value``/``max_value``/``step``: a slider's range.
+    """
+
     name: str
     annotation_type: str
     labels: tuple[str, ...]
     description: str = ""
+    size: int | None = None
+    min_value: float | None = None
+    max_value: float | None = None
+    step: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """The kind of its answers (``potato.answer_kinds``: nominal, ordinal, …, unsupported)."""
+        from potato.scheme_fields import answer_kind
+
+        return answer_kind(self.annotation_type, self.labels)
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,7 @@ class AutoRetrainConfig:
     """``model_training.auto_retrain``: Potato 2.12's keys plus ``backend`` (None = the default backend)."""
 
     enabled: bool = False
-    trainer: str = DEFAULT_TRAINER
+    trainer: str | None = None  # None: each schema's kind's default trainer
     schemas: tuple[str, ...] = ()
     update_frequency: int = 25
     min_interval_s: float = 600
@@ -374,7 +392,8 @@ WRITEBACK_KEYS: tuple[Key, ...] = (
 
 AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
     Key("enabled", "bool", "`potato start` queues a run as annotations arrive", default=False),
-    Key("trainer", "str", "the trainer of automatic runs", default=DEFAULT_TRAINER),
+    Key("trainer", "str", "the trainer of automatic runs; it must train every schema in `schemas`",
+        default_text="each schema's kind's default trainer (docs/answer-types.md)"),
     Key("schemas", "list of str", "the schemas automatic runs train (names in `annotation_schemes`)",
         default=(), default_text="**required** when `enabled`"),
     Key("update_frequency", "int", "queue a run once this many annotations (one item labelled by one "
@@ -403,8 +422,9 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
      "(2.12: `consensus`)"),
     ("auto_retrain", "honoured by `potato start` (keys below), plus `backend`"),
     ("auto_retrain.enabled", "honoured"),
-    ("auto_retrain.trainer", f"honoured; must be a trainer of this project (`{DEFAULT_TRAINER}`), "
-     f"not 2.12's `sklearn-text`; default `{DEFAULT_TRAINER}`"),
+    ("auto_retrain.trainer", "honoured: a trainer of this project that trains every schema of "
+     "`auto_retrain.schemas` (`sklearn-text`, 2.12's own, included, with its `params`); unset, each "
+     "schema's kind's default trainer"),
     ("auto_retrain.schemas", "honoured; required when enabled"),
     ("auto_retrain.update_frequency", "honoured (default 25), counted as 2.12 counts"),
     ("auto_retrain.min_interval_s", "honoured (default 600)"),
@@ -696,6 +716,8 @@ def _check_trainer_options(trainer: str, options: Mapping[str, Any], path: str, 
 
 
 def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
+    from potato.scheme_fields import scheme_fields
+
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -711,12 +733,16 @@ def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
         # Real Potato allows a label as a string or as a mapping with a name.
         for label in entry.get("labels") or []:
             labels.append(str(label.get("name")) if isinstance(label, dict) else str(label))
-        schemes.append(Scheme(
-            name=entry["name"],
-            annotation_type=str(entry.get("annotation_type") or ""),
-            labels=tuple(labels),
-            description=str(entry.get("description") or ""),
-        ))
+        fields, problems = scheme_fields(entry, tuple(labels))
+        for key, problem in problems:
+            issues.error(f"{path}.{key}", f"{path}.{key} (scheme {entry['name']!r}) {problem}")
+        schemes.append(Scheme(**{
+            "name": entry["name"],
+            "annotation_type": str(entry.get("annotation_type") or ""),
+            "labels": tuple(labels),
+            "description": str(entry.get("description") or ""),
+            **fields,
+        }))
     return tuple(schemes)
 
 
@@ -754,16 +780,36 @@ def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], back
     )
 
 
-def _check_auto_retrain_fit(auto_retrain: AutoRetrainConfig, schemes: tuple[Scheme, ...], issues: Issues) -> None:
-    """Each schema auto-retraining names must be one its trainer can train (its answer kind)."""
-    if auto_retrain.trainer not in TRAINERS:
-        return
-    path = "model_training.auto_retrain.schemas"
+def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_retrain: AutoRetrainConfig,
+                     issues: Issues) -> None:
+    """Each schema of ``writeback.schemas`` has a trainer, and auto-retraining's trainer(s) train each
+    of its schemas: otherwise every such run would be refused (``potato.trainer_choice``)."""
+    from potato.trainer_choice import NoTrainerFor, plan_trainers
+
+    by_name = {s.name: s for s in schemes}
+    for i, name in enumerate(writeback_schemas):
+        if name in by_name:
+            try:
+                plan_trainers([by_name[name]])
+            except NoTrainerFor as exc:
+                path = f"model_training.writeback.schemas[{i}]"
+                issues.error(path, f"{path} is {name!r}: {exc}")
+    if auto_retrain.trainer is not None and auto_retrain.trainer not in TRAINERS:
+        return  # named as unknown already
+    path = "model_training.auto_retrain"
+    defaults: dict[str, None] = {}
     for i, name in enumerate(auto_retrain.schemas):
-        scheme = next((s for s in schemes if s.name == name), None)
-        problem = scheme and misfit(auto_retrain.trainer, name, scheme.annotation_type)
-        if problem:
-            issues.error(f"{path}[{i}]", f"{path}[{i}]: {problem}")
+        if name not in by_name:
+            continue
+        try:
+            defaults.update(dict.fromkeys(plan_trainers([by_name[name]], auto_retrain.trainer)))
+        except NoTrainerFor as exc:
+            where = f"{path}.trainer" if auto_retrain.trainer else f"{path}.schemas[{i}]"
+            shown = auto_retrain.trainer if auto_retrain.trainer else name
+            issues.error(where, f"{where} is {shown!r}: {exc}")
+    if auto_retrain.trainer is None:  # a named trainer's params are checked where it is read
+        for trainer in defaults:
+            _check_trainer_options(trainer, auto_retrain.params, f"{path}.params", issues)
 
 
 def _check_auto_retrain_backend(auto_retrain: AutoRetrainConfig, default: Any,
@@ -822,7 +868,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     ar_raw = _mapping_at(mt_raw.get("auto_retrain"), f"{path}.auto_retrain", issues, "enabled: true")
     auto_retrain = _build_auto_retrain(ar_raw, scheme_names, names, issues)
     _check_auto_retrain_backend(auto_retrain, mt_raw.get("backend"), backends, issues)
-    _check_auto_retrain_fit(auto_retrain, schemes, issues)
+    _check_trainable(schemes, wb["schemas"] or (), auto_retrain, issues)
     if mt["enabled"] and auto_retrain.enabled:
         # Potato 2.12 retrains by itself when both are true (its training/manager.py).
         issues.warn(f"{path}.enabled", f"{path}.enabled and {path}.auto_retrain.enabled are both true: "
@@ -839,7 +885,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                     "that trains over ssh")
 
     trainers_raw = _mapping_at(mt_raw.get("trainers"), f"{path}.trainers", issues,
-                               f"{DEFAULT_TRAINER}: {{epochs: 2}}")
+                               "hf-text-classification: {epochs: 2}")
     trainers = _check_trainers(trainers_raw, issues)
 
     split_set = mt["splits"] is not None or mt["split_seed"] is not None

@@ -5,22 +5,29 @@ reach the server from all of them), from two sources trusted differently:
 the server's own bundle says which items were labelled, their gold labels and
 which were held out (never what the worker reports), and the run's
 predictions say what the model answered — checked where they enter, as the
-writeback checks them (``potato.writeback.parse_prediction``), and ``probs``
-kept only as a list of the schema's length of numbers from 0 to 1.
+writeback checks them (``potato.prediction_shapes.parse_prediction``), and
+``probs`` kept only as a list of the schema's length of numbers from 0 to 1.
 
 Files in ``runs/<id>/``:
 
 - ``labels.jsonl`` — one line per labelled item and schema of the run, in
-  item order: ``{"id", "schema", "gold", "holdout"}``; a held-out line adds
-  the prediction: ``"label"``, ``"confidence"`` and, when the worker sent
-  them, ``"probs"`` (the schema's labels' order). The bundle is deleted at
+  item order: ``{"id", "schema", "gold", "holdout"}`` (``gold`` as the
+  bundle holds it: a label, a set, a number, spans, texts); a held-out line
+  adds the prediction: ``"label"`` (a label or a set), ``"confidence"`` and,
+  when the worker sent them, ``"probs"`` (the schema's labels' order); or
+  ``"value"``, ``"spans"``, ``"text"``. The bundle is deleted at
   clean-up; this is what outlives it. ``decision-calibrate`` fits on the
   held-out lines, and rewrites the writeback without prelabelling an item the
   run trained on (``holdout: false``), whatever the labels say by then.
-- ``evaluation.json`` — per schema: its labels, the confusion matrix (rows
-  gold, columns predicted), the reliability bins (``potato.training.calibration``)
-  and ECE: what the run page draws. ``decision-calibrate`` adds
-  ``"calibration"`` to a schema (before and after).
+- ``evaluation.json`` — per schema, what the run page draws. A label schema
+  (nominal, ordinal): its labels, the confusion matrix (rows gold, columns
+  predicted), the reliability bins (``potato.training.calibration``) and ECE;
+  ``decision-calibrate`` adds ``"calibration"`` (before and after). Other
+  kinds say ``"kind"`` and their own picture: multilabel a 2×2 confusion
+  per label (``per_label``: ``tp``, ``fp``, ``fn``, ``tn``) and the share of
+  exact sets; span the exact-match counts per label (``tp``, ``fp``,
+  ``fn``); continuous the mean absolute error; text the share of exact
+  answers.
 
 ``model_training.retain_runs`` deletes both with the run's directory.
 """
@@ -28,15 +35,15 @@ Files in ``runs/<id>/``:
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.prediction_shapes import Prediction, parse_prediction
 from potato.project import dump_line, load_line
 from potato.runs.paths import RunPaths
 from potato.training.calibration import expected_calibration_error, reliability_bins
-from potato.writeback import parse_prediction
 
 FORMAT = 1
 BINS = 10
@@ -49,19 +56,10 @@ def _bundle_items(bundle_dir: Path) -> Iterator[dict[str, Any]]:
                 yield load_line(line)
 
 
-def _probs(value: Any, n_labels: int) -> list[float] | None:
-    if not isinstance(value, list) or len(value) != n_labels:
-        return None
-    for p in value:
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and 0 <= p <= 1):
-            return None
-    return [float(p) for p in value]
-
-
-def _holdout_predictions(predictions: Path, labels: dict[str, Sequence[str]],
-                         held: dict[str, set[str]]) -> dict[tuple[str, str], tuple[str, float, list | None]]:
-    """``(schema, id) -> (label, confidence, probs)`` of the held-out items; unreadable lines skipped."""
-    found: dict[tuple[str, str], tuple[str, float, list | None]] = {}
+def _holdout_predictions(predictions: Path, kinds: dict[str, str], labels: dict[str, Sequence[str]],
+                         held: dict[str, set[str]]) -> dict[tuple[str, str], Prediction]:
+    """``(schema, id) -> prediction`` of the held-out items; unreadable lines skipped."""
+    found: dict[tuple[str, str], Prediction] = {}
     if not predictions.is_file():
         return found
     with open(predictions, "rb") as fh:
@@ -70,18 +68,91 @@ def _holdout_predictions(predictions: Path, labels: dict[str, Sequence[str]],
                 record = load_line(line)
                 if record.get("id") not in held.get(record.get("schema"), ()):
                     continue
-                item_id, schema, label, confidence = parse_prediction(line.decode("utf-8"), labels)
+                prediction = parse_prediction(record, kinds, labels)
             except (ValueError, AttributeError, TypeError):
                 continue  # the writeback names bad lines in the run log
-            found.setdefault((schema, item_id), (label, confidence,
-                                                 _probs(record.get("probs"), len(labels[schema]))))
+            found.setdefault((prediction.schema, prediction.item_id), prediction)
     return found
+
+
+
+def _prediction_fields(prediction: Prediction) -> dict[str, Any]:
+    """What a held-out line of labels.jsonl keeps of the prediction."""
+    field = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text"}.get(prediction.kind, "label")
+    out: dict[str, Any] = {field: prediction.answer}
+    if prediction.confidence is not None:
+        out["confidence"] = prediction.confidence
+    if prediction.probs is not None:
+        out["probs"] = prediction.probs
+    return out
+
+
+class _Picture:
+    """One schema's evaluation, added to held-out item by item."""
+
+    def __init__(self, kind: str, labels: Sequence[str]):
+        self.kind, self.labels = kind, list(labels)
+        self.index = {label: i for i, label in enumerate(labels)}
+        self.n = self.missing = 0
+        self.confusion = [[0] * len(labels) for _ in labels]
+        self.per_label = {label: {"tp": 0, "fp": 0, "fn": 0, "tn": 0} for label in labels}
+        self.confidences: list[float] = []
+        self.correct: list[bool] = []
+        self.errors: list[float] = []
+
+    def add(self, gold: Any, prediction: Prediction) -> None:
+        self.n += 1
+        answer = prediction.answer
+        if self.kind in (NOMINAL, ORDINAL):
+            self.confusion[self.index[gold]][self.index[answer]] += 1
+            self.confidences.append(prediction.confidence)
+            self.correct.append(answer == gold)
+        elif self.kind == MULTILABEL:
+            for label, counts in self.per_label.items():
+                counts[("t" if (label in answer) == (label in gold) else "f")
+                       + ("p" if label in answer else "n")] += 1
+            self.correct.append(set(answer) == set(gold))
+        elif self.kind == CONTINUOUS:
+            self.errors.append(abs(float(answer) - float(gold)))
+        elif self.kind == SPAN:
+            golds = {(s["start"], s["end"], s["label"]) for s in gold}
+            found = {(s["start"], s["end"], s["label"]) for s in answer}
+            for label, counts in self.per_label.items():
+                g = {s for s in golds if s[2] == label}
+                f = {s for s in found if s[2] == label}
+                counts["tp"] += len(g & f)
+                counts["fp"] += len(f - g)
+                counts["fn"] += len(g - f)
+        elif self.kind == TEXT:
+            self.correct.append(answer.strip() in {g.strip() for g in gold})
+
+    def as_dict(self) -> dict[str, Any]:
+        share = round(sum(self.correct) / len(self.correct), 4) if self.correct else None
+        if self.kind in (NOMINAL, ORDINAL):
+            ece = expected_calibration_error(self.confidences, self.correct, BINS)
+            out = {"labels": self.labels, "n": self.n, "missing": self.missing, "accuracy": share,
+                   "confusion": self.confusion, "reliability": reliability_bins(self.confidences, self.correct, BINS),
+                   "ece": None if ece is None else round(ece, 4)}
+            return out if self.kind == NOMINAL else {"kind": self.kind, **out}
+        out = {"kind": self.kind, "labels": self.labels, "n": self.n, "missing": self.missing}
+        if self.kind == MULTILABEL:
+            out.update(exact_set=share, per_label=[{"label": label, **c} for label, c in self.per_label.items()])
+        elif self.kind == SPAN:
+            out["per_label"] = [{"label": label, "tp": c["tp"], "fp": c["fp"], "fn": c["fn"]}
+                                for label, c in self.per_label.items()]
+        elif self.kind == CONTINUOUS:
+            out["mae"] = round(sum(self.errors) / len(self.errors), 4) if self.errors else None
+        elif self.kind == TEXT:
+            out["exact_match"] = share
+        return out
 
 
 def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Sequence[str]) -> dict[str, Any]:
     """Write ``labels.jsonl`` and ``evaluation.json`` for the run's *schemas*; return the evaluation."""
     manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
     labels = {s: list(manifest["schemas"][s]) for s in schemas if s in manifest.get("schemas", {})}
+    answers = manifest.get("answers") or {}
+    kinds = {s: (answers.get(s) or {}).get("kind", NOMINAL) for s in labels}
     held: dict[str, set[str]] = {s: set() for s in labels}
     for item in _bundle_items(bundle_dir):
         if item.get("holdout"):
@@ -89,12 +160,9 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                 if schema in held:
                     held[schema].add(item["id"])
     paths = RunPaths(run_dir)
-    predicted = _holdout_predictions(paths.predictions, labels, held)
+    predicted = _holdout_predictions(paths.predictions, kinds, labels, held)
 
-    index = {s: {label: i for i, label in enumerate(names)} for s, names in labels.items()}
-    confusion = {s: [[0] * len(names) for _ in names] for s, names in labels.items()}
-    outcomes: dict[str, tuple[list[float], list[bool]]] = {s: ([], []) for s in labels}
-    missing = dict.fromkeys(labels, 0)
+    pictures = {s: _Picture(kinds[s], names) for s, names in labels.items()}
     tmp = paths.labels.with_name(f".{paths.labels.name}.tmp")
     with open(tmp, "wb") as out:
         for item in _bundle_items(bundle_dir):
@@ -105,31 +173,15 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                 if line["holdout"]:
                     prediction = predicted.get((schema, item["id"]))
                     if prediction is None:
-                        missing[schema] += 1
+                        pictures[schema].missing += 1
                     else:
-                        label, confidence, probs = prediction
-                        line.update(label=label, confidence=confidence)
-                        if probs is not None:
-                            line["probs"] = probs
-                        confusion[schema][index[schema][gold]][index[schema][label]] += 1
-                        outcomes[schema][0].append(confidence)
-                        outcomes[schema][1].append(label == gold)
-                out.write(dump_line(line))
+                        line.update(_prediction_fields(prediction))
+                        pictures[schema].add(gold, prediction)
+                out.write(dump_line(line))  # answers may hold any string JSON carries (a lone surrogate)
     os.replace(tmp, paths.labels)
 
-    evaluation = {"format": FORMAT, "run_id": run_id, "schemas": {}}
-    for schema, names in labels.items():
-        confidences, correct = outcomes[schema]
-        ece = expected_calibration_error(confidences, correct, BINS)
-        evaluation["schemas"][schema] = {
-            "labels": names,
-            "n": len(confidences),
-            "missing": missing[schema],
-            "accuracy": round(sum(correct) / len(correct), 4) if correct else None,
-            "confusion": confusion[schema],
-            "reliability": reliability_bins(confidences, correct, BINS),
-            "ece": None if ece is None else round(ece, 4),
-        }
+    evaluation = {"format": FORMAT, "run_id": run_id,
+                  "schemas": {schema: picture.as_dict() for schema, picture in pictures.items()}}
     write_evaluation(run_dir, evaluation)
     return evaluation
 

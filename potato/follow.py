@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TextIO
 
+from potato.score_text import number_text, score_line
 from potato.store import END_STATES, Run, Store
 from potato.trainers import metrics
 
@@ -44,10 +45,6 @@ def run_duration(run: Run, now: float | None = None) -> float | None:
     return (run.finished_at or now or time.time()) - run.started_at
 
 
-def _number(value: object) -> str:
-    return f"{value:.3f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
-
-
 def _schema_scores(scores: object) -> list[tuple[str, dict | None]]:
     """(schema, its scores or None when they are not a mapping), sorted; nothing for a non-mapping."""
     if not isinstance(scores, dict):
@@ -56,27 +53,15 @@ def _schema_scores(scores: object) -> list[tuple[str, dict | None]]:
 
 
 def format_scores(scores: dict | None) -> str:
-    parts = [f"{schema} ?" if s is None else _score_text(schema, s, short=True)
-             for schema, s in _schema_scores(scores)]
+    """The runs list's cell: a label schema's accuracy and F1 in short, any other kind's line (``score_line``)."""
+    parts = [f"{schema} ?" if s is None else _short_score(schema, s) for schema, s in _schema_scores(scores)]
     return "; ".join(parts) or "-"
 
 
-def describe_scores(scores: dict | None) -> str:
-    """Every schema's scores in full (``sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``), as the Training page shows them."""
-    parts = [f"{schema} ?" if s is None else _score_text(schema, s) for schema, s in _schema_scores(scores)]
-    return "; ".join(parts) or "-"
-
-
-def _score_text(schema: str, s: dict, *, short: bool = False) -> str:
-    if "ece_before" in s:  # decision-calibrate
-        kept = "kept" if s.get("kept") else "backed out"
-        return f"{schema}: ECE {_number(s.get('ece_before'))} -> {_number(s.get('ece_after'))} ({kept})"
-    if not metrics.has_holdout(s):
-        return f"{schema}: {metrics.NO_HOLDOUT}"
-    if short:
-        return f"{schema} acc {_number(s.get('accuracy'))} F1 {_number(s.get('macro_f1'))}"
-    return (f"{schema}: accuracy {_number(s.get('accuracy'))}, macro-F1 {_number(s.get('macro_f1'))} "
-            f"(n={s.get('n', 0)})")
+def _short_score(schema: str, s: dict) -> str:
+    if s.get("kind", "nominal") != "nominal" or "ece_before" in s or not metrics.has_holdout(s):
+        return score_line(schema, s)
+    return f"{schema} acc {number_text(s.get('accuracy'))} F1 {number_text(s.get('macro_f1'))}"
 
 
 class Follower:
@@ -147,7 +132,7 @@ class Follower:
                 if s is None:
                     self._emit(f"  {schema}: ? (not a score: {run.scores[schema]!r})")
                 else:
-                    self._emit("  " + _score_text(schema, s))
+                    self._emit("  " + score_line(schema, s))
 
 
 def follow(store: Store, run_id: int, out: TextIO, *, tty: bool, tick: Callable[[], None] | None = None,

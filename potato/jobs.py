@@ -19,18 +19,22 @@ from potato.training.job_paths import JobPaths
 def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
     """Return job.json's content for *run* (docs/architecture.md, "The job directory")."""
     mt = config.model_training
-    options = dict(mt.trainers.get(run.trainer, {}))
-    options.update(run.options or {})
+
+    def options_of(trainer: str) -> dict[str, Any]:
+        # The config's options for the trainer, then the run's own (a run with several trainers gives each its own).
+        return {**mt.trainers.get(trainer, {}), **(run.options or {})}
+
+    plan = run.trainers
     backend = mt.backends.get(run.backend)
     # device, num_threads and max_ram_mb are settings of this machine; a remote worker
     # takes the GPUs the backend chose (CUDA_VISIBLE_DEVICES) and its threads from the env.
     local = backend is None or backend.type_info.on_this_machine
-    return {
+    job = {
         "run_id": run.id,
         "trainer": run.trainer,
         "schemas": list(run.schemas),
         "bundle": bundle,
-        "options": options,
+        "options": options_of(run.trainer) if len(plan) == 1 else {},
         "device": mt.device if local else "auto",
         "num_threads": mt.num_threads if local else None,
         "max_ram_mb": mt.max_ram_mb if local else None,
@@ -38,6 +42,10 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
         "grace_seconds": mt.grace_seconds,
         "processes": processes_for(backend),
     }
+    if len(plan) > 1:  # several trainers, one after the other (potato/training/parts.py)
+        job["parts"] = [{"trainer": trainer, "schemas": list(schemas), "options": options_of(trainer)}
+                        for trainer, schemas in plan.items()]
+    return job
 
 
 def processes_for(backend: Any) -> int | str | None:

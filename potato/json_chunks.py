@@ -281,18 +281,25 @@ def member_batches(path, name: str, window: int = WINDOW) -> Iterator[Batch]:
     comes once with its last value from a parsed chunk, as ``json.loads``
     reads it, and every time from a split one, as the careful reader yields it.
     """
+    for _, batch in members_batches(path, (name,), window):
+        yield batch
+
+
+def members_batches(path, names: tuple[str, ...], window: int = WINDOW) -> Iterator[tuple[str, Batch]]:
+    """``(name, batch)`` of each top-level member in *names*, in file order: ``member_batches`` for
+    several members in one pass over the file."""
     with open(path, "rb") as handle:
         reader = ChunkReader(handle, window)
         if reader.peek() == b"\xef":  # a UTF-8 byte order mark: the careful reader decides
             raise GiveUp
         for key in object_members(reader):
-            if key != name:
+            if key not in names:
                 reader.skip_value()
                 continue
             first = reader.peek()
             if first == b"{":
                 for chunk in reader.chunks(split=True):
-                    yield chunk if type(chunk) is tuple else _as_batch(chunk)
+                    yield key, (chunk if type(chunk) is tuple else _as_batch(chunk))
             elif reader.small_value() is not None:
                 raise GiveUp
         if reader.peek() != b"":

@@ -328,8 +328,8 @@ def _decoded_members(stream: _JsonStream) -> Iterator[tuple[str, Any]]:
             return
 
 
-def read_user_state_labels(path: Path, chunk: int = 1 << 20) -> Iterator[tuple[str, Any]]:
-    """Yield ``(item_id, labels)`` of ``instance_id_to_label_to_value`` in one user_state.json.
+def read_user_state_labels(path: Path, chunk: int = 1 << 20, member: str | None = None) -> Iterator[tuple[str, Any]]:
+    """Yield ``(item_id, labels)`` of ``instance_id_to_label_to_value`` (or *member*) in one user_state.json.
 
     Streams: one item's entry at a time, so a 500 k-item annotator does not
     need the whole file parsed in memory. The file is opened read-only.
@@ -337,22 +337,23 @@ def read_user_state_labels(path: Path, chunk: int = 1 << 20) -> Iterator[tuple[s
     file that is not a JSON object or has a non-object labels member; the
     caller must treat entries already yielded as void then.
     """
+    wanted = member or _LABELS_KEY
     with open(path, "r", encoding="utf-8") as handle:
         stream = _JsonStream(handle, chunk)
         first = stream.peek()
         if first != "{":
             kind = {"[": "list", '"': "string", "": "nothing"}.get(first, "a value")
             raise UserStateError(f"expected a JSON object at the top, found {kind}")
-        for key, member in stream.members():
-            if key != _LABELS_KEY:
-                member.value()  # other keys (ordering, spans, behavioural data): parsed, dropped
+        for key, value in stream.members():
+            if key != wanted:
+                value.value()  # other keys (ordering, spans, behavioural data): parsed, dropped
                 continue
-            if member.peek() != "{":
-                found = member.value()
+            if value.peek() != "{":
+                found = value.value()
                 if found is None:
                     continue
-                raise UserStateError(f"{_LABELS_KEY} is a {type(found).__name__}, not an object")
-            yield from _decoded_members(member)
+                raise UserStateError(f"{wanted} is a {type(found).__name__}, not an object")
+            yield from _decoded_members(value)
         if stream.peek() != "":
             raise UserStateError(f"not valid JSON: extra data after the object at {stream.where()}")
 
@@ -436,6 +437,13 @@ def _pretty_annotated_ids(data: Any) -> set[str] | None:
     return found
 
 
+def skipped_file(shown: str, exc: Exception) -> str:
+    """The warning for an annotator's file that is skipped because reading it raised *exc*."""
+    if isinstance(exc, UserStateError):
+        return f"{shown}: skipped, {exc}"
+    return f"{shown}: skipped, it cannot be read ({exc})"
+
+
 def read_votes(
     annotation_dir: Path,
     schemes: Sequence[Scheme],
@@ -467,11 +475,8 @@ def read_votes(
                         _fast_label_batches(path) if batches is None else batches, index, into)
                 except GiveUp:  # odd or broken: the careful reader names the problem
                     file_unknown, file_bad = _tally_votes(_careful_label_batches(path), index, into)
-            except (OSError, UnicodeDecodeError) as exc:
-                result.warnings.append(f"{shown}: skipped, it cannot be read ({exc})")
-                continue
-            except UserStateError as exc:
-                result.warnings.append(f"{shown}: skipped, {exc}")
+            except (OSError, UnicodeDecodeError, UserStateError) as exc:
+                result.warnings.append(skipped_file(shown, exc))
                 continue
             result.users.append(user)
             if per_user:

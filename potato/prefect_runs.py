@@ -114,7 +114,8 @@ def limit_name(config) -> str:
 
 def flow_run_tags(config, run) -> list[str]:
     """Return the tags of *run*'s flow run: ``potato``, ``project:…``, ``backend:…``, ``trainer:…``."""
-    return ["potato", f"project:{project_key_of(config)}", f"backend:{run.backend}", f"trainer:{run.trainer}"]
+    return ["potato", f"project:{project_key_of(config)}", f"backend:{run.backend}",
+            *(f"trainer:{trainer}" for trainer in run.trainers)]
 
 
 def cancel_message(run_id: int, *, in_prefect: bool) -> str:

@@ -22,16 +22,25 @@ from potato.store import Store
 
 
 def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
-    """The step row's text and fraction for a progress event."""
+    """The step row's text and fraction for a progress event.
+
+    In a run with several trainers the event names its part: the text starts
+    ``hf-span-tagging (2 of 2): ``, and the fraction is of the whole run.
+    """
     step, total = event.get("step"), event.get("total")
     fraction = step / total if step is not None and total else None
     if event.get("phase") == "predict":
-        return f"predicting: batch {step} of {total}", fraction
-    text = f"training: step {step} of {total}"
-    if event.get("epoch") is not None:
-        text += f" (epoch {event['epoch']})"
-    if event.get("loss") is not None:
-        text += f", loss {event['loss']:.4f}"
+        text = f"predicting: batch {step} of {total}"
+    else:
+        text = f"training: step {step} of {total}"
+        if event.get("epoch") is not None:
+            text += f" (epoch {event['epoch']})"
+        if event.get("loss") is not None:
+            text += f", loss {event['loss']:.4f}"
+    part, parts = event.get("part"), event.get("parts")
+    if isinstance(part, int) and isinstance(parts, int) and 1 <= part <= parts and parts > 1:
+        text = f"{event.get('trainer')} ({part} of {parts}): {text}"
+        fraction = None if fraction is None else (part - 1 + fraction) / parts
     return text, fraction
 
 

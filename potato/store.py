@@ -68,7 +68,7 @@ BUSY_TIMEOUT_S = 30.0
 MAX_RUN_ID = 2**63 - 1
 
 # Columns holding JSON, with the value an absent one decodes to.
-_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict}
+_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict, "plan": dict}
 
 # The order of Run's fields and of the runs table's columns.
 RUN_COLUMNS = (
@@ -77,7 +77,7 @@ RUN_COLUMNS = (
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
     "flow_pid", "worker_pid", "trigger", "annotation_count", "last_seq",
-    "remote_job_dir", "remote_socket", "slurm_job_id", "ending",
+    "remote_job_dir", "remote_socket", "slurm_job_id", "ending", "plan",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -157,6 +157,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN slurm_job_id TEXT;
     ALTER TABLE runs ADD COLUMN ending TEXT;
     """,
+    # 7: which trainer trains which of the run's schemas (JSON: {trainer: [schemas]}), for a run
+    # that needs several (potato/trainer_choice.py); null: ``trainer`` trains them all.
+    """
+    ALTER TABLE runs ADD COLUMN plan TEXT;
+    """,
 )
 
 
@@ -194,10 +199,16 @@ class Run:
     remote_socket: str | None = None
     slurm_job_id: str | None = None
     ending: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:
         return self.state in END_STATES
+
+    @property
+    def trainers(self) -> dict[str, list]:
+        """``{trainer: [schemas]}``: the plan of a run with several trainers, else ``trainer`` for all."""
+        return dict(self.plan) if self.plan else {self.trainer: list(self.schemas)}
 
     @property
     def is_active(self) -> bool:
@@ -443,10 +454,12 @@ class Store:
 
     def create_run(self, trainer: str, schemas: Sequence[str], backend: str,
                    options: Mapping[str, Any] | None = None, *, trigger: str = MANUAL,
-                   annotation_count: int | None = None, only_when_idle: bool = False) -> Run | None:
+                   annotation_count: int | None = None, only_when_idle: bool = False,
+                   plan: Mapping[str, Sequence[str]] | None = None) -> Run | None:
         """Add a run in state ``queued`` and return it.
 
-        *trigger* says what started it (``TRIGGERS``). With *only_when_idle*
+        *plan* (``{trainer: [schemas]}``) is kept for a run with several trainers; *trainer*
+        then names them all. *trigger* says what started it (``TRIGGERS``). With *only_when_idle*
         nothing is added, and None returned, while a run is queued or running:
         decided inside the write lock, so two watchers never queue two runs.
         """
@@ -458,10 +471,11 @@ class Store:
                 return None
             cursor = conn.execute(
                 "INSERT INTO runs (trainer, schemas, backend, state, options, created_at, trigger,"
-                " annotation_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " annotation_count, plan) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (trainer, dump_json("The run's schemas", list(schemas)), backend, QUEUED,
                  dump_json("The run's options", dict(options or {})), time.time(), trigger,
-                 annotation_count),
+                 annotation_count, dump_json("The run's plan", {k: list(v) for k, v in plan.items()})
+                 if plan and len(plan) > 1 else None),
             )
             return self._get(conn, cursor.lastrowid)
 

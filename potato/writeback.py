@@ -4,9 +4,14 @@ The file is ``<output_annotation_dir>/training/predictions.jsonl``, in the shape
 Potato 2.12's one public door for outside predictions reads
 (``pre_annotation.predictions_file``; ``quality_control._load_prediction_file``):
 one record per item, its id and, under ``writeback.field``, each schema's
-predicted label::
+prediction in the shape 2.12 pre-fills that type from (``potato.writeback_shapes``)::
 
     {"id": "r1", "predictions": {"sentiment": {"label": "positive", "confidence": 0.93, "run_id": 7}}}
+    {"id": "r2", "predictions": {"topics": [{"label": "food", "confidence": 0.81}], "score": 35},
+     "run_ids": {"topics": 7, "score": 7}}
+
+A shape with no room for the run that wrote it (a list, a bare label,
+number or string) has it under the record's ``run_ids``.
 
 2.12 reads the file once, when it starts: a new model reaches annotators at
 that server's next restart (README, "Beside Potato 2.12"). The file is
@@ -19,12 +24,11 @@ the counts, because a writeback that silently writes nothing looks broken:
 
 1. **Readable.** The predictions were written by a worker that may have run
    on another machine and reached us through an agent's upload, so each line
-   is checked where it enters: a JSON object with a string ``id`` and
-   ``schema``, a ``label`` of that schema, a ``confidence`` that is a number
-   from 0 to 1 (not NaN) — the upload's own rule
-   (``potato.protocol.bodies.prediction_problem``), plus the run's schemas
-   and labels. A bad line is skipped and named in the run log; it
-   never fails the run. Fields we do not use (``probs``, …) are ignored.
+   is checked where it enters, as its schema's kind says
+   (``potato.prediction_shapes``: a string ``id``, a ``schema`` of the run,
+   a ``label`` of that schema and a ``confidence`` from 0 to 1, or a
+   ``value``, ``spans`` or ``text``). A bad line is skipped and named in the
+   run log; it never fails the run. Fields we do not use are ignored.
 2. **The schema gate.** Only ``writeback.schemas`` are written: turning on
    training must not change what annotators see until someone asks for it.
 3. **An item of this run.** An id the run's bundle does not hold is not an
@@ -37,7 +41,12 @@ the counts, because a writeback that silently writes nothing looks broken:
    When decision-calibrate rewrites an earlier run's predictions, that run's
    own record of what it trained on (``runs/<id>/labels.jsonl``) decides.
 5. **include_unlabeled.** Without it, items nobody labelled are not written.
-6. **min_confidence.** Below it, a prelabel costs an annotator attention.
+6. **min_confidence.** Below it, a prelabel costs an annotator attention
+   (a prediction without a confidence — a number, spans, text — is not held
+   back by it; a span below it is dropped from its list).
+7. **Something to show.** An empty set, no span left, or spans of an item
+   2.12 shows from a list, a mapping or ``displayed_text`` (their offsets
+   count another text) pre-fill nothing, so they are not written.
 
 Newest run wins, per schema: a run replaces every earlier prediction of the
 schemas it writes back, so a prelabel an earlier run left on an item this run
@@ -49,7 +58,6 @@ keeps the worker's original beside it; annotators' files are never opened.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from array import array
@@ -57,11 +65,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from potato.config import ProjectConfig
+from potato.answer_kinds import NOMINAL, SPAN
+from potato.config import ProjectConfig, Scheme
 from potato.errors import WritebackError
-from potato.protocol.bodies import prediction_problem
+from potato.prediction_shapes import is_confidence, parse_prediction
 from potato.store import MAX_RUN_ID
-from potato.training.escaping import open_text, quote
+from potato.training.escaping import open_text
+from potato.writeback_shapes import prefill
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5
@@ -72,6 +82,7 @@ HELD_BACK = {
     "trained_on": "trained on (leak guard)",
     "unlabeled": "unlabelled (include_unlabeled is false)",
     "below_confidence": "below min_confidence",
+    "nothing_to_show": "nothing to pre-fill",
     "duplicate": "repeated",
 }
 
@@ -149,44 +160,20 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield line_no, line
 
 
-def _is_confidence(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value) and 0 <= value <= 1)
-
-
-def parse_prediction(line: str, labels: dict[str, Sequence[str]]) -> tuple[str, str, str, float]:
-    """``(id, schema, label, confidence)`` of one line of a run's predictions; ValueError says why not.
-
-    *labels* maps each schema of the run to its labels.
-    """
-    try:
-        record = json.loads(line)
-    except ValueError:
-        raise ValueError("not JSON") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"a JSON {type(record).__name__}, not an object")
-    problem = prediction_problem(record)
-    if problem:
-        raise ValueError(problem)
-    item_id, schema, label = record["id"], record["schema"], record["label"]
-    if schema not in labels:
-        raise ValueError(f"schema is {quote(schema)}, not a schema of this run")
-    if label not in labels[schema]:
-        raise ValueError(f"label is {quote(label)}, not a label of {schema!r}")
-    return item_id, schema, label, float(record["confidence"])
-
-
 class _Table:
-    """Predictions per schema, in the bundle's item order: compact arrays, not a dict per item."""
+    """Predictions per schema, in the bundle's item order: compact arrays for radio-like schemas (a label
+    index, a confidence and a run per item, not a dict per item), the pre-fill value for the others."""
 
-    def __init__(self, n_items: int, labels: dict[str, Sequence[str]]):
+    def __init__(self, n_items: int, labels: dict[str, Sequence[str]], compact: set[str]):
         self.n = n_items
         self.labels = labels  # schema -> its labels: a prediction is stored as its label's index
         self._index = {schema: {label: i for i, label in enumerate(names)} for schema, names in labels.items()}
+        self.compact = compact
         self.columns: dict[str, tuple[array, array, array]] = {}
+        self.values: dict[str, dict[int, tuple[Any, int]]] = {}
 
     def put(self, schema: str, index: int, label: str, confidence: float, run_id: int) -> None:
-        """Store a prediction; ValueError when *label* is not (or no longer) a label of *schema*."""
+        """Store a radio-like prediction; ValueError when *label* is not (or no longer) a label of *schema*."""
         if schema not in self.columns:
             self.columns[schema] = (array("l", [-1]) * self.n, array("d", [0.0]) * self.n,
                                     array("q", [0]) * self.n)
@@ -196,45 +183,65 @@ class _Table:
         labels[index] = self._index[schema][label]
         confidences[index], runs[index] = confidence, run_id
 
-    def has(self, schema: str, index: int) -> bool:
-        return schema in self.columns and self.columns[schema][0][index] >= 0
+    def put_value(self, schema: str, index: int, value: Any, run_id: int) -> None:
+        """Store any other schema's pre-fill value."""
+        self.values.setdefault(schema, {})[index] = (value, run_id)
 
-    def records(self, ids: Sequence[str]) -> Iterator[tuple[str, dict[str, dict]]]:
-        """``(id, {schema: prediction})`` for each item with a prediction, in item order."""
+    def has(self, schema: str, index: int) -> bool:
+        if schema in self.columns:
+            return self.columns[schema][0][index] >= 0
+        return index in self.values.get(schema, ())
+
+    def records(self, ids: Sequence[str]) -> Iterator[tuple[str, dict[str, Any], dict[str, int]]]:
+        """``(id, {schema: prediction}, {schema: run id}``) for each item with a prediction, in item order;
+        the run ids of the shapes that cannot hold theirs."""
         columns = list(self.columns.items())
+        values = list(self.values.items())
         for index, item_id in enumerate(ids):
-            predictions = {}
+            predictions, run_ids = {}, {}
             for schema, (labels, confidences, runs) in columns:
                 if labels[index] >= 0:
                     predictions[schema] = {"label": self.labels[schema][labels[index]],
                                            "confidence": confidences[index], "run_id": runs[index]}
+            for schema, per_item in values:
+                found = per_item.get(index)
+                if found is not None:
+                    predictions[schema], run_ids[schema] = found
             if predictions:
-                yield item_id, predictions
+                yield item_id, predictions, run_ids
 
 
 class _Bundle:
-    """What the server's own copy of the run's bundle says about each item, one flag byte per item."""
+    """What the server's own copy of the run's bundle says about each item, one flag byte per item
+    (and, for a run with spans to write back, the items' texts: spans move to 2.12's rendered text)."""
 
-    LABELLED, TRAINED = 1, 2
+    LABELLED, TRAINED, NO_SPAN_OFFSETS = 1, 2, 4
 
-    def __init__(self, bundle_dir: Path, trained_on: Mapping[str, set[str]] | None = None):
+    def __init__(self, bundle_dir: Path, trained_on: Mapping[str, set[str]] | None = None,
+                 keep_texts: bool = False):
         try:
             manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
             self.labels: dict[str, list[str]] = manifest["schemas"]
+            answers = manifest.get("answers") or {}
+            self.kinds = {schema: (answers.get(schema) or {}).get("kind", NOMINAL) for schema in self.labels}
             self.ids: list[str] = []
             self.index: dict[str, int] = {}
+            self.texts: list[str] = []
             self.flags: dict[str, bytearray] = {schema: bytearray() for schema in self.labels}
             with open(bundle_dir / "items.jsonl", encoding="utf-8") as fh:
                 for n, line in enumerate(fh):
                     item = json.loads(line)
                     self.index[item["id"]] = n
                     self.ids.append(item["id"])
+                    if keep_texts:
+                        self.texts.append(item.get("text") or "")
                     labels = item.get("labels") or {}
+                    elsewhere = self.NO_SPAN_OFFSETS if item.get("span_offsets") is False else 0
                     for schema, flags in self.flags.items():
                         labelled = schema in labels
                         trained = (labelled and not item.get("holdout")) if trained_on is None \
                             else item["id"] in trained_on.get(schema, ())
-                        flags.append((labelled or trained) * self.LABELLED | trained * self.TRAINED)
+                        flags.append((labelled or trained) * self.LABELLED | trained * self.TRAINED | elsewhere)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise WritebackError(
                 f"Nothing was written back: the run's bundle ({bundle_dir}) cannot be read ({exc}), and "
@@ -255,11 +262,17 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
             index = bundle.index[record["id"]]
             # A file from before this format held one line per item and schema.
             predictions = record[field_name] if field_name in record else {record["schema"]: record}
+            run_ids = record.get("run_ids") or {}
             for schema, prediction in predictions.items():
-                if schema in keep and _is_confidence(prediction.get("confidence")):
-                    table.put(schema, index, prediction["label"], float(prediction["confidence"]),
-                              _run_id(prediction.get("run_id")))
-        except (ValueError, KeyError, TypeError, AttributeError):
+                if schema not in keep:
+                    continue
+                if schema in table.compact:
+                    if is_confidence(prediction.get("confidence")):
+                        table.put(schema, index, prediction["label"], float(prediction["confidence"]),
+                                  _run_id(prediction.get("run_id")))
+                else:
+                    table.put_value(schema, index, prediction, _run_id(run_ids.get(schema)))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue  # an item no longer in the project, or a label the schema no longer has: dropped
 
 
@@ -289,38 +302,58 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     summary = WritebackSummary(path=target, schemas=written_schemas)
     if not written_schemas or not predictions.is_file():
         return summary
-    bundle = _Bundle(bundle_dir, trained_on)
+    schemes = {s.name: s for s in config.schemes}
+    bundle = _Bundle(bundle_dir, trained_on, keep_texts=any(
+        s in schemes and schemes[s].kind == SPAN for s in written_schemas))
     # Earlier runs' schemas are not in this run's bundle: their labels come from the config.
     labels = {s.name: s.labels for s in config.schemes if s.name in wb.schemas} | bundle.labels
-    table = _Table(len(bundle.ids), labels)
+    compact = {name for name in wb.schemas if name in schemes and schemes[name].kind == NOMINAL}
+    table = _Table(len(bundle.ids), labels, compact)
     _read_earlier(target, wb.field, set(wb.schemas) - set(written_schemas), bundle, table)
+    highlight = bool(config.raw.get("highlight_linebreaks", False))
 
     for line_no, line in _lines(predictions):
         try:
-            item_id, schema, label, confidence = parse_prediction(line, bundle.labels)
+            prediction = parse_prediction(line, bundle.kinds, bundle.labels)
         except ValueError as exc:
             summary.bad(line_no, str(exc))
             continue
+        schema = prediction.schema
         if schema not in written_schemas:
             summary.not_written_back[schema] = summary.not_written_back.get(schema, 0) + 1
             continue
-        index = bundle.index.get(item_id)
+        index = bundle.index.get(prediction.item_id)
         if index is None:
             summary.hold(schema, "not_an_item")
         elif bundle.has(bundle.TRAINED, schema, index):
             summary.hold(schema, "trained_on")
         elif not wb.include_unlabeled and not bundle.has(bundle.LABELLED, schema, index):
             summary.hold(schema, "unlabeled")
-        elif confidence < wb.min_confidence:
+        elif prediction.confidence is not None and prediction.confidence < wb.min_confidence:
             summary.hold(schema, "below_confidence")
         elif table.has(schema, index):
             summary.hold(schema, "duplicate")
-        else:
-            table.put(schema, index, label, confidence, run_id)
+        elif schema in table.compact:
+            table.put(schema, index, prediction.answer, prediction.confidence, run_id)
             summary.written[schema] = summary.written.get(schema, 0) + 1
+        else:
+            value = _prefill(schemes.get(schema), prediction, bundle, index, wb.min_confidence, highlight)
+            if value is None:
+                summary.hold(schema, "nothing_to_show")
+            else:
+                table.put_value(schema, index, value, run_id)
+                summary.written[schema] = summary.written.get(schema, 0) + 1
 
     _write(target, wb.field, bundle, table)
     return summary
+
+
+def _prefill(scheme: Scheme | None, prediction, bundle: _Bundle, index: int, min_confidence: float,
+             highlight: bool) -> Any:
+    if scheme is None or (prediction.kind == SPAN and bundle.has(bundle.NO_SPAN_OFFSETS, prediction.schema, index)):
+        return None
+    text = bundle.texts[index] if bundle.texts else None
+    return prefill(scheme, prediction, text, min_confidence=min_confidence, highlight_linebreaks=highlight)
 
 
 def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table) -> None:
@@ -329,8 +362,9 @@ def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table) -> Non
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open_text(tmp) as out:
-            for item_id, predictions in table.records(bundle.ids):
-                out.write(json.dumps({"id": item_id, field_name: predictions}, ensure_ascii=False) + "\n")
+            for item_id, predictions, run_ids in table.records(bundle.ids):
+                record = {"id": item_id, field_name: predictions, **({"run_ids": run_ids} if run_ids else {})}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)

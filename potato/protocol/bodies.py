@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from potato.answer_kinds import KINDS
 from potato.jsonapi import ApiError, parse_json
+from potato.prediction_shapes import check_answer_fields
 from potato.store import MAX_RUN_ID
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
@@ -106,7 +108,8 @@ _EVENT_FIELDS: Mapping[str, Mapping[str, tuple[Callable[[Any], str | None], bool
     "log": {"level": (_one_of(*LOG_LEVELS), False), "message": (_message, True)},
     "progress": {"phase": (_one_of("train", "predict"), False), "step": (_whole(0), False),
                  "total": (_whole(0), False), "epoch": (_number(0), False), "loss": (_number(), False),
-                 "schema": (_name, False)},
+                 "schema": (_name, False), "trainer": (_name, False), "part": (_whole(1), False),
+                 "parts": (_whole(1), False)},
     "metrics": {},  # its scores: check_scores
     "done": {"status": (_one_of("succeeded", "failed", "cancelled"), True), "error": (_message, False)},
 }
@@ -151,22 +154,46 @@ def check_event(event: Any) -> dict[str, Any]:
 
 # -- scores and results -----------------------------------------------------------------------
 
-_SCORE_FIELDS = {"accuracy": (_number(0, 1), False), "macro_f1": (_number(0, 1), False), "n": (_whole(0), False)}
+# Each kind's metrics (docs/answer-types.md, "In scores.json"), with their ranges; any other key a
+# newer worker adds may be a number or null.
+_SHARE = _number(0, 1)
+_SCORE_FIELDS = {"kind": (_one_of(*KINDS), False), "n": (_whole(0), False),
+                 "accuracy": (_SHARE, False), "macro_f1": (_SHARE, False), "micro_f1": (_SHARE, False),
+                 "exact_match": (_SHARE, False), "precision": (_SHARE, False), "recall": (_SHARE, False),
+                 "f1": (_SHARE, False), "mae": (_number(0), False), "spearman": (_number(-1, 1), False),
+                 "chrf": (_number(0), False)}
+_PER_LABEL_LIMIT = 1000
+
+
+def _named_objects(value: Any, where: str, noun: str, shape: str, limit: int) -> Iterator[tuple[str, dict]]:
+    """``(name, object)`` of a JSON object of at most *limit* names (a *noun* each: one line) to JSON objects."""
+    if not isinstance(value, dict) or len(value) > limit:
+        raise BadField(f"{where} must be {shape}")
+    for name, inner in value.items():
+        if _name(name) is not None:
+            raise BadField(f"{where} has a {noun} named {_show(name)}; use {_name(name)}")
+        if not isinstance(inner, dict):
+            raise BadField(f"{where}.{name} is {_show(inner)}; use {shape}")
+        yield name, inner
 
 
 def check_scores(value: Any) -> dict[str, Any]:
-    """Holdout scores ``{schema: {"accuracy", "macro_f1", "n"}}``, or ``BadField``."""
-    shape = 'a JSON object {schema: {"accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'
-    if not isinstance(value, dict) or len(value) > 100:
-        raise BadField(f"scores must be {shape}")
-    for schema, score in value.items():
-        if _name(schema) is not None:
-            raise BadField(f"scores has a schema named {_show(schema)}; use {_name(schema)}")
-        if not isinstance(score, dict):
-            raise BadField(f"scores.{schema} is {_show(score)}; use {shape}")
-        _check_fields(score, _SCORE_FIELDS, f"scores.{schema}.")
+    """Holdout scores ``{schema: {"kind", "n", …its kind's metrics}}``, or ``BadField``."""
+    shape = 'a JSON object {schema: {"kind": "nominal", "accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'
+    for schema, score in _named_objects(value, "scores", "schema", shape, 100):
+        try:
+            _check_fields(score, _SCORE_FIELDS)
+        except BadField as exc:
+            raise BadField(f"scores.{schema}.{exc}") from None
         for key, number in score.items():
-            if key not in _SCORE_FIELDS and number is not None and not _is_number(number):
+            if key == "per_label":
+                for label, metrics in _named_objects(number, f"scores.{schema}.per_label", "label",
+                                                     "a JSON object {label: {metric: number}}", _PER_LABEL_LIMIT):
+                    for metric, x in metrics.items():
+                        if _name(metric) is not None or (x is not None and not _is_number(x)):
+                            raise BadField(f"scores.{schema}.per_label.{label}.{metric} is {_show(x)}; "
+                                           "use a number or null")
+            elif key not in _SCORE_FIELDS and number is not None and not _is_number(number):
                 raise BadField(f"scores.{schema}.{key} is {_show(number)}; use a number or null")
     return value
 
@@ -204,32 +231,35 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
 
 # Item ids are strings in the bundle (potato.project), so a prediction names its item by one.
 _PREDICTION_FIELDS = {"id": (lambda v: None if isinstance(v, str) and v else "the item's id (a non-empty string)", True),
-                      "schema": (_name, True), "label": (_name, True), "confidence": (_number(0, 1), True)}
+                      "schema": (_name, True)}
 
 
 def prediction_problem(record: Mapping[str, Any]) -> str | None:
     """What is wrong with one prediction (a line of ``predictions.jsonl``, parsed), or None.
 
-    The one rule for a prediction's fields: the upload refuses a file with a
-    line that breaks it, and the writeback and the holdout evaluation skip
-    (and count) such a line in a file that reached the run directory otherwise.
+    The upload's rule, which knows no schema: an item id, a schema name and
+    the answer fields of some kind (``potato.prediction_shapes``, the one
+    place that says what each kind's prediction is, and which the writeback
+    and the holdout evaluation apply with each schema's kind).
     """
     try:
         _check_fields(record, _PREDICTION_FIELDS)
-    except BadField as exc:
+        check_answer_fields(record)
+    except (BadField, ValueError) as exc:
         return str(exc)
     return None
 
 
 def check_prediction_line(line: bytes, number: int) -> None:
-    """One line of ``predictions.jsonl``: ``{"id", "schema", "label", "confidence"}``, or ``BadField``."""
+    """One line of ``predictions.jsonl`` (``{"id", "schema"}`` and its kind's answer fields,
+    ``potato.prediction_shapes``), or ``BadField``."""
     try:
         record = parse_json(line, f"predictions.jsonl line {number}")
     except ApiError as exc:
         raise BadField(exc.message) from None
     if not isinstance(record, dict):
         raise BadField(f"predictions.jsonl line {number} is {_show(record)}; each line is a JSON object "
-                       '{"id", "schema", "label", "confidence"}')
+                       '{"id", "schema", "label", "confidence"} (or value, spans or text for numbers, spans and text)')
     problem = prediction_problem(record)
     if problem:
         raise BadField(f"predictions.jsonl line {number}: {problem}")

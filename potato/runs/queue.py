@@ -12,7 +12,8 @@ from potato.config import ProjectConfig
 from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError
 from potato.runs.paths import private_dir, run_paths
 from potato.store import END_STATES, Run, Store
-from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS, misfit
+from potato.trainer_choice import default_schemas, plan_trainers
+from potato.trainers.registry import TRAINERS
 
 
 def create_run(
@@ -29,33 +30,36 @@ def create_run(
 ) -> Run | None:
     """Queue a run after checking trainer, schemas and backend against the config.
 
+    Without *trainer*, each schema goes to its kind's default trainer, so the
+    run may have several (``potato.trainer_choice``); a named trainer must
+    train every schema (``NoTrainerFor`` otherwise).
+
     *trigger*, *annotation_count* and *only_when_idle* go to ``Store.create_run``
     (None when *only_when_idle* and a run is queued or running).
     """
-    trainer = trainer or DEFAULT_TRAINER
-    info = TRAINERS.get(trainer)
-    if info is None:
+    if trainer is not None and trainer not in TRAINERS:
         raise RunRequestError(f"Unknown trainer {trainer!r}; known trainers: {', '.join(sorted(TRAINERS))}")
     backend = backend or config.model_training.backend or "local"
     if backend not in config.model_training.backends:
         raise UnknownBackendError(backend, config.model_training.backends)
     declared = config.model_training.backends[backend].type_info
-    if info.local_only and not declared.on_this_machine:
-        raise LocalOnlyTrainerError(trainer, backend, declared.what, info.local_only)
     known = [s.name for s in config.schemes]
+    schemas = schemas or default_schemas(config, trainer)
     if not schemas:
-        schemas = list(config.model_training.writeback.schemas) or known
+        raise RunRequestError("No schema to train: name one of the config's annotation_schemes "
+                              f"({', '.join(known) or 'there are none'})")
     for schema in schemas:
-        scheme = config.scheme(schema)
-        if scheme is None:
+        if schema not in known:
             raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
-        problem = misfit(trainer, schema, scheme.annotation_type)
-        if problem:
-            raise RunRequestError(problem)
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
-    run = store.create_run(trainer, list(schemas), backend, options or {}, trigger=trigger,
-                           annotation_count=annotation_count, only_when_idle=only_when_idle)
+    plan = plan_trainers([config.scheme(s) for s in schemas], trainer)  # NoTrainerFor names the schema
+    for name in plan:
+        info = TRAINERS[name]
+        if info.local_only and not declared.on_this_machine:
+            raise LocalOnlyTrainerError(name, backend, declared.what, info.local_only)
+    run = store.create_run(" + ".join(plan), list(schemas), backend, options or {}, trigger=trigger,
+                           annotation_count=annotation_count, only_when_idle=only_when_idle, plan=plan)
     if run is not None:
         private_dir(run_paths(config, run.id).dir)
     return run

@@ -25,7 +25,8 @@ from potato.server.auth import require_admin
 from potato.server.context import get_config, get_store
 from potato.server.serialize import backends_json, event_json, run_json, schemas_json, trainers_json
 from potato.store import MAX_RUN_ID
-from potato.trainers.registry import DEFAULT_TRAINER
+from potato.trainer_choice import NoTrainerFor, default_schemas
+from potato.trainers.registry import DEFAULT_BY_KIND
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
 
@@ -97,7 +98,7 @@ def create_run():
         run = queue.create_run(config, get_store(), trainer=trainer, schemas=schemas, backend=backend, options=options)
     except UnknownBackendError as exc:
         raise ApiError(409, str(exc), known_backends=exc.known) from None
-    except LocalOnlyTrainerError as exc:
+    except (LocalOnlyTrainerError, NoTrainerFor) as exc:
         raise ApiError(409, str(exc)) from None
     except RunRequestError as exc:
         raise ApiError(400, str(exc)) from None
@@ -160,7 +161,8 @@ def predictions(run_id: int):
     path = run_paths(get_config(), run_id).predictions
     if not path.is_file():
         return jsonify({"available": False, "count": 0, "schemas": {}, "sample": []})
-    labels: dict[str, Counter] = {}
+    labels: dict[str, Counter] = {}  # per schema: its predictions' labels (a set's each, a span's each)
+    per_schema: dict[str, int] = {}
     confidence: dict[str, list[float]] = {}
     sample, count, unreadable = [], 0, 0
     with open(path, "rb") as fh:
@@ -169,12 +171,13 @@ def predictions(run_id: int):
                 continue
             try:
                 row = json.loads(line)
-                schema, label = str(row["schema"]), str(row["label"])
+                schema, shown = str(row["schema"]), _shown_answers(row)
             except (ValueError, KeyError, TypeError):
                 unreadable += 1
                 continue
             count += 1
-            labels.setdefault(schema, Counter())[label] += 1
+            labels.setdefault(schema, Counter()).update(shown)
+            per_schema[schema] = per_schema.get(schema, 0) + 1
             if isinstance(row.get("confidence"), (int, float)):
                 stats = confidence.setdefault(schema, [0.0, 0])
                 stats[0] += row["confidence"]
@@ -182,12 +185,25 @@ def predictions(run_id: int):
             if len(sample) < PREDICTION_SAMPLE:
                 sample.append(row)
     schemas = {
-        s: {"labels": dict(c.most_common()), "count": sum(c.values()),
+        s: {"labels": dict(c.most_common()), "count": per_schema[s],
             "mean_confidence": (confidence[s][0] / confidence[s][1]) if confidence.get(s) else None}
         for s, c in sorted(labels.items())
     }
     return jsonify({"available": True, "count": count, "unreadable_lines": unreadable,
                     "schemas": schemas, "sample": sample})
+
+
+def _shown_answers(row: dict[str, Any]) -> list[str]:
+    """What a prediction counts under in the summary: its label (each of a set's), each span's label,
+    or ``value``/``text`` for a number or a text. KeyError for a line with none of these."""
+    if "label" in row:
+        return [str(x) for x in row["label"]] if isinstance(row["label"], list) else [str(row["label"])]
+    if "spans" in row:
+        return [str(span["label"]) for span in row["spans"]]
+    for field in ("value", "text"):
+        if field in row:
+            return [field]
+    raise KeyError("label")
 
 
 @bp.get("/runs/<run_id:run_id>/evaluation")
@@ -233,9 +249,9 @@ def trainers():
     """Every trainer, what it trains and whether this server has its packages (Potato 2.12.1's shape, and more)."""
     config = get_config()
     return jsonify({
-        "trainers": trainers_json(), "default": DEFAULT_TRAINER,
+        "trainers": trainers_json(), "default": None, "default_by_kind": DEFAULT_BY_KIND,
         "schemas": [s.name for s in config.schemes],
-        "default_schemas": list(config.model_training.writeback.schemas) or [s.name for s in config.schemes],
+        "default_schemas": default_schemas(config),
     })
 
 

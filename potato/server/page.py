@@ -12,7 +12,8 @@ from flask import Blueprint, redirect, render_template, request, url_for
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
 from potato.server.context import get_config, get_store
 from potato.server.serialize import backends_json
-from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS
+from potato.trainer_choice import default_schemas, default_trainer, describe_plan
+from potato.trainers.registry import TRAINERS
 
 bp = Blueprint("page", __name__, url_prefix="/admin/training",
                template_folder="templates", static_folder="static", static_url_path="/static")
@@ -64,9 +65,8 @@ def training():
         title=config.annotation_task_name,
         backends=backends_json(config),
         trainers=sorted(TRAINERS),
-        default_trainer=DEFAULT_TRAINER,
-        schemas=[s.name for s in config.schemes],
-        default_schemas=set(config.model_training.writeback.schemas) or {s.name for s in config.schemes},
+        schemas=[{"name": s.name, "kind": s.kind, "trainer": default_trainer(s.kind)} for s in config.schemes],
+        default_schemas=set(default_schemas(config)),
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )
 
@@ -78,7 +78,7 @@ def run_page(run_id: int):
     config = get_config()
     run = get_store().get_run(run_id)  # unknown → 404 JSON via the app's handler
     return render_template(
-        "run.html", title=config.annotation_task_name, run=run,
+        "run.html", title=config.annotation_task_name, run=run, trainers=describe_plan(run.trainers),
         ran_on=config.model_training.backends[run.backend].describe()
         if run.backend in config.model_training.backends else run.backend,
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,

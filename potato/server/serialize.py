@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from potato.answer_kinds import kind_of_type
 from potato.config import ProjectConfig
-from potato.follow import describe_scores
 from potato.protocol.state import display_state
+from potato.score_text import score_lines
 from potato.store import QUEUED, RUNNING, Event, Run, Store
-from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, trainers_for_type
+from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules
+from potato.trainer_choice import default_trainer, describe_plan, trainers_for
 
 
 def duration(run: Run, now: float | None = None) -> float | None:
@@ -40,6 +40,8 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
     return {
         "id": run.id,
         "trainer": run.trainer,
+        "trainers": run.trainers,  # {trainer: [schemas]}: every trainer of the run and what it trains
+        "trainers_text": describe_plan(run.trainers),
         "schemas": list(run.schemas),
         "trigger": run.trigger,
         "backend": run.backend,
@@ -58,7 +60,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "cancel_requested": run.cancel_requested_at is not None,
         "error": run.error,
         "scores": run.scores or {},
-        "scores_text": describe_scores(run.scores),
+        "scores_text": score_lines(run.scores),
         "options": run.options or {},
         "artifact_uri": run.artifact_uri,
         "host_python": run.host_python,
@@ -116,7 +118,7 @@ def schemas_json(config: ProjectConfig) -> list[dict[str, Any]]:
     """Each schema with the trainers that can train it, as Potato 2.12.1's ``/api/schemas`` answers."""
     rows = []
     for scheme in config.schemes:
-        names = [info.name for info in trainers_for_type(scheme.annotation_type)]
-        rows.append({"name": scheme.name, "annotation_type": scheme.annotation_type,
-                     "kind": kind_of_type(scheme.annotation_type), "trainers": names, "trainable": bool(names)})
+        names = trainers_for(scheme.kind)
+        rows.append({"name": scheme.name, "annotation_type": scheme.annotation_type, "kind": scheme.kind,
+                     "trainers": names, "trainable": bool(names), "default_trainer": default_trainer(scheme.kind)})
     return rows

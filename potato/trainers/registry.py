@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from potato.answer_kinds import NOMINAL, UNSUPPORTED, kind_of_type
+from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
 
@@ -62,7 +62,15 @@ class TrainerInfo:
     gpu_memory_mb: Optional[str] = None
 
 
-DEFAULT_TRAINER = "hf-text-classification"
+# The trainer a run that names none uses for each kind of answer (potato.trainer_choice plans runs with it).
+DEFAULT_BY_KIND = {
+    NOMINAL: "hf-text-classification",
+    ORDINAL: "hf-text-classification",
+    CONTINUOUS: "hf-text-classification",
+    MULTILABEL: "hf-text-classification",
+    SPAN: "hf-span-tagging",
+    TEXT: "hf-llm-finetune",
+}
 
 TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
     TrainerInfo(
@@ -109,27 +117,6 @@ def missing_modules(info: TrainerInfo) -> List[str]:
 
 def trainers_for_kind(kind: str) -> List[TrainerInfo]:
     return [info for info in TRAINERS.values() if kind in info.kinds]
-
-
-def trainers_for_type(annotation_type: str) -> List[TrainerInfo]:
-    """The trainers that can train a schema of ``annotation_type`` (through its answer kind)."""
-    return trainers_for_kind(kind_of_type(annotation_type))
-
-
-def misfit(trainer: str, schema: str, annotation_type: str) -> Optional[str]:
-    """Why *trainer* cannot train *schema* (of *annotation_type*), naming both; None when it can."""
-    info = TRAINERS[trainer]
-    kind = kind_of_type(annotation_type)
-    if kind in info.kinds:
-        return None
-    cannot = "Trainer {!r} cannot train schema {!r}: its annotation_type {!r}".format(trainer, schema, annotation_type)
-    if kind == UNSUPPORTED:
-        return cannot + " is not one that any trainer trains"
-    others = [t.name for t in trainers_for_kind(kind)]
-    fix = ("trainers that can: {}".format(", ".join(others)) if others else
-           "no trainer of this project trains {} answers".format(kind))
-    return "{} gives {} answers, and {} trains {} answers; {}".format(
-        cannot, kind, trainer, ", ".join(info.kinds), fix)
 
 
 def import_failure_message(trainer: str, missing: str) -> str:

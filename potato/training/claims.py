@@ -14,6 +14,8 @@ import math
 import re
 from typing import Any, Dict, Optional
 
+from potato.training.parts import check_parts
+
 URL_KEYS = ("status", "events", "predictions", "result")
 MAX_RUN_ID = 2 ** 63 - 1      # SQLite's INTEGER
 MAX_SECONDS = 7 * 24 * 3600
@@ -89,3 +91,6 @@ def _check_fields(claim: Dict[str, Any], run_id: int) -> None:
         raise BadClaim("job.schemas is {!r}; expected a list of schema names".format(schemas))
     if not isinstance(job.get("options", {}), dict):
         raise BadClaim("job.options is {!r}; expected an object".format(job.get("options")))
+    problem = check_parts(job.get("parts"))
+    if problem:
+        raise BadClaim("job." + problem)

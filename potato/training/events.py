@@ -21,7 +21,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from potato.training.escaping import open_text
 
@@ -125,6 +125,8 @@ class EventWriter:
         self._last_progress = None  # type: Optional[float]
         self._warned = set()  # type: Set[str]
         self._cancel = threading.Event()
+        self._part = None  # type: Optional[Dict[str, Any]]
+        self._scores_before = {}  # type: Dict[str, Any]
         # Continue numbering if the file already holds events (a re-run in the same dir).
         existing, _ = read_events(path)
         if existing:
@@ -133,8 +135,20 @@ class EventWriter:
 
     # -- writing -----------------------------------------------------------
 
+    def set_part(self, part: Optional[Dict[str, Any]], scores_before: Optional[Dict[str, Any]] = None) -> None:
+        """While one part of a job with several trainers trains (``potato.training.parts``): its
+        ``part`` fields go into each progress event, and each metrics event also carries
+        *scores_before*, the schemas the parts before it scored. None ends the part."""
+        self._part = part
+        self._scores_before = scores_before if scores_before is not None else {}
+
     def emit(self, type_: str, **fields: Any) -> Optional[int]:
         """Append one event; returns its ``seq``, or None when the writer is closed."""
+        if self._part is not None:
+            if type_ == "progress":
+                fields = dict(fields, **self._part)
+            elif type_ == "metrics":
+                fields = dict(fields, scores=dict(self._scores_before, **(fields.get("scores") or {})))
         with self._lock:
             if self._closed:
                 return None

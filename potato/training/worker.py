@@ -32,6 +32,7 @@ import traceback
 from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato.answer_kinds import NOMINAL
 from potato.trainers import registry
 from potato.trainers.registry import import_failure_message
 from potato.training.device import THREAD_VARIABLES
@@ -55,14 +56,15 @@ class Job:
     trainer merges its defaults), ``device`` (the torch device chosen, e.g.
     ``cpu``), ``device_name``, ``num_threads``, ``max_ram_mb``,
     ``include_unlabeled``, ``processes``, ``artifacts_dir``, ``group`` (None, or in
-    a data-parallel run this process's place among the training processes).
+    a data-parallel run this process's place among the training processes),
+    ``parts`` (a job with several trainers: ``potato.training.parts``).
     """
 
     def __init__(self, job_dir: str, spec: Dict[str, Any]):
         self.dir = os.path.abspath(job_dir)
         self.spec = spec
         self.run_id = spec.get("run_id")
-        self.trainer = spec.get("trainer", registry.DEFAULT_TRAINER)
+        self.trainer = spec.get("trainer", registry.DEFAULT_BY_KIND[NOMINAL])  # a job.json of an older server
         self.schemas = list(spec.get("schemas") or [])
         bundle = spec.get("bundle", BUNDLE)
         self.bundle_dir = bundle if os.path.isabs(bundle) else os.path.join(self.dir, bundle)
@@ -77,6 +79,7 @@ class Job:
         self.device = "cpu"
         self.device_name = "CPU"
         self.group = None  # a data-parallel run's DataParallelGroup (potato/training/process_group.py)
+        self.parts = list(spec.get("parts") or [])  # several trainers: potato/training/parts.py
         self._manifest = None  # type: Optional[Dict[str, Any]]
 
     @property
@@ -276,6 +279,10 @@ def run(job_dir: str) -> int:
     job, trainer, code = _prepare(job_dir, events)
     if trainer is None:
         return code
+    if job.parts:
+        from potato.training.parts import train_parts
+
+        return _guarded(job_dir, events, lambda: train_parts(job, events, trainer, read_job, _train_or_lead))
     return _guarded(job_dir, events, lambda: _train_or_lead(job, events, trainer))
 
 
@@ -338,36 +345,54 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
     apply_num_threads(num_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    info = registry.TRAINERS.get(job.trainer)
+    from potato.training.parts import check_parts
+
+    problem = check_parts(job.spec.get("parts"))
+    if problem:
+        return job, None, _finish(exit_dir, events, EXIT_FAILED, "failed", "Job: " + problem)
+    names = [part["trainer"] for part in job.parts] or [job.trainer]
+    modules = []
+    for name in names:
+        module, code = _import_trainer(name, exit_dir, events, announce)
+        if module is None:
+            return job, None, code
+        modules.append(module)
+    trainer = modules if job.parts else modules[0]
+    if num_threads and any(uses_device(name) for name in names):
+        import torch
+
+        torch.set_num_threads(int(num_threads))  # once, before any work
+    return job, trainer, 0
+
+
+def _import_trainer(name: str, exit_dir: str, events: EventWriter, announce: bool) -> Tuple[Any, int]:
+    """``(trainer module, 0)``, or ``(None, exit code)`` after writing why it could not be imported."""
+    info = registry.TRAINERS.get(name)
     if info is None:
-        return job, None, _finish(
+        return None, _finish(
             exit_dir, events, EXIT_FAILED, "failed",
-            "Unknown trainer {!r}; known trainers: {}".format(job.trainer, ", ".join(sorted(registry.TRAINERS))),
+            "Unknown trainer {!r}; known trainers: {}".format(name, ", ".join(sorted(registry.TRAINERS))),
         )
     tried = info.module
     if announce:  # at once: importing torch and friends takes seconds, and silence counts against the heartbeat
-        events.log("Loading trainer {!r} and its packages".format(job.trainer))
+        events.log("Loading trainer {!r} and its packages".format(name))
     try:
         trainer = registry.load(info)
         for tried in info.required_modules:
             importlib.import_module(tried)
     except ImportError as exc:
-        message = import_error_message(job.trainer, exc, tried)
+        message = import_error_message(name, exc, tried)
         events.log("{}: {}".format(message, _one_line(exc)), level="error")
-        return job, None, _finish(exit_dir, events, EXIT_IMPORT, "failed", message)
+        return None, _finish(exit_dir, events, EXIT_IMPORT, "failed", message)
     except Exception as exc:  # a package that is there but breaks on import (e.g. a CUDA mismatch)
         tb = traceback.format_exc()
         sys.stderr.write(tb)
         events.log(tb.rstrip(), level="error")
-        return job, None, _finish(
+        return None, _finish(
             exit_dir, events, EXIT_IMPORT, "failed",
-            "Trainer {!r} could not be imported ({} failed: {})".format(job.trainer, tried, _one_line(exc)),
+            "Trainer {!r} could not be imported ({} failed: {})".format(name, tried, _one_line(exc)),
         )
-    if num_threads and info.uses_device:
-        import torch
-
-        torch.set_num_threads(int(num_threads))  # once, before any work
-    return job, trainer, 0
+    return trainer, 0
 
 
 def uses_device(trainer: str) -> bool:

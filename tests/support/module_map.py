@@ -38,10 +38,13 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
              "tokens; the Prefect glue.",
      ("potato.runs", "potato.backends.leftovers", "potato.store", "potato.run_events", "potato.runlog",
       "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_runs", "potato.prefect_api")),
-    ("project", "The project: its config (read once, typed) and validation; items, annotators' answers, "
-                "aggregation, the holdout split and the bundle.",
+    ("project", "The project: its config (read once, typed) and validation; items, annotators' answers of "
+                "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
+                "schema; the shapes of predictions and of what annotators see; scores in words.",
      ("potato.config", "potato.validate", "potato.project", "potato.labels", "potato.holdout",
-      "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked")),
+      "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked", "potato.answers",
+      "potato.aggregation", "potato.scheme_fields", "potato.rendered_text", "potato.trainer_choice",
+      "potato.prediction_shapes", "potato.writeback_shapes", "potato.score_text")),
     ("declarations", "What exists, declared without importing it: the backend types and their key "
                      "tables, the vocabulary of a config key, every error class.",
      ("potato.backends.registry", "potato.backends.contract", "potato.backends.keys", "potato.config_keys",

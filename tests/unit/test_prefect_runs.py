@@ -37,9 +37,13 @@ def test_limit_name_and_tags_name_the_project(tmp_path):
     key = prefect_runs.project_key_of(config)
     assert key == project_key("Review Sentiment", config.training_dir.resolve())
     assert prefect_runs.limit_name(config) == f"potato-training-{key}"
-    run = SimpleNamespace(backend="gpu-server", trainer="hf-text-classification")
+    run = SimpleNamespace(backend="gpu-server", trainers={"hf-text-classification": ["sentiment"]})
     assert prefect_runs.flow_run_tags(config, run) == [
         "potato", f"project:{key}", "backend:gpu-server", "trainer:hf-text-classification"]
+    run = SimpleNamespace(backend="local", trainers={"hf-text-classification": ["sentiment"],
+                                                     "hf-span-tagging": ["entities"]})
+    assert prefect_runs.flow_run_tags(config, run)[-2:] == ["trainer:hf-text-classification",
+                                                            "trainer:hf-span-tagging"]
 
 
 def test_cancel_messages_say_where_the_cancel_came_from():

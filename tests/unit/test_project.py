@@ -525,6 +525,7 @@ def test_bundle_contents(tmp_path):
     assert manifest == {
         "format": 1,
         "schemas": {"sentiment": ["positive", "negative"]},
+        "answers": {"sentiment": {"type": "radio", "kind": "nominal"}},
         "id_key": "id",
         "text_key": "text",
         "holdout_fraction": 0.0,
@@ -756,10 +757,11 @@ def test_two_schemas_in_one_bundle(tmp_path):
                                                           "r1": {"topic": ["price", "quality"]}, "r2": {"sentiment": "positive"}})
     info = build_bundle(config, ["sentiment", "topic"], tmp_path / "bundle", holdout_fraction=0.0)
     items = _items(tmp_path / "bundle" / "items.jsonl")
-    assert [i["labels"] for i in items] == [{"sentiment": "negative", "topic": "quality"}, {"topic": "price"},
-                                            {"sentiment": "positive"}, {}]
-    assert info.labeled == {"sentiment": 2, "topic": 2} and info.ties == {"sentiment": 0, "topic": 1}
-    assert info.label_counts == {"sentiment": {"positive": 1, "negative": 1}, "topic": {"price": 1, "quality": 1}}
+    # One annotator: their ticked set is the item's, and an item they saved without ticking has none.
+    assert [i["labels"] for i in items] == [{"sentiment": "negative", "topic": ["quality"]},
+                                            {"topic": ["price", "quality"]}, {"sentiment": "positive", "topic": []}, {}]
+    assert info.labeled == {"sentiment": 2, "topic": 3} and info.ties == {"sentiment": 0, "topic": 0}
+    assert info.label_counts == {"sentiment": {"positive": 1, "negative": 1}, "topic": {"price": 1, "quality": 2}}
 
 
 @pytest.mark.parametrize("consensus", [False, True])

@@ -20,11 +20,11 @@ from potato.backends.registry import BACKEND_TYPES, configurable_types, resolve
 from potato.cli import main
 from potato.config import KINDS as KEY_KINDS
 from potato.config import load_config
-from potato.errors import RunRequestError
 from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.server import create_app
-from potato.trainers.registry import TRAINERS, hook, load, misfit
+from potato.trainer_choice import NoTrainerFor
+from potato.trainers.registry import TRAINERS, hook, load
 from tests.support import toy_backend
 from tests.support.potato_project import make_project
 from tests.support.toy_backend import TOY, TOY_TRAINER
@@ -77,20 +77,6 @@ def test_every_trainer_declaration_agrees_with_its_module(name):
         assert getattr(info, which) is None or callable(hook(info, which))
 
 
-def test_a_misfit_names_the_trainer_the_schema_and_who_can():
-    assert misfit("hf-text-classification", "sentiment", "radio") is None
-    assert misfit("hf-text-classification", "entities", "span") == (
-        "Trainer 'hf-text-classification' cannot train schema 'entities': its annotation_type 'span' gives span "
-        "answers, and hf-text-classification trains nominal answers; no trainer of this project trains span answers")
-    assert misfit("hf-text-classification", "mood", "likert") == (
-        "Trainer 'hf-text-classification' cannot train schema 'mood': its annotation_type 'likert' gives ordinal "
-        "answers, and hf-text-classification trains nominal answers; no trainer of this project trains ordinal "
-        "answers")
-    assert misfit("decision-calibrate", "pick", "pure_display") == (
-        "Trainer 'decision-calibrate' cannot train schema 'pick': its annotation_type 'pure_display' is not one "
-        "that any trainer trains")
-
-
 # -- a toy of each, registered from here ----------------------------------------
 
 
@@ -130,9 +116,8 @@ def test_potato_validate_checks_a_toy_by_its_own_declaration(tmp_path, toys):
     assert result.output.splitlines()[:3] == [
         f"error: {b}.flavor is not a key of a toy backend; did you mean `flavour`? Accepted keys: type, "
         "description, host, flavour, heartbeat_timeout_s",
-        "error: model_training.auto_retrain.schemas[0]: Trainer 'toy-trainer' cannot train schema 'sentiment': its "
-        "annotation_type 'radio' gives nominal answers, and toy-trainer trains ordinal answers; trainers that "
-        "can: hf-text-classification, decision-calibrate",
+        "error: model_training.auto_retrain.trainer is 'toy-trainer': Trainer 'toy-trainer' cannot train schema "
+        "'sentiment' (radio); the trainers that can: hf-text-classification, decision-calibrate",
         "error: model_training.trainers.toy-trainer: rounds must be a positive integer, got 0",
     ]
 
@@ -157,16 +142,17 @@ def test_the_runs_on_menu_and_the_trainers_api_show_the_toys(tmp_path, toys):
     schemas = client.get("/admin/training/api/schemas", headers=ADMIN).json["schemas"]
     assert schemas == [
         {"name": "sentiment", "annotation_type": "radio", "kind": "nominal",
-         "trainers": ["hf-text-classification", "decision-calibrate"], "trainable": True},
+         "trainers": ["hf-text-classification", "decision-calibrate"], "trainable": True,
+         "default_trainer": "hf-text-classification"},
         {"name": "mood", "annotation_type": "likert", "kind": "ordinal", "trainers": ["toy-trainer"],
-         "trainable": True},
+         "trainable": True, "default_trainer": None},
     ]
 
 
 def test_a_run_request_for_a_trainer_that_cannot_train_the_schema_is_refused(tmp_path, toys):
     config = load_config(_project(tmp_path))
     store = open_store(config)
-    with pytest.raises(RunRequestError, match="^Trainer 'toy-trainer' cannot train schema 'sentiment': "):
+    with pytest.raises(NoTrainerFor, match=r"^Trainer 'toy-trainer' cannot train schema 'sentiment' \(radio\); "):
         create_run(config, store, trainer="toy-trainer", schemas=["sentiment"])
     assert create_run(config, store, trainer="toy-trainer", schemas=["mood"]).backend == "toy1"
     assert toy_backend.poll(None, None, None) == 0  # what a run of it would relay: its worker is done

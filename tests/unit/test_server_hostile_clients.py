@@ -90,7 +90,7 @@ def test_a_bad_event_keeps_the_events_before_it_and_is_named_with_its_seq(client
     (progress(1, 10, phase="sleep"), "phase is 'sleep'; use one of: train, predict"),
     (progress(1, 10, epoch="one"), "epoch is 'one'; use a number of at least 0"),
     ({"seq": 1, "type": "metrics", "scores": {"sentiment": 0.9}},
-     'scores.sentiment is 0.9; use a JSON object {schema: {"accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'),
+     'scores.sentiment is 0.9; use a JSON object {schema: {"kind": "nominal", "accuracy": 0.9, "macro_f1": 0.89, "n": 48}}'),
     ({"seq": 1, "type": "metrics", "scores": {"sentiment": {"accuracy": 7}}},
      "scores.sentiment.accuracy is 7; use a number from 0 to 1"),
     ({"seq": 1, "type": "done", "status": "exploded"}, "status is 'exploded'; use one of: succeeded, failed, cancelled"),

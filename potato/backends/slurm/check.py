@@ -12,12 +12,12 @@ from potato.backends.slurm.steps import REQUIRED_COMMANDS
 from potato.backends.ssh.check import login_and_probe
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import MissingSlurmCommand
-from potato.trainers.registry import DEFAULT_TRAINER
+from potato.trainer_choice import project_trainers
 
 
-def check_slurm(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
+def check_slurm(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python."""
-    report, probe = login_and_probe(backend, trainer, f"{backend.name}: slurm on {backend.host}")
+    report, probe = login_and_probe(backend, project_trainers(config), f"{backend.name}: slurm on {backend.host}")
     lines = report.lines
     if probe is not None:
         lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")

@@ -11,10 +11,11 @@ from potato.backends.ssh.gpus import choose_for_backend
 from potato.backends.ssh.openssh import Connection, SshTarget
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import PotatoError
-from potato.trainers.registry import DEFAULT_TRAINER, TRAINERS
+from potato.trainer_choice import project_trainers
+from potato.trainers.registry import TRAINERS
 
 
-def login_and_probe(backend: BackendConfig, trainer: str, first_line: str) -> tuple[CheckReport, dict | None]:
+def login_and_probe(backend: BackendConfig, trainers: list[str], first_line: str) -> tuple[CheckReport, dict | None]:
     """A report that starts with *first_line*, and what the host has (None when logging in or probing failed:
     then the report's last line says why)."""
     report = CheckReport(backend=backend.name, type=backend.type, ok=False, lines=[first_line])
@@ -23,7 +24,7 @@ def login_and_probe(backend: BackendConfig, trainer: str, first_line: str) -> tu
     try:
         connection.open()
         session = ssh.SshSession(target=target, connection=connection, python=backend.get("python", "python3"))
-        return report, ssh.probe(session, backend.get("remote_dir"), trainer, gpus=ssh.wants_gpus(backend))
+        return report, ssh.probe(session, backend.get("remote_dir"), trainers, gpus=ssh.wants_gpus(backend))
     except PotatoError as exc:
         report.lines.append(str(exc))
         return report, None
@@ -31,9 +32,11 @@ def login_and_probe(backend: BackendConfig, trainer: str, first_line: str) -> tu
         connection.close()
 
 
-def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFAULT_TRAINER) -> CheckReport:
-    """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages."""
-    report, probe = login_and_probe(backend, trainer, f"{backend.name}: ssh to {backend.host}")
+def check_ssh(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
+    """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages (those of
+    the trainers the project's runs use)."""
+    trainers = project_trainers(config)
+    report, probe = login_and_probe(backend, trainers, f"{backend.name}: ssh to {backend.host}")
     lines = report.lines
     if probe is not None:
         lines.append(f"Python {probe['python']} ({probe['executable']})")
@@ -56,5 +59,6 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig, trainer: str = DEFA
                          f"{', '.join(missing)}{where}")
             report.ok = report.ok and bool(packages)
         else:
-            lines.append("Training packages: all there (" + ", ".join(TRAINERS[trainer].required_modules) + ")")
+            needed = dict.fromkeys(m for name in trainers for m in TRAINERS[name].required_modules)
+            lines.append("Training packages: all there (" + ", ".join(needed) + ")")
     return report

@@ -30,7 +30,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from potato import training
 from potato.backends.base import RunContext
@@ -163,13 +163,14 @@ def connect(ctx: RunContext) -> SshSession:
                       python=ctx.backend.get("python", "python3"))
 
 
-def probe(session: SshSession, remote_dir: str, trainer: str, *, gpus: bool = True) -> dict:
+def probe(session: SshSession, remote_dir: str, trainers: Sequence[str], *, gpus: bool = True) -> dict:
     """What the host has (training/probe.py), in one round trip; maps a missing interpreter to its error.
 
+    *trainers*: the run's trainers (their packages are all looked for).
     *gpus*: whether to ask ``nvidia-smi`` (not on a SLURM login node, nor for ``gpus: none``).
     """
     code_hash, _ = code_archive()
-    packages = list(TRAINERS[trainer].required_modules)
+    packages = list(dict.fromkeys(p for name in trainers for p in TRAINERS[name].required_modules))
     command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env, gpus=gpus)
     done = session.connection.run(command, input=PROBE_SOURCE.read_bytes(), timeout=120, check=False)
     stderr = done.stderr.decode(errors="replace")
@@ -210,7 +211,7 @@ def wants_gpus(backend) -> bool:
 def probe_host(ctx: RunContext, session: SshSession) -> dict:
     """Probe the host once for the run; remember what the next steps need."""
     remote_dir = ctx.backend.get("remote_dir")
-    report = probe(session, remote_dir, ctx.run.trainer, gpus=wants_gpus(ctx.backend))
+    report = probe(session, remote_dir, list(ctx.run.trainers), gpus=wants_gpus(ctx.backend))
     if not report.get("remote_dir_writable", True):
         raise RemoteDirNotWritable(session.host, report.get("user") or "the login account", remote_dir)
     session.probe = report
@@ -246,7 +247,8 @@ def sync_code(ctx: RunContext, session: SshSession) -> str:
         missing = _still_missing(session, missing)
         ctx.log.info(f"Using the venv {env_dir} (--system-site-packages)")
     if missing:
-        raise TrainerImportError(ctx.run.trainer, missing[0], fix=(
+        needs = next((t for t in ctx.run.trainers if missing[0] in TRAINERS[t].required_modules), ctx.run.trainer)
+        raise TrainerImportError(needs, missing[0], fix=(
             f"{session.python} on {session.host} lacks {', '.join(missing)}: point the backend's python at an "
             f"interpreter that has them, or list them under packages"))
     return said

@@ -1,5 +1,6 @@
-/* The run page: facts, live step row, the run log, the loss curve, per schema the holdout confusion
-   matrix and reliability diagram (all inline SVG, no outside assets), predictions, artifacts. */
+/* The run page: facts, live step row, the run log, the loss curve, per schema its holdout picture (a
+   label schema's confusion matrix and reliability diagram, a multilabel schema's confusion per label, a
+   span schema's matches per label; all inline SVG or tables, no outside assets), predictions, artifacts. */
 "use strict";
 (function () {
   var root = document.getElementById("run");
@@ -87,7 +88,7 @@
     document.getElementById("run-ran-on").textContent = run.ran_on.description;
     document.getElementById("run-started").textContent = Potato.time(run.started_at);
     document.getElementById("run-duration").textContent = Potato.duration(run.duration_s);
-    document.getElementById("run-scores").textContent = run.scores_text;
+    document.getElementById("run-scores").textContent = Potato.scores(run.scores_text);
     document.getElementById("run-device").textContent = run.gpu || "–";
     if (run.artifact_uri) document.getElementById("run-artifact-uri").textContent = run.artifact_uri;
     var prefect = document.getElementById("run-prefect");
@@ -225,6 +226,40 @@
     return svg;
   }
 
+  function fixed(x) { return typeof x === "number" ? x.toFixed(3) : "–"; }
+
+  // A multilabel schema: one 2×2 confusion matrix per label (rows: the annotators ticked it or not).
+  function perLabel(name, s) {
+    var pictures = [Potato.el("p", {}, "Exact sets: " + fixed(s.exact_set) + " of " + s.n + " held-out items.")];
+    s.per_label.forEach(function (c) {
+      var n = c.tp + c.fp + c.fn + c.tn;
+      pictures.push(confusionMatrix(name + ": " + c.label, { labels: ["on", "off"], n: n, missing: 0,
+        confusion: [[c.tp, c.fn], [c.fp, c.tn]], accuracy: n ? (c.tp + c.tn) / n : null }));
+    });
+    return pictures;
+  }
+
+  // A span schema: exact-match spans per label, with precision, recall and F1.
+  function spanMatches(name, s) {
+    var table = Potato.el("table", { "class": "span-matches" });
+    table.appendChild(Potato.el("caption", {}, name + ": spans matched exactly"));
+    var head = Potato.el("tr");
+    ["Label", "Matched", "Extra", "Missed", "Precision", "Recall", "F1"].forEach(function (h) {
+      head.appendChild(Potato.el("th", { scope: "col" }, h));
+    });
+    table.appendChild(head);
+    s.per_label.forEach(function (c) {
+      var p = c.tp + c.fp ? c.tp / (c.tp + c.fp) : null, r = c.tp + c.fn ? c.tp / (c.tp + c.fn) : null;
+      var f = p !== null && r !== null && p + r ? 2 * p * r / (p + r) : null;
+      var tr = Potato.el("tr");
+      [c.label, String(c.tp), String(c.fp), String(c.fn), fixed(p), fixed(r), fixed(f)].forEach(function (v) {
+        tr.appendChild(Potato.el("td", {}, v));
+      });
+      table.appendChild(tr);
+    });
+    return table;
+  }
+
   function evaluation() {
     return Potato.request("GET", root.dataset.evaluation).then(function (data) {
       var box = document.getElementById("evaluation");
@@ -241,8 +276,12 @@
           "Calibration by run " + cal.by_run + ": " + (cal.kept ? "kept" : "backed out") + " — " + cal.reason +
           (cal.threshold !== null ? ". " + Math.round(cal.target_precision * 100) + " % precision at confidence ≥ " + cal.threshold : "")));
         var row = Potato.el("div", { "class": "pictures" });
-        if (s.n) { row.appendChild(confusionMatrix(name, s)); row.appendChild(reliabilityDiagram(name, s)); }
-        else row.appendChild(Potato.el("p", { "class": "hint" }, "No held-out item of " + name + " had a prediction."));
+        if (!s.n) row.appendChild(Potato.el("p", { "class": "hint" }, "No held-out item of " + name + " had a prediction."));
+        else if (s.kind === "multilabel") perLabel(name, s).forEach(function (p) { row.appendChild(p); });
+        else if (s.kind === "span") row.appendChild(spanMatches(name, s));
+        else if (s.kind === "continuous") row.appendChild(Potato.el("p", {}, "Mean absolute error " + fixed(s.mae) + " over " + s.n + " held-out items."));
+        else if (s.kind === "text") row.appendChild(Potato.el("p", {}, "Exact answers: " + fixed(s.exact_match) + " of " + s.n + " held-out items."));
+        else { row.appendChild(confusionMatrix(name, s)); row.appendChild(reliabilityDiagram(name, s)); }
         box.appendChild(row);
       });
     });

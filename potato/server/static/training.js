@@ -30,7 +30,9 @@
   form.addEventListener("submit", function (ev) {
     ev.preventDefault();
     var schemas = Array.prototype.map.call(form.querySelectorAll("input[name=schemas]:checked"), function (c) { return c.value; });
-    var body = { trainer: document.getElementById("trainer").value, schemas: schemas, backend: backendSelect.value };
+    var body = { schemas: schemas, backend: backendSelect.value };
+    var trainer = document.getElementById("trainer").value;
+    if (trainer) body.trainer = trainer;  // none: each schema is trained by its kind's default trainer
     var button = document.getElementById("start-button");
     button.disabled = true;
     message.className = "";
@@ -59,7 +61,7 @@
     var main = Potato.el("tr", { "data-run": run.id, "id": "run-" + run.id });
     var link = Potato.el("a", { href: table.dataset.runPage + run.id }, "Run " + run.id);
     var first = Potato.el("td"); first.appendChild(link); main.appendChild(first);
-    ["state", "trigger", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
+    ["state", "trigger", "trainer", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
       main.appendChild(Potato.el("td", { "class": "col-" + k }));
     });
     var actions = Potato.el("td", { "class": "col-actions" });
@@ -68,7 +70,7 @@
     actions.appendChild(button);
     main.appendChild(actions);
     var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
-    var cell = Potato.el("td", { colspan: "9" });
+    var cell = Potato.el("td", { colspan: "10" });
     var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
     var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
     var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
@@ -87,12 +89,13 @@
     var stateText = run.state + (run.cancel_requested && run.active ? " (cancelling)" : "");
     if (state.textContent !== stateText) { state.textContent = stateText; state.className = "col-state state state-" + run.state; }
     set(r.main, "trigger", run.trigger);
+    set(r.main, "trainer", run.trainers_text);
     set(r.main, "ran-on", run.ran_on.name);
     r.main.querySelector(".col-ran-on").title = run.ran_on.description;
     set(r.main, "queue", run.queue_position ? "#" + run.queue_position : "");
     set(r.main, "started", Potato.time(run.started_at));
     set(r.main, "duration", Potato.duration(run.duration_s));
-    set(r.main, "scores", run.error && run.state === "failed" ? run.error : run.scores_text);
+    set(r.main, "scores", run.error && run.state === "failed" ? run.error : Potato.scores(run.scores_text));
     var open = run.state === "queued" || run.state === "running";
     var button = r.main.querySelector("button.cancel");
     button.hidden = !open;

@@ -1,0 +1,252 @@
+"""Annotators' answers that are not label votes: numbers, free text, spans, and who answered each item.
+
+``potato.labels`` counts label votes (radio, select, likert, multiselect):
+each ticked label of an item is one vote, packed and tallied at C speed.
+The other answer types Potato 2.12.1 stores differently (each checked
+against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
+
+- **slider** and **number**: one entry whose value is the number as text,
+  ``[{"schema": "score", "name": "slider"}, "35"]``;
+- **text**/**textbox**: ``[{"schema": "summary", "name": "text_box"}, "…"]``,
+  one entry per box;
+- **span**: not under ``instance_id_to_label_to_value`` at all but under
+  ``instance_id_to_span_to_value``, ``{item: [[{"schema", "name", "start",
+  "end", "title", "id"}, VALUE], …]}``, with ``start``/``end`` counted on the
+  text 2.12's page renders (``potato.rendered_text``). Its page writes the id
+  ``<schema>_<label>_<start>_<end>`` and VALUE ``1``; its ``/updateinstance``
+  ``span_annotations`` write ``<schema>_<label>___<start>_<end>`` and the
+  covered text. Only ``schema``, ``name``, ``start`` and ``end`` are read.
+
+And one fact the votes cannot carry: **who answered an item at all**. An
+annotator who saved an item (any entry under either member) and ticked no
+box of a multiselect said "none of these"; one who drew no span on it said
+"no span here". Multilabel and span aggregation count those annotators
+(``potato.aggregation``), so ``answered`` is read whenever a run has such a
+schema.
+
+Read only for runs with such schemas (a radio-only project never comes
+here), one pass over each annotator's file through ``potato.json_chunks``,
+the careful reader when that gives up, as for votes. A file is read whole or
+contributes nothing; files the vote reader skipped (``users``) are not read.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from potato.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
+from potato.config import Scheme
+from potato.data_warnings import GroupedWarnings, show_path
+from potato.json_chunks import GiveUp, members_batches
+from potato.labels import (UserStateError, find_user_states, parse_label_entries, read_user_state_labels,
+                           skipped_file)
+
+LABELS_MEMBER = "instance_id_to_label_to_value"
+SPANS_MEMBER = "instance_id_to_span_to_value"
+# A span's id when its record is a dict keyed by it: <schema>_<label>_<start>_<end> (or ___ before start).
+_SPAN_ID = re.compile(r"^(?P<prefix>.*?)_{1,3}(?P<start>\d+)_(?P<end>\d+)$")
+
+
+@dataclass
+class Answers:
+    """What the annotators answered beyond label votes.
+
+    ``answered[item]``: how many annotators saved an answer on the item;
+    ``answered_by[user]``: their items (kept with ``per_user``, for consensus).
+    ``values[schema][item]``: each annotator's number (continuous) or text
+    (text), in annotator order. ``spans[schema][item]``: ``(user, start, end,
+    label)`` of every annotator's spans, offsets on 2.12's rendered text.
+    """
+
+    answered: dict[str, int] = field(default_factory=dict)
+    answered_by: dict[str, set[str]] = field(default_factory=dict)
+    values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    spans: dict[str, dict[str, list[tuple[str, int, int, str]]]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    skipped_answers: int = 0
+
+
+def needs_answers(schemes: Iterable[Scheme]) -> bool:
+    """Whether a run over *schemes* needs ``read_answers`` (anything but nominal and ordinal)."""
+    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN) for s in schemes)
+
+
+def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterable[str] | None = None,
+                 base: Path | None = None, *, per_user: bool = False) -> Answers:
+    """Read the answers of *schemes* that ``potato.labels`` does not count, from *users*' files (all when None).
+
+    Never raises on a bad file: it is skipped with a warning (the vote reader
+    names the same file). Answers that are not what their schema takes (a
+    slider's ``"abc"``, a span label the schema lacks, a span whose start is
+    not before its end) are skipped and counted, in grouped warnings.
+    """
+    wanted = set(users) if users is not None else None
+    result = Answers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
+                     spans={s.name: {} for s in schemes if s.kind == SPAN})
+    reader = _FileReader({s.name: s for s in schemes})
+    for user, path in find_user_states(annotation_dir):
+        if wanted is not None and user not in wanted:
+            continue
+        shown = show_path(path, base)
+        try:
+            try:
+                one = reader.read(path, _fast_entries(path))
+            except GiveUp:
+                one = reader.read(path, _careful_entries(path))
+        except (OSError, UnicodeDecodeError, UserStateError) as exc:
+            result.warnings.append(skipped_file(shown, exc))
+            continue
+        _merge(result, user, one, per_user)
+        for key, item_id in one.problems:
+            reader.problems.add((shown, *key), item_id)
+            result.skipped_answers += 1
+    result.warnings.extend(reader.problems.render(_problem_text))
+    return result
+
+
+@dataclass
+class _FileAnswers:
+    answered: set[str] = field(default_factory=set)
+    values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    spans: dict[str, dict[str, list[tuple[int, int, str]]]] = field(default_factory=dict)
+    problems: list[tuple[tuple, str]] = field(default_factory=list)
+
+
+def _merge(result: Answers, user: str, one: _FileAnswers, per_user: bool) -> None:
+    for item_id in one.answered:
+        result.answered[item_id] = result.answered.get(item_id, 0) + 1
+    if per_user:
+        result.answered_by[user] = one.answered
+    for schema, per_item in one.values.items():
+        into = result.values[schema]
+        for item_id, values in per_item.items():
+            into.setdefault(item_id, []).extend(values)
+    for schema, per_item in one.spans.items():
+        into = result.spans[schema]
+        for item_id, spans in per_item.items():
+            into.setdefault(item_id, []).extend((user, *span) for span in spans)
+
+
+def _fast_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
+    """``(member, item id, entry)`` through ``potato.json_chunks``; GiveUp for the careful reader."""
+    for member, (keys, texts, values) in members_batches(path, (LABELS_MEMBER, SPANS_MEMBER)):
+        for item_id, text in zip(keys, texts):
+            yield member, item_id, values[text]
+
+
+def _careful_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
+    for member in (LABELS_MEMBER, SPANS_MEMBER):
+        for item_id, entry in read_user_state_labels(path, member=member):
+            yield member, item_id, entry
+
+
+class _FileReader:
+    """Turns one file's entries into a ``_FileAnswers`` for the schemes being read."""
+
+    def __init__(self, schemes: dict[str, Scheme]):
+        self.kinds = {name: scheme.kind for name, scheme in schemes.items()}
+        self.valued = {n for n, kind in self.kinds.items() if kind in (CONTINUOUS, TEXT)}
+        self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
+        self.problems = GroupedWarnings()
+
+    def read(self, path: Path, entries: Iterator[tuple[str, str, Any]]) -> _FileAnswers:
+        one = _FileAnswers()
+        for member, item_id, entry in entries:
+            if member == LABELS_MEMBER:
+                if entry:
+                    one.answered.add(item_id)
+                if self.valued:
+                    self._values(one, item_id, entry)
+            else:
+                if entry:
+                    one.answered.add(item_id)
+                if self.spanned:
+                    self._spans(one, item_id, entry)
+        return one
+
+    def _values(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
+        try:
+            pairs = list(parse_label_entries(entry))
+        except ValueError:
+            return  # the vote reader names an unreadable entry
+        for schema, _, value in pairs:
+            if schema not in self.valued:
+                continue
+            if self.kinds[schema] == CONTINUOUS:
+                number = _number(value)
+                if number is None:
+                    one.problems.append((("number", schema, _short(value)), item_id))
+                    continue
+                value = number
+            elif not isinstance(value, str) or not value.strip():
+                continue  # an empty box is no answer
+            one.values.setdefault(schema, {}).setdefault(item_id, []).append(value)
+
+    def _spans(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
+        for schema, label, start, end in _span_records(entry, self.spanned):
+            if schema not in self.spanned:
+                continue
+            if label not in self.spanned[schema]:
+                one.problems.append((("span label", schema, label), item_id))
+            elif not (_whole(start) and _whole(end) and 0 <= start < end):
+                one.problems.append((("span range", schema, ""), item_id))
+            else:
+                one.spans.setdefault(schema, {}).setdefault(item_id, []).append((start, end, label))
+
+
+def _span_records(entry: Any, spanned: dict[str, set[str]]) -> Iterator[tuple[str, str, Any, Any]]:
+    """``(schema, label, start, end)`` of each span in one item's record of ``instance_id_to_span_to_value``."""
+    if isinstance(entry, list):
+        for pair in entry:
+            meta = pair[0] if isinstance(pair, (list, tuple)) and pair else pair
+            if isinstance(meta, dict) and "schema" in meta:
+                yield str(meta.get("schema")), str(meta.get("name")), meta.get("start"), meta.get("end")
+    elif isinstance(entry, dict):  # keyed by span id
+        for key in entry:
+            found = _SPAN_ID.match(str(key))
+            if found is None:
+                continue
+            for schema, labels in spanned.items():
+                for label in labels:
+                    if found["prefix"] == f"{schema}_{label}":
+                        yield schema, label, int(found["start"]), int(found["end"])
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _problem_text(key: tuple, listed: str) -> str:
+    shown, what, schema, detail = key
+    if what == "number":
+        return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not a number; "
+                f"those answers were skipped")
+    if what == "span label":
+        return (f"{shown}: item(s) {listed} have spans labelled {detail!r} for schema {schema!r}, which is not "
+                f"one of its labels; those spans were skipped")
+    return (f"{shown}: item(s) {listed} have spans of schema {schema!r} whose start is not a whole number "
+            f"before their end; those spans were skipped")

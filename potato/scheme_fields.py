@@ -1,0 +1,103 @@
+"""What an annotation scheme's config says about the shape of its answers, per annotation type.
+
+Potato 2.12 keeps each type's settings in the scheme's own keys; training
+needs a few of them: an ordinal scale's points, a slider's range and step.
+Read here, once, into ``Scheme`` fields (``potato.config``); the bundle's
+``answers`` (docs/answer-types.md) and the writeback's shapes come from them.
+
+- ``likert``: with ``labels:`` 2.12 draws a radio group and stores the label
+  name; the scale's points are the labels, low to high, in the order listed.
+  Without ``labels:`` it draws ``size`` points and stores each point's number
+  as text (``{"rating:4": "4"}``, measured against 2.12.1), so the points
+  are ``"1"`` … ``str(size)``. Either way point *i* (from 1) has the value *i*.
+- ``slider``: ``min_value``, ``max_value`` (2.12 requires both and makes them
+  integers) and ``step`` (default 1). A slider with ``labels:`` is drawn by
+  2.12 as a radio group; its answers are then labels, not numbers.
+- ``number``: no range; any number.
+
+Pure: returns values and problem texts, the config module turns the problems
+into errors naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from potato.answer_kinds import kind_of_type
+
+# A scale with more points than this is not a likert a person answers; a typo (size: 1000).
+MAX_LIKERT_SIZE = 100
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """``(Scheme keyword arguments, [(key, problem)])`` for the answer shape of one scheme *entry*.
+
+    *labels* are the scheme's labels as listed. A problem is a sentence about
+    ``entry[key]`` without the key path (the caller adds it).
+    """
+    annotation_type = str(entry.get("annotation_type") or "").strip().lower()
+    problems: list[tuple[str, str]] = []
+    fields: dict[str, Any] = {}
+    if annotation_type == "likert" and not labels:
+        size = entry.get("size")
+        if isinstance(size, int) and not isinstance(size, bool) and 2 <= size <= MAX_LIKERT_SIZE:
+            fields["labels"] = tuple(str(point) for point in range(1, size + 1))
+            fields["size"] = size
+        else:
+            problems.append(("size", f"is {size!r}; a likert without labels needs size, the number of "
+                                      f"points on its scale (a whole number from 2 to {MAX_LIKERT_SIZE})"))
+    elif annotation_type == "likert":
+        fields["size"] = len(labels)
+    elif annotation_type == "slider" and not labels:
+        low, high = _number(entry.get("min_value")), _number(entry.get("max_value"))
+        for key, value in (("min_value", low), ("max_value", high)):
+            if value is None:
+                problems.append((key, f"is {entry.get(key)!r}; a slider needs min_value and max_value (numbers)"))
+        if low is not None and high is not None and low >= high:
+            problems.append(("max_value", f"is {entry.get('max_value')!r}, not above min_value "
+                                          f"{entry.get('min_value')!r}"))
+        step = _number(entry.get("step", 1))
+        if step is None or step <= 0:
+            problems.append(("step", f"is {entry.get('step')!r}; use a number above 0"))
+        if not problems:
+            fields.update(min_value=low, max_value=high, step=step)
+    return fields, problems
+
+
+def answer_kind(annotation_type: str, labels: tuple[str, ...]) -> str:
+    """The kind of a scheme's answers: its type's (``potato.answer_kinds``), except a slider
+    with ``labels:``, which 2.12 draws and stores as a radio group."""
+    kind = kind_of_type(annotation_type)
+    if annotation_type.strip().lower() == "slider" and labels:
+        return kind_of_type("radio")
+    return kind
+
+
+def answer_spec(scheme: Any) -> dict[str, Any]:
+    """A schema's entry in the bundle manifest's ``answers`` (docs/answer-types.md, "In the bundle")."""
+    spec: dict[str, Any] = {"type": scheme.annotation_type, "kind": scheme.kind}
+    if scheme.kind == "ordinal":
+        spec["values"] = list(range(1, len(scheme.labels) + 1))
+    elif scheme.kind == "continuous" and scheme.min_value is not None:
+        spec.update(min=_plain(scheme.min_value), max=_plain(scheme.max_value), step=_plain(scheme.step))
+    return spec
+
+
+def _plain(number: float) -> float | int:
+    """``35`` for 35.0, so the manifest reads as the config was written."""
+    return int(number) if float(number).is_integer() else number

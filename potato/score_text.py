@@ -1,0 +1,51 @@
+"""One schema's holdout scores in words, as every command and page shows them.
+
+The words come from the run log's line (``potato.trainers.metrics.describe``,
+which says each kind's own metrics: accuracy and macro-F1, MAE and
+Spearman's ρ, exact sets and micro-F1, span F1, …), so the run log, ``potato
+training runs``, a followed run, the Training page, the run page and the
+Prefect table artifact say the same thing. A store may hold what an older
+server let in (a score that is not a mapping): it shows as ``?``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from potato.trainers import metrics
+
+_LOG_PREFIX = "Holdout "
+
+
+def number_text(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def score_line(schema: str, scores: Any) -> str:
+    """``sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``; decision-calibrate's ``sentiment: ECE 0.120 -> 0.031 (kept)``."""
+    if not isinstance(scores, dict):
+        return f"{schema}: ?"
+    if "ece_before" in scores:  # decision-calibrate
+        kept = "kept" if scores.get("kept") else "backed out"
+        return f"{schema}: ECE {number_text(scores.get('ece_before'))} -> {number_text(scores.get('ece_after'))} ({kept})"
+    if not metrics.has_holdout(scores):
+        return f"{schema}: {metrics.NO_HOLDOUT}"
+    text = metrics.describe(schema, scores)
+    return text[len(_LOG_PREFIX):] if text.startswith(_LOG_PREFIX) else text
+
+
+def score_lines(scores: Any) -> list[str]:
+    """``score_line`` of each schema, sorted by name; none for scores that are not a mapping."""
+    if not isinstance(scores, dict):
+        return []
+    return [score_line(str(schema), value) for schema, value in sorted(scores.items(), key=lambda kv: str(kv[0]))]
+
+
+def table_rows(scores: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Prefect table artifact's rows: per schema its kind, its line and its flat metrics."""
+    rows = []
+    for schema, value in scores.items():
+        flat = {k: v for k, v in value.items() if not isinstance(v, (dict, list))} if isinstance(value, dict) else {}
+        rows.append({"schema": schema, "kind": flat.pop("kind", "nominal"), "scores": score_line(schema, value),
+                     **flat})
+    return rows
