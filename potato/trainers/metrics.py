@@ -63,11 +63,3 @@ def describe(schema: str, scores: Dict[str, Any]) -> str:
     return "Holdout {}: accuracy {}, macro-F1 {} (n={})".format(
         schema, number("accuracy"), number("macro_f1"), scores.get("n", 0))
 
-
-def table_row(schema: str, scores: Dict[str, Any]) -> Dict[str, Any]:
-    """One row of the Prefect table of a run's scores; ``NO_HOLDOUT`` in place of numbers nobody computed."""
-    if not has_holdout(scores):
-        return {"schema": schema, "accuracy": NO_HOLDOUT, "macro_f1": NO_HOLDOUT, "n": 0}
-    row = {"schema": schema}
-    row.update(scores)
-    return row

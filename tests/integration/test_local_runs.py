@@ -94,8 +94,8 @@ def test_holdout_fraction_0_trains_on_every_label_and_says_there_are_no_holdout_
     with get_client(sync_client=True) as client:
         artifact = client.read_latest_artifacts()  # the run's scores table, as the Prefect UI shows it
     table = next(a for a in artifact if a.key == "run-1-scores")
-    assert json.loads(table.data) == [{"schema": "sentiment", "accuracy": "no holdout scores",
-                                       "macro_f1": "no holdout scores", "n": 0}]
+    assert json.loads(table.data) == [{"schema": "sentiment", "kind": "nominal", "scores": "sentiment: no holdout scores",
+                                       "accuracy": None, "macro_f1": None, "n": 0}]
 
 
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
