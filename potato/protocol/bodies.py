@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any, Callable, Mapping
 
+from potato.answer_kinds import KINDS
 from potato.jsonapi import ApiError, parse_json
 from potato.store import MAX_RUN_ID
 
@@ -149,7 +150,9 @@ def check_event(event: Any) -> dict[str, Any]:
 
 # -- scores and results -----------------------------------------------------------------------
 
-_SCORE_FIELDS = {"accuracy": (_number(0, 1), False), "macro_f1": (_number(0, 1), False), "n": (_whole(0), False)}
+# Each kind of answer has its own metrics (potato/trainers/metrics.py); any other key is a number or null.
+_SCORE_FIELDS = {"kind": (_one_of(*KINDS), False), "accuracy": (_number(0, 1), False),
+                 "macro_f1": (_number(0, 1), False), "n": (_whole(0), False)}
 
 
 def check_scores(value: Any) -> dict[str, Any]:
