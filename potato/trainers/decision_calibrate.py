@@ -35,6 +35,7 @@ from potato.training.events import TrainerFailure, write_atomic
 NAME = "decision-calibrate"
 REQUIRED_MODULES = ()  # type: tuple
 USES_DEVICE = False  # the worker chooses no torch device for it, so it never imports torch
+KINDS = ("nominal", "ordinal")  # it recalibrates one-label predictions (docs/answer-types.md)
 
 DEFAULT_OPTIONS = {
     "run": None,  # the run to calibrate; None: the newest succeeded run that trained the schemas
@@ -184,10 +185,8 @@ def train(job: Any, events: Any) -> None:
             new = mapping(raw)
             record["confidence"] = round(new, 5)
             probs = record.get("probs")
-            if isinstance(probs, list) and probs and raw < 1.0:
-                top = max(range(len(probs)), key=lambda k: probs[k])
-                record["probs"] = [round(new if k == top else p * (1.0 - new) / (1.0 - raw), 5)
-                                   for k, p in enumerate(probs)]
+            if isinstance(probs, list) and probs:
+                record["probs"] = [round(p, 5) for p in cal.with_top(probs, new)]
         predictions.append(record)
     job.write_predictions(predictions)
 
