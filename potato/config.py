@@ -581,8 +581,8 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
      "(2.12: `consensus`)"),
     ("auto_retrain", "honoured by `potato start` (keys below), plus `backend`"),
     ("auto_retrain.enabled", "honoured"),
-    ("auto_retrain.trainer", "honoured; must be a trainer of this project (`hf-text-classification`), "
-     "not 2.12's `sklearn-text`; default `hf-text-classification`"),
+    ("auto_retrain.trainer", "honoured: `sklearn-text` (2.12's own, with its `params`) or another trainer "
+     "of this project; default `hf-text-classification`"),
     ("auto_retrain.schemas", "honoured; required when enabled"),
     ("auto_retrain.update_frequency", "honoured (default 25), counted as 2.12 counts"),
     ("auto_retrain.min_interval_s", "honoured (default 600)"),
@@ -958,10 +958,8 @@ def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], back
     _check_backend_ref(ar_raw.get("backend"), f"{path}.backend", backends, issues)
     trainer = ar["trainer"]
     if isinstance(ar_raw.get("trainer"), str) and trainer not in TRAINERS:
-        hint = (" (that is Potato 2.12's own trainer)" if trainer == "sklearn-text"
-                else did_you_mean(trainer, TRAINERS))
-        issues.error(f"{path}.trainer", f"{path}.trainer is {trainer!r}{hint}; this project's trainers "
-                     f"are: {', '.join(TRAINERS)}")
+        issues.error(f"{path}.trainer", f"{path}.trainer is {trainer!r}{did_you_mean(trainer, TRAINERS)}; this "
+                     f"project's trainers are: {', '.join(TRAINERS)}")
     elif trainer in TRAINERS:
         _check_trainer_options(trainer, ar["params"], f"{path}.params", issues)
     if ar["enabled"] and not ar["schemas"]:

