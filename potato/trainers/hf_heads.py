@@ -145,7 +145,29 @@ class Multilabel(Head):
         return {"kind": self.answers.kind, "thresholds": self.thresholds}
 
 
-class Ordinal(Head):
+class Regression(Head):
+    """One output, a fraction of a scale (the subclass says which), trained with the squared error."""
+
+    problem_type = "regression"
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def id2label(self) -> Dict[int, str]:
+        return {0: self.answers.schema}
+
+    def targets(self, torch: Any, targets: List[Any]) -> Any:
+        return torch.tensor(targets, dtype=torch.float32)
+
+    def loss(self, torch: Any, logits: Any, y: Any) -> Any:
+        return torch.nn.functional.mse_loss(logits.squeeze(-1), y, reduction="sum")
+
+    def activate(self, torch: Any, logits: Any) -> Any:
+        return logits
+
+
+class Ordinal(Regression):
     """One output, the point's position on the scale (0 the lowest point, 1 the highest), trained with the
     squared error; the answer is the nearest point.
 
@@ -158,18 +180,9 @@ class Ordinal(Head):
     the items it trained on, so if anything too narrow).
     """
 
-    problem_type = "regression"
-
     def __init__(self, answers: Answers):
         super().__init__(answers)
         self.spread = DEFAULT_SPREAD
-
-    @property
-    def num_outputs(self) -> int:
-        return 1
-
-    def id2label(self) -> Dict[int, str]:
-        return {0: self.answers.schema}
 
     def split(self, train: List[int], seed: int) -> Tuple[List[int], List[int]]:
         return train, list(train)  # trained on all; the spread measured on the same items
@@ -179,15 +192,6 @@ class Ordinal(Head):
 
     def target(self, gold: Any) -> Any:
         return self.answers.index(gold) / (len(self.answers.labels) - 1)
-
-    def targets(self, torch: Any, targets: List[Any]) -> Any:
-        return torch.tensor(targets, dtype=torch.float32)
-
-    def loss(self, torch: Any, logits: Any, y: Any) -> Any:
-        return torch.nn.functional.mse_loss(logits.squeeze(-1), y, reduction="sum")
-
-    def activate(self, torch: Any, logits: Any) -> Any:
-        return logits
 
     def tune(self, outputs: List[List[float]], golds: List[Any]) -> Optional[str]:
         errors = [self._position(out) - self.answers.index(gold) for out, gold in zip(outputs, golds)]
@@ -215,29 +219,11 @@ class Ordinal(Head):
         return {"kind": self.answers.kind, "spread": round(self.spread, 5)}
 
 
-class Continuous(Head):
+class Continuous(Regression):
     """One output, the answer as a fraction of its range, trained with the squared error."""
-
-    problem_type = "regression"
-
-    @property
-    def num_outputs(self) -> int:
-        return 1
-
-    def id2label(self) -> Dict[int, str]:
-        return {0: self.answers.schema}
 
     def target(self, gold: Any) -> Any:
         return self.answers.scaled(gold)
-
-    def targets(self, torch: Any, targets: List[Any]) -> Any:
-        return torch.tensor(targets, dtype=torch.float32)
-
-    def loss(self, torch: Any, logits: Any, y: Any) -> Any:
-        return torch.nn.functional.mse_loss(logits.squeeze(-1), y, reduction="sum")
-
-    def activate(self, torch: Any, logits: Any) -> Any:
-        return logits
 
     def answer(self, outputs: List[float]) -> Any:
         return self.answers.snap(outputs[0])
