@@ -16,6 +16,16 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 Scores = Dict[str, Optional[float]]
 
+# What the run log, ``potato training runs``, the Training page and the Prefect table say for a
+# schema none of whose labelled items was held out (``holdout_fraction: 0`` trains on every one).
+NO_HOLDOUT = "no holdout scores"
+
+
+def has_holdout(scores: Dict[str, Any]) -> bool:
+    """Whether *scores* were computed on held-out items (``n`` above 0)."""
+    n = scores.get("n")
+    return not (isinstance(n, int) and n == 0)
+
 
 # -- the measures ------------------------------------------------------------------
 
@@ -150,13 +160,36 @@ def describe(schema: str, scores: Dict[str, Any]) -> str:
     """``Holdout sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``: the run log's line for one schema.
 
     Each kind shows its own metrics (scores without ``kind`` are a nominal
-    schema's); a kind this version does not know shows every number it has.
+    schema's); a kind this version does not know shows every number it has;
+    scores of no held-out item say so.
     """
     def number(value: Any) -> str:
         return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
 
-    kind = KINDS.get(scores.get("kind") or "nominal")
-    shown = kind.shown if kind else tuple((key, key) for key in sorted(scores)
-                                          if key not in ("kind", "n") and not isinstance(scores[key], (dict, list, str)))
+    if not has_holdout(scores):
+        return "Holdout {}: {} (no labelled item was held out of training)".format(schema, NO_HOLDOUT)
     return "Holdout {}: {} (n={})".format(
-        schema, ", ".join("{} {}".format(name, number(scores.get(key))) for key, name in shown), scores.get("n", 0))
+        schema, ", ".join("{} {}".format(name, number(scores.get(key))) for key, name in _shown(scores)),
+        scores.get("n", 0))
+
+
+def _shown(scores: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+    """(key, name) of the metrics a schema's scores show: its kind's, or for a kind this version does not
+    know, every number it has."""
+    kind = KINDS.get(scores.get("kind") or "nominal")
+    if kind:
+        return kind.shown
+    return tuple((key, key) for key in sorted(scores)
+                 if key not in ("kind", "n") and not isinstance(scores[key], (dict, list, str)))
+
+
+def table_row(schema: str, scores: Dict[str, Any]) -> Dict[str, Any]:
+    """One row of the Prefect table of a run's scores; ``NO_HOLDOUT`` in place of numbers nobody computed."""
+    if not has_holdout(scores):
+        row = {"schema": schema}  # type: Dict[str, Any]
+        row.update((key, NO_HOLDOUT) for key, _ in _shown(scores))
+        row["n"] = 0
+        return row
+    row = {"schema": schema}
+    row.update(scores)
+    return row

@@ -88,3 +88,15 @@ def test_describe_words_each_kinds_metrics(scores, line):
 
 def test_every_kind_scored_is_a_kind_of_answer():
     assert set(metrics.KINDS) <= set(answer_kinds.KINDS)
+
+
+def test_scores_of_no_held_out_item_say_so_for_every_kind():
+    ordinal = metrics.holdout_scores([], [], "ordinal", ["1", "2"])
+    assert metrics.describe("rating", ordinal) == (
+        "Holdout rating: no holdout scores (no labelled item was held out of training)")
+    assert metrics.table_row("rating", ordinal) == {"schema": "rating", "accuracy": "no holdout scores",
+                                                    "mae": "no holdout scores", "spearman": "no holdout scores",
+                                                    "n": 0}
+    scored = metrics.holdout_scores([2.0], [3.0], "continuous")
+    assert metrics.table_row("score", scored) == {"schema": "score", "kind": "continuous", "n": 1, "mae": 1.0,
+                                                  "spearman": None}
