@@ -48,6 +48,7 @@ import os
 import random
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato.trainers.answers import answers_of, gold_answers
 from potato.trainers.hf_common import (
     ComputeDevice,
     adamw,
@@ -62,15 +63,12 @@ from potato.trainers.hf_common import (
     shard,
     token_budget_batches,
 )
-from potato.trainers.answers import answers_of, gold_answers
-from potato.trainers import hf_heads
-from potato.trainers.hf_heads import Head, make_head
+from potato.trainers.hf_heads import KINDS, Head, make_head  # KINDS: the kinds of answer it trains
 from potato.trainers.metrics import holdout_scores
 from potato.trainers.options import check_keys, is_int, is_number
 from potato.training.events import Cancelled, TrainerFailure
 
 NAME = "hf-text-classification"
-KINDS = hf_heads.KINDS  # the kinds of answer it trains (docs/answer-types.md)
 REQUIRED_MODULES = ("torch", "transformers", "peft")
 
 DEFAULT_OPTIONS = {
