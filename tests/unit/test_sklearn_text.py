@@ -90,3 +90,116 @@ def test_the_default_sentence_model_is_the_one_that_ships_in_a_wheel():
     assert sk._sentence_model("all-MiniLM-L6-v2") == os.path.abspath(gt.get_model_path())
     assert sk._sentence_model("sentence-transformers/all-MiniLM-L6-v2") == os.path.abspath(gt.get_model_path())
     assert sk._sentence_model("someone/other-model") == "someone/other-model"
+
+
+# -- fitting, in this process ----------------------------------------------------------------
+
+
+class _Events:
+    """What _fit and train call on the worker's EventWriter: the log lines, kept."""
+
+    def __init__(self):
+        self.lines = []
+
+    def log(self, message, level="info"):
+        self.lines.append((level, message))
+
+    def progress(self, *args, **kwargs):
+        pass
+
+    def check_cancelled(self):
+        pass
+
+
+def _fit(tmp_path, items, schema="tone", **options):
+    from potato.trainers.answers import Answers, gold_answers
+    from potato.training.worker import read_job
+    from tests.support.bundles import KIND_ANSWERS, KIND_LABELS, write_job
+
+    job = read_job(str(write_job(tmp_path / "job", items=items, labels=KIND_LABELS, answers=KIND_ANSWERS)))
+    answers = Answers.of(job.manifest, schema)
+    index = job.index_items()
+    events = _Events()
+    try:
+        opts = sk.effective_options(options)
+        sk._fit(answers, gold_answers(index, answers), index, sk._Features(opts, "cpu", events.log), opts, events)
+    finally:
+        index.close()
+    return events.lines
+
+
+def test_a_schema_with_one_label_in_training_fails_saying_so(tmp_path):
+    pytest.importorskip("sklearn")
+    from tests.support.bundles import kinds_items
+
+    items = [dict(it, labels={"tone": "mid"}) for it in kinds_items(30, unlabeled=0)]
+    with pytest.raises(TrainerFailure) as failure:
+        _fit(tmp_path, items)
+    assert str(failure.value) == ("Schema 'tone': every training item has the label 'mid'; a classifier needs items "
+                                  "of at least two labels")
+
+
+def test_too_few_items_to_calibrate_and_scikit_learns_warnings_are_logged(tmp_path):
+    pytest.importorskip("sklearn")
+    from tests.support.bundles import kinds_items
+
+    lines = _fit(tmp_path, kinds_items(40, unlabeled=0), classifier_kwargs={"max_iter": 1})
+    assert ("info", "Schema 'tone': 32 training items are too few to calibrate out of fold (at least 50 are "
+                    "needed)") in lines
+    warned = [m for level, m in lines if level == "warning"]
+    assert len(warned) == 1 and warned[0].startswith("Schema 'tone': scikit-learn warned: lbfgs failed to converge")
+    lines = _fit(tmp_path / "b", kinds_items(40, unlabeled=0), schema="topics")
+    assert ("info", "Schema 'topics': 32 training items are too few to calibrate or tune thresholds out of fold "
+                    "(at least 50 are needed)") in lines
+
+
+def test_a_calibration_is_kept_only_when_it_helps_and_never_flat():
+    # Over-confident: right 3 times in 4 at 0.99.
+    conf = [0.99] * 200
+    correct = [k % 4 != 0 for k in range(200)]
+    mapping, note = sk.fit_calibration(conf, correct, [c if ok else 0.01 for c, ok in zip(conf, correct)], 2)
+    assert mapping is not None and mapping(0.99) == pytest.approx(0.75, abs=0.02)
+    assert note == "calibrated (temperature 4.183; out of fold: log-loss 1.1588 -> 0.5623, ECE 0.2400 -> 0.0000)"
+    # Already calibrated: nothing to gain.
+    conf = [0.5 + 0.45 * (k % 10) / 9 for k in range(300)]
+    correct = [(k * 7919) % 1000 / 1000 < c for k, c in enumerate(conf)]
+    gold = [c if ok else 1 - c for c, ok in zip(conf, correct)]
+    mapping, note = sk.fit_calibration(conf, correct, gold, 2)
+    assert mapping is None and note == ("calibration backed out: it did not lower both log-loss and ECE (out of "
+                                        "fold: log-loss 0.5327 -> 0.5330, ECE 0.0116 -> 0.0116)")
+    # Every item right: Platt's map would give all of them one confidence.
+    mapping, note = sk.fit_calibration([0.6, 0.7, 0.8, 0.9] * 15, [True] * 60, [0.6, 0.7, 0.8, 0.9] * 15, 2)
+    assert mapping is None and note == ("calibration backed out: it would give every item nearly the same "
+                                        "confidence (out of fold: log-loss 0.2990 -> 0.0202, ECE 0.2500 -> 0.0200)")
+
+
+def test_what_cannot_give_probabilities_or_features_is_named():
+    pytest.importorskip("sklearn")
+    from sklearn.svm import LinearSVC
+
+    with pytest.raises(TrainerFailure) as failure:
+        sk._with_probabilities(LinearSVC(), 1)
+    assert str(failure.value) == ("classifier LinearSVC gives no probabilities, and scikit-learn needs two items of "
+                                  "each label to give it some: annotate more, or use a classifier with predict_proba")
+    opts = sk.effective_options({"vectorizer": "sklearn.linear_model.LogisticRegression"})
+    with pytest.raises(TrainerFailure) as failure:
+        sk._Features(opts, "cpu", print).new()
+    assert str(failure.value) == (
+        "vectorizer 'sklearn.linear_model.LogisticRegression' is not a text vectorizer (it has no fit_transform and "
+        "transform): use sklearn.feature_extraction.text.TfidfVectorizer or sentence-transformers")
+
+
+def test_sentence_embeddings_without_their_package_or_model_say_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setitem(__import__("sys").modules, "sentence_transformers", None)
+    with pytest.raises(TrainerFailure) as failure:
+        sk.SentenceEmbeddings({}, "auto")
+    assert str(failure.value) == (
+        "vectorizer sentence-transformers needs the sentence-transformers package: pip install sentence-transformers "
+        "on this machine, or use the default vectorizer sklearn.feature_extraction.text.TfidfVectorizer")
+    monkeypatch.undo()
+    pytest.importorskip("sentence_transformers")
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    with pytest.raises(TrainerFailure) as failure:
+        sk.SentenceEmbeddings({"model_name": str(empty)}, "cpu")
+    assert str(failure.value).startswith(f"The sentence-transformers model {str(empty)!r} could not be loaded: ")
