@@ -4,7 +4,7 @@ that turn the bundle's answers into targets and a model's outputs into predictio
 docs/answer-types.md is the contract: the manifest's ``answers`` entry says a
 schema's kind (``nominal``, ``ordinal``, ``continuous``, ``multilabel``, ...,
 named as ``potato/answer_kinds.py`` names them: that module stays on the
-server, so tests/unit/test_answers.py checks the two agree), and each item's
+server, so tests/unit/test_trainer_answers.py checks the two agree), and each item's
 ``labels[schema]`` holds the aggregated answer in the kind's shape. Every
 trainer reads them through :class:`Answers`, so they agree on which items are
 usable and on what a prediction looks like: a slider's value inside its range
@@ -41,7 +41,6 @@ class Answers:
         spec = spec if isinstance(spec, dict) else {}
         self.schema = schema
         self.kind = str(spec.get("kind") or "nominal")  # a bundle without answers: every schema nominal
-        self.type = spec.get("type")
         self.labels = [str(label) for label in labels or ()]
         self._index = {label: i for i, label in enumerate(self.labels)}
         self.low = float(spec["min"]) if _is_number(spec.get("min")) else None
