@@ -151,6 +151,12 @@ def test_too_few_items_to_calibrate_and_scikit_learns_warnings_are_logged(tmp_pa
     lines = _fit(tmp_path / "b", kinds_items(40, unlabeled=0), schema="topics")
     assert ("info", "Schema 'topics': 32 training items are too few to calibrate or tune thresholds out of fold "
                     "(at least 50 are needed)") in lines
+    items = kinds_items(80, unlabeled=0)
+    for k, item in enumerate(items):
+        item["labels"] = {"tone": "mid" if k == 1 else ("low", "high")[k % 2]}  # item 1 is a training item
+    lines = _fit(tmp_path / "c", items)
+    assert ("info", "Schema 'tone': label 'mid' has one training item; to calibrate out of fold, each label "
+                    "needs two") in lines
 
 
 def test_a_calibration_is_kept_only_when_it_helps_and_never_flat():
