@@ -16,9 +16,8 @@ the same split, through the trainer's own ``train`` with its head table
 the trainer's own holdout scores, averaged over the seeds (their range in
 brackets).
 
-- ordinal: softmax over the points (most likely point; median point),
-  regression on the point's position, cumulative (one sigmoid per step,
-  "above point k");
+- ordinal: one sigmoid per step ("above point k"), softmax over the points
+  (most likely point; median point), regression on the point's position;
 - continuous: regression with squared error, with absolute error,
   classification over 21 bins read as their expected value;
 - multilabel: thresholds tuned on the items the model trained on (for the
@@ -80,33 +79,15 @@ class OrdinalMedian(hf_heads.Head):
         return self.answers.labels[median_point(outputs)]
 
 
-class OrdinalCumulative(hf_heads.Head):
-    """K-1 sigmoids, "above point k", binary cross-entropy; the median point of the implied distribution."""
-
-    problem_type = "multi_label_classification"
-
-    @property
-    def num_outputs(self):
-        return len(self.answers.labels) - 1
-
-    def id2label(self):
-        return {k: "above " + label for k, label in enumerate(self.answers.labels[:-1])}
+class OrdinalRegression(hf_heads.Regression):
+    """One output, the point's position as a fraction of the scale, squared error; the nearest point."""
 
     def target(self, gold):
-        index = self.answers.index(gold)
-        return [1.0 if index > k else 0.0 for k in range(self.num_outputs)]
-
-    def targets(self, torch, targets):
-        return torch.tensor(targets, dtype=torch.float32)
-
-    def loss(self, torch, logits, y):
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none").mean(-1).sum()
-
-    def activate(self, torch, logits):
-        return torch.sigmoid(logits)
+        return self.answers.index(gold) / (len(self.answers.labels) - 1)
 
     def answer(self, outputs):
-        return self.answers.labels[next((k for k, p in enumerate(outputs) if p < 0.5), len(outputs))]
+        last = len(self.answers.labels) - 1
+        return self.answers.labels[min(last, max(0, int(round(outputs[0] * last))))]
 
     def record(self, outputs, held_out):
         return {"label": self.answer(outputs)}
@@ -173,7 +154,7 @@ class MultilabelAtHalf(hf_heads.Multilabel):
 
 VARIANTS = {
     "ordinal": [("softmax, most likely point", OrdinalMostLikely), ("softmax, median point", OrdinalMedian),
-                ("regression on the position", hf_heads.Ordinal), ("cumulative sigmoids", OrdinalCumulative)],
+                ("regression on the position", OrdinalRegression), ("sigmoid per step", hf_heads.Ordinal)],
     "continuous": [("regression, squared error", hf_heads.Continuous),
                    ("regression, absolute error", ContinuousAbsolute),
                    ("21 bins, expected value", ContinuousBins)],

@@ -100,19 +100,17 @@ def test_the_kinds_trainers_name_are_kinds_of_answer():
     assert set(hf_heads.KINDS) | set(sklearn_text.KINDS) <= set(answer_kinds.KINDS)
 
 
-def test_an_ordinal_prediction_is_the_nearest_point_with_a_spread_measured_on_training_items():
+def test_an_ordinal_prediction_is_the_first_point_it_is_not_above():
     head = hf_heads.Ordinal(of({"kind": "ordinal"}, ["1", "2", "3", "4", "5"]))
-    assert head.target("4") == 0.75 and head.num_outputs == 1
-    # Outputs are fractions of the scale: 0.5 is point "3"; off by 0.25 and 0.5 points on two items.
-    assert head.tune([[0.5625], [0.375]], ["3", "3"]) == (
-        "its output is off by 0.40 points on its training items (root-mean-square)")
-    assert head.spread == pytest.approx((0.5 * (0.25 ** 2 + 0.5 ** 2)) ** 0.5)
-    record = head.record([0.60], True)  # position 2.4: nearest point "3"
-    assert record["label"] == "3" and record["confidence"] == max(record["probs"])
-    assert record["probs"][2] > record["probs"][3] > record["probs"][1] > record["probs"][4]
-    assert abs(sum(record["probs"]) - 1) < 1e-4
-    assert head.answer([1.7]) == "5" and head.record([-3.0], False) == {"label": "1", "confidence": 1.0}
-    assert head.saved() == {"kind": "ordinal", "spread": round(head.spread, 5)}
+    assert head.num_outputs == 4 and head.id2label() == {0: "above 1", 1: "above 2", 2: "above 3", 3: "above 4"}
+    assert head.target("4") == [1.0, 1.0, 1.0, 0.0] and head.target("1") == [0.0, 0.0, 0.0, 0.0]
+    record = head.record([0.9, 0.7, 0.2, 0.1], True)  # above 1 and 2, not above 3: "3"
+    assert record == {"label": "3", "confidence": 0.5, "probs": [0.1, 0.2, 0.5, 0.1, 0.1]}
+    # Outputs that disagree (above 3 more than above 2): no negative probability, and still the first point.
+    record = head.record([0.9, 0.3, 0.6, 0.0], True)
+    assert record == {"label": "2", "confidence": 0.46154, "probs": [0.07692, 0.46154, 0.0, 0.46154, 0.0]}
+    assert head.answer([0.99, 0.99, 0.99, 0.99]) == "5" and head.answer([0.1, 0.1, 0.1, 0.1]) == "1"
+    assert head.saved() == {"kind": "ordinal"}
 
 
 def test_a_continuous_prediction_is_a_value_of_the_slider():
