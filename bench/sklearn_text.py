@@ -26,20 +26,20 @@ worker; 2.12.1: its training subprocess). Each round runs 2.12.1 first, then our
 again (so a drift in the machine's load favours neither), and the medians are
 printed with the machine's load. Run by hand; never part of CI's pass/fail.
 
-Measured on 2 shared cores (2.12.1 first; ours; the ratio of wall times;
-training processes; holdout macro-F1 equal or ours higher at every size):
+Measured on 2 cores shared with other work (load 3.6 to 9.6), 1 to 3 runs
+of the bench per size; how many times as fast ours was (2.12.1's time over
+ours), and the holdout macro-F1 of 2.12.1 and ours:
 
-    items  load  wall 2.12.1  wall ours  ratio  training process ratio  macro-F1
-      600   4.3       2.57 s     2.92 s   0.88                    1.74  0.9431 / 0.9714
-     3000   4.4       4.29 s     3.72 s   1.15                    2.44  0.9948 / 0.9948
-     3000   9.6       9.91 s    11.71 s   0.85                    1.55  0.9948 / 0.9948
-    10000   5.4       6.15 s     4.81 s   1.28                    2.00  0.9969 / 0.9969
-    20000   7.2      18.70 s     8.40 s   2.23                    3.20  0.9979 / 0.9982
+    items  request to finished run  training process  macro-F1 2.12.1 / ours
+      600              0.57 - 0.88       1.13 - 1.74     0.9431 / 0.9714
+     3000              0.85 - 1.15       1.55 - 2.44     0.9948 / 0.9948
+    10000              1.22 - 1.28       1.79 - 2.00     0.9969 / 0.9969
+    20000                     2.23              3.20     0.9979 / 0.9982
 
 Our training process is faster at every size (the vectorizer is fitted once,
 not in each calibration fold); a run here also starts its Prefect flow
-process (about 1.5 s on an idle machine, imports that a loaded one slows
-most), which a small project's run does not win back.
+process (1.5 to 3 s here, more on a loaded machine: imports are most of it),
+which a small project's run does not win back.
 """
 
 from __future__ import annotations
