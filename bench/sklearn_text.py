@@ -22,8 +22,8 @@ train on the same ones, with 2.12.1's default ``params``.
 Wall time is from the ``POST`` to the finished run as each server reports it
 done (for ours that includes starting the run's Prefect flow process); the
 training process's time is from its first event to its last (ours: the
-worker; 2.12.1: its training subprocess). Each round runs 2.12.1 first, then ours, then ours again and 2.12.1
-again (so a drift in the machine's load favours neither), and the medians are
+worker; 2.12.1: its training subprocess). Rounds alternate which side goes
+first (so a drift in the machine's load favours neither); the medians are
 printed with the machine's load. Run by hand; never part of CI's pass/fail.
 
 Measured on 2 cores shared with other work (load 3.6 to 9.6), 1 to 3 runs
