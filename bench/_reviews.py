@@ -97,3 +97,47 @@ def make_reviews(n: int, seed: int = 0, prefix: str = "r") -> List[Dict[str, str
         out.append({"id": "{}{}".format(prefix, i), "text": make_review(positive, rng),
                     "label": "positive" if positive else "negative"})
     return out
+
+
+# Parts grouped into what a complaint is about, for a multi-label schema; packaging is rare on purpose.
+ASPECTS = {"durability": ["build quality", "zipper", "handle", "finish", "strap"],
+           "power": ["battery", "motor", "cable"],
+           "comfort": ["fit", "padding", "noise level"],
+           "usability": ["app", "manual", "buttons", "screen"],
+           "packaging": ["packaging"]}
+
+
+def make_rated_review(rng: random.Random) -> Dict[str, object]:
+    """A review with a star rating, a 0-100 score and the aspects it complains about.
+
+    One to six opinions about parts of the product, each good with the
+    review's own chance, between neutral sentences. The rating (1-5) and the
+    score follow the share of good opinions as an annotator would read it,
+    with an annotator's slips: a rating one star off one time in seven, a
+    score a few points either way. The complaints are the aspects (``ASPECTS``)
+    of the parts that got a bad opinion.
+    """
+    product = rng.choice(PRODUCTS)
+    chance = rng.random()
+    opinions = [(rng.choice([p for parts in ASPECTS.values() for p in parts]), rng.random() < chance)
+                for _ in range(rng.randint(1, 6))]
+    share = sum(good for _, good in opinions) / len(opinions)
+    sentences = [rng.choice(GOOD_OPENERS if share >= 0.5 else BAD_OPENERS).format(p=product)]
+    forms = ["The {part} is {w}.", "I found the {part} {w}.", "Honestly, the {part} of this {p} is {w}.",
+             "After a while the {part} still seems {w}."]
+    for part, good in opinions:
+        if rng.random() < 0.5:
+            sentences.append(_fill(rng.choice(NEUTRAL), rng, product))
+        sentences.append(rng.choice(forms).format(part=part, w=rng.choice(GOOD if good else BAD), p=product))
+    rating = 1 + int(round(4 * share))
+    if rng.random() < 1 / 7:
+        rating = min(5, max(1, rating + rng.choice((-1, 1))))
+    score = min(100, max(0, int(round(100 * share + rng.gauss(0, 5)))))
+    complaints = [aspect for aspect, parts in ASPECTS.items() if any(p in parts and not g for p, g in opinions)]
+    return {"text": " ".join(sentences), "rating": str(rating), "score": score, "complaints": complaints}
+
+
+def make_rated_reviews(n: int, seed: int = 0, prefix: str = "q") -> List[Dict[str, object]]:
+    """``n`` reviews ``{"id", "text", "rating", "score", "complaints"}`` (see :func:`make_rated_review`)."""
+    rng = random.Random(seed)
+    return [dict(make_rated_review(rng), id="{}{}".format(prefix, i)) for i in range(n)]

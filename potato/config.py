@@ -764,10 +764,8 @@ def _build_auto_retrain(ar_raw: Mapping[str, Any], scheme_names: list[str], back
     _check_backend_ref(ar_raw.get("backend"), f"{path}.backend", backends, issues)
     trainer = ar["trainer"]
     if isinstance(ar_raw.get("trainer"), str) and trainer not in TRAINERS:
-        hint = (" (that is Potato 2.12's own trainer)" if trainer == "sklearn-text"
-                else did_you_mean(trainer, TRAINERS))
-        issues.error(f"{path}.trainer", f"{path}.trainer is {trainer!r}{hint}; this project's trainers "
-                     f"are: {', '.join(TRAINERS)}")
+        issues.error(f"{path}.trainer", f"{path}.trainer is {trainer!r}{did_you_mean(trainer, TRAINERS)}; this "
+                     f"project's trainers are: {', '.join(TRAINERS)}")
     elif trainer in TRAINERS:
         _check_trainer_options(trainer, ar["params"], f"{path}.params", issues)
     if ar["enabled"] and not ar["schemas"]:

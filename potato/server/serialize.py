@@ -9,7 +9,7 @@ from potato.config import ProjectConfig
 from potato.protocol.state import display_state
 from potato.score_text import score_lines
 from potato.store import QUEUED, RUNNING, Event, Run, Store
-from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules
+from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
 
 
@@ -102,7 +102,7 @@ def trainer_json(info: TrainerInfo) -> dict[str, Any]:
         "modalities": ["text"],
         "install_hint": info.install_hint,
         "available": not missing,
-        "unavailable_reason": (f"This server lacks {', '.join(missing)}, which local runs of it need: "
+        "unavailable_reason": (f"This server lacks {module_names(missing)}, which local runs of it need: "
                                f"{info.install_hint}") if missing else "",
         "local_only": bool(info.local_only),
         "uses_device": info.uses_device,

@@ -187,10 +187,8 @@ def train(job: Any, events: Any) -> None:
             new = mapping(raw)
             record["confidence"] = round(new, 5)
             probs = record.get("probs")
-            if isinstance(probs, list) and probs and raw < 1.0:
-                top = max(range(len(probs)), key=lambda k: probs[k])
-                record["probs"] = [round(new if k == top else p * (1.0 - new) / (1.0 - raw), 5)
-                                   for k, p in enumerate(probs)]
+            if isinstance(probs, list) and probs:
+                record["probs"] = [round(p, 5) for p in cal.with_top(probs, new)]
         predictions.append(record)
     job.write_predictions(predictions)
 

@@ -1,8 +1,10 @@
 """``hf-text-classification``: fine-tune a Hugging Face encoder to label item text.
 
-One single-label classifier per schema, trained one after the other. (A shared
-encoder with one head per schema would train once for all schemas, but its
-artifacts would not load with ``AutoModelForSequenceClassification`` /
+One model per schema, trained one after the other, its output layer fitted to
+the schema's kind of answer — one label, a point of a scale, a number or a set
+of labels (potato/trainers/hf_heads.py says how each is trained and decoded).
+(A shared encoder with one head per schema would train once for all schemas,
+but its artifacts would not load with ``AutoModelForSequenceClassification`` /
 ``PeftModel`` as they are, one schema's labels could not be retrained
 alone, and runs usually name one schema — so each schema gets its own model.)
 
@@ -46,6 +48,7 @@ import os
 import random
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato.trainers.answers import answers_of, gold_answers
 from potato.trainers.hf_common import (
     ComputeDevice,
     adamw,
@@ -60,6 +63,7 @@ from potato.trainers.hf_common import (
     shard,
     token_budget_batches,
 )
+from potato.trainers.hf_heads import Head, make_head
 from potato.trainers.metrics import holdout_scores
 from potato.trainers.options import check_keys, is_int, is_number
 from potato.trainers.registry import TRAINERS
@@ -193,14 +197,8 @@ def train(job: Any, events: Any) -> None:
     offline = hub_offline()
     dev = ComputeDevice(torch, job.device, opts["predict_precision"])
 
-    manifest = job.manifest
-    all_schemas = manifest.get("schemas") or {}
-    schemas = job.schemas or list(all_schemas)
-    for schema in schemas:
-        if schema not in all_schemas:
-            raise TrainerFailure(
-                "Schema {!r} is not in the bundle; it has: {}".format(schema, ", ".join(all_schemas) or "none")
-            )
+    heads = {schema: make_head(answers) for schema, answers in
+             answers_of(job.manifest, job.schemas, NAME, TRAINERS[NAME].kinds).items()}
     tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=offline)
     limit = model_max_length(tokenizer, AutoConfig.from_pretrained(load_from, local_files_only=offline))
     if limit is not None and opts["max_length"] > limit:
@@ -223,55 +221,52 @@ def train(job: Any, events: Any) -> None:
     scores = {}  # type: Dict[str, Any]
     stream = PredictionStream(job.dir, None if group.size == 1 else group.rank)
     try:
-        for schema in schemas:
-            labels = [str(label) for label in all_schemas[schema]]
-            label_index = {label: i for i, label in enumerate(labels)}
-            labelled = sorted(i for i, item in items.labelled.items() if str(item["labels"].get(schema)) in label_index)
-            train_idx = [i for i in labelled if not items.labelled[i].get("holdout")]
-            holdout_idx = [i for i in labelled if items.labelled[i].get("holdout")]
-            if not train_idx:
-                raise TrainerFailure("Schema {!r} has no labelled items to train on".format(schema))
-            say("Schema {!r}: {} training items, {} held out, labels {}".format(
-                schema, len(train_idx), len(holdout_idx), ", ".join(labels)))
+        for schema, head in heads.items():
+            answers = head.answers
+            labelled = gold_answers(items, answers)
+            golds, train_idx, holdout_idx = labelled.golds, labelled.train, labelled.holdout
+            say(labelled.describe(answers))
 
-            model = _build_model(AutoModelForSequenceClassification, load_from, labels, opts, offline, base_dir)
+            fit_idx, tune_idx = head.split(train_idx, opts["seed"])
+            model = _build_model(AutoModelForSequenceClassification, load_from, head, opts, offline, base_dir)
             model.to(dev.device)
-            train_ids = tokenizer([items.read(i)[1] for i in train_idx], truncation=True,
+            train_ids = tokenizer([items.read(i)[1] for i in fit_idx], truncation=True,
                                   max_length=opts["max_length"])["input_ids"]
-            targets = [label_index[str(items.labels(i)[schema])] for i in train_idx]
-            model = _train_loop(group.wrap(model), train_ids, targets, tokenizer, opts, dev, group, events, schema)
+            targets = [head.target(golds[i]) for i in fit_idx]
+            model = _train_loop(group.wrap(model), train_ids, targets, tokenizer, opts, dev, group, events, schema,
+                                head)
             model = group.unwrap(model)
             if group.size > 1:
                 say("Schema {!r}: trained data-parallel on {} devices ({})".format(schema, group.size, group.backend))
 
             events.check_cancelled()
-            predict_idx = labelled + (
+            if tune_idx:
+                tuned = {i: out for (i, _), out in _predict_items(model, tokenizer, items, tune_idx, opts, dev,
+                                                                 group, events, schema, head)}
+                for part in group.gather(tuned) if group.size > 1 else []:
+                    tuned.update(part)
+                note = head.tune([tuned[i] for i in tune_idx], [golds[i] for i in tune_idx])
+                if note:
+                    say("Schema {!r}: {}".format(schema, note))
+            predict_idx = labelled.positions + (
                 [i for i in range(len(items)) if schema not in items.labels(i)] if job.include_unlabeled else []
             )
             is_holdout = set(holdout_idx)
-            held = {}  # type: Dict[int, str]
-            mine = shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
-            batches = token_budget_batches(
-                mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"],
-                                                 dev.predict_pad_multiple),
-                dev.predict_budget, dev.predict_rows)
-            rows = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
-            predicted = predict(model, tokenizer, rows, len(batches), opts["max_length"], dev, events, schema)
-            for (i, (item_id, _)), label_i, confidence, probs in predicted:
-                record = {"id": item_id, "schema": schema, "label": labels[label_i], "confidence": round(confidence, 5)}
+            held = {}  # type: Dict[int, Any]
+            for (i, (item_id, _)), outputs in _predict_items(model, tokenizer, items, predict_idx, opts, dev, group,
+                                                              events, schema, head):
+                record = {"id": item_id, "schema": schema}
+                record.update(head.record(outputs, i in is_holdout))
                 if i in is_holdout:
-                    # The whole distribution, in label order, for calibration and reliability diagrams.
-                    record["probs"] = [round(p, 5) for p in probs]
-                    held[i] = labels[label_i]
+                    held[i] = head.answer(outputs)
                 stream.write(record)
             for part in group.gather(held) if group.size > 1 else []:
                 held.update(part)
-            scores[schema] = holdout_scores(
-                [str(items.labels(i)[schema]) for i in holdout_idx], [held[i] for i in holdout_idx]
-            )
+            scores[schema] = holdout_scores([golds[i] for i in holdout_idx], [held[i] for i in holdout_idx],
+                                            answers.kind, answers.labels)
             if group.is_main:
                 out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema))
-                _save(model, tokenizer, out_dir, schema, labels, opts, base_dir)
+                _save(model, tokenizer, out_dir, schema, head, opts, base_dir)
                 say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores[schema], out_dir))
             del model
             if dev.cuda:
@@ -293,16 +288,34 @@ def train(job: Any, events: Any) -> None:
         events.metrics(scores)
 
 
-def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[str, Any], offline: bool, base_dir: str):
+def _predict_items(model: Any, tokenizer: Any, items: Any, positions: List[int], opts: Dict[str, Any],
+                   dev: ComputeDevice, group: Any, events: Any, schema: str,
+                   head: Head) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
+    """:func:`predict` on this process's share of the items at ``positions``, longest texts first,
+    their texts read from the bundle batch by batch."""
+    mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), group)
+    batches = token_budget_batches(
+        mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"], dev.predict_pad_multiple),
+        dev.predict_budget, dev.predict_rows)
+    rows = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
+    return predict(model, tokenizer, rows, len(batches), opts["max_length"], dev, events, schema, head)
+
+
+def _build_model(auto_cls: Any, load_from: str, head: Head, opts: Dict[str, Any], offline: bool, base_dir: str):
     import torch
 
     random.seed(opts["seed"])
     torch.manual_seed(opts["seed"])  # the new head's initial weights
+    id2label = head.id2label()
     model = auto_cls.from_pretrained(
         load_from,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
+        num_labels=head.num_outputs,
+        id2label=id2label,
+        label2id={label: i for i, label in id2label.items()},
+        problem_type=head.problem_type,
+        # A checkpoint with a classification layer of another size (a model fine-tuned on other
+        # labels, or a multi-label schema's 5 outputs where it had 2) gets a new one.
+        ignore_mismatched_sizes=True,
         local_files_only=offline,
         # Master weights in fp32 whatever the checkpoint holds (transformers 5 would keep a bf16
         # checkpoint in bf16, and pure-bf16 AdamW loses small updates); autocast does the rest.
@@ -324,7 +337,7 @@ def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[st
     return model
 
 
-def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, schema):
+def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, schema, head):
     """Train ``model`` on ``train_ids`` (token lists) with ``targets``; returns the model.
 
     The settings of transformers' ``Trainer`` (AdamW, linear decay from the
@@ -335,7 +348,6 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
     same optimisation as one process, on more devices.
     """
     import torch
-    import torch.nn.functional as F
 
     batch_size, epochs = opts["batch_size"], opts["epochs"]
     steps_per_epoch = (len(train_ids) + batch_size - 1) // batch_size
@@ -361,11 +373,11 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
             weight = 1.0 if mine else 0.0
             mine = mine or batch[:1]
             ids, mask = pad_batch([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
-            y = torch.tensor([targets[k] for k in mine], dtype=torch.long)
+            y = head.targets(torch, [targets[k] for k in mine])
             ids, mask, y = dev.put(ids), dev.put(mask), dev.put(y)
             with dev.autocast():
                 logits = model(input_ids=ids, attention_mask=mask).logits
-            share = F.cross_entropy(logits.float(), y, reduction="sum") * (weight / len(batch))
+            share = head.loss(torch, logits.float(), y) * (weight / len(batch))
             loss = share * group.size  # DDP averages gradients over processes; undo that
             if dev.scaler is not None:
                 dev.scaler.scale(loss).backward()
@@ -395,9 +407,10 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
 
 
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,
-            max_length: int, dev: ComputeDevice, events: Any,
-            schema: str) -> Iterator[Tuple[Any, int, float, List[float]]]:
-    """``(key, label index, confidence, probabilities)`` for each ``(key, (id, text))`` of ``batches``.
+            max_length: int, dev: ComputeDevice, events: Any, schema: str,
+            head: Head) -> Iterator[Tuple[Any, List[float]]]:
+    """``(key, outputs)`` for each ``(key, (id, text))`` of ``batches``: the head's outputs for the
+    text (for a nominal schema the probability of each label).
 
     The caller makes the batches (longest texts first, a budget of padded
     tokens each: see :func:`token_budget_batches`) and may read their texts
@@ -417,15 +430,14 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
             with dev.predict_autocast():
                 ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
                 logits = model(input_ids=ids, attention_mask=mask).logits
-            probs = torch.softmax(logits.float(), dim=-1).cpu()
-            conf, label = probs.max(dim=-1)
-            for row, c, l, p in zip(batch, conf.tolist(), label.tolist(), probs.tolist()):
-                yield row, l, c, p
+            outputs = head.activate(torch, logits.float()).cpu()
+            for row, out in zip(batch, outputs.tolist()):
+                yield row, out
             events.progress("predict", step, total, schema=schema)
             dev.release()
 
 
-def _save(model, tokenizer, out_dir: str, schema: str, labels: List[str], opts: Dict[str, Any], base_dir: str) -> None:
+def _save(model, tokenizer, out_dir: str, schema: str, head: Head, opts: Dict[str, Any], base_dir: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     if opts["lora"]:
         # The adapter names its base model by absolute path, so it loads from any working directory.
@@ -436,7 +448,8 @@ def _save(model, tokenizer, out_dir: str, schema: str, labels: List[str], opts: 
     info = {
         "trainer": NAME,
         "schema": schema,
-        "labels": labels,
+        "labels": head.answers.labels,
+        "answers": head.saved(),
         "kind": "lora" if opts["lora"] else "full",
         "base_model": base_dir,
         "max_length": opts["max_length"],

@@ -38,11 +38,16 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
+SKLEARN_EXTRA = "pip install 'potato-annotation[train-sklearn]'"
+
+# Import names whose pip package is named otherwise: what a message about a missing module names too,
+# since the backend's ``packages`` and pip take the package's name (``pip install sklearn`` fails).
+PIP_NAMES = {"sklearn": "scikit-learn", "sentence_transformers": "sentence-transformers"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ DEFAULT_BY_KIND = {
 
 TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
     TrainerInfo(
-        "hf-text-classification", "potato.trainers.hf_text_classification", (NOMINAL,),
-        "Fine-tunes a Hugging Face encoder on the item text (full or LoRA), one classifier per schema",
+        "hf-text-classification", "potato.trainers.hf_text_classification", (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL),
+        "Fine-tunes a Hugging Face encoder on the item text (full or LoRA), one model per schema",
         required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
     TrainerInfo(
         "decision-calibrate", "potato.trainers.decision_calibrate", (NOMINAL,),
@@ -83,6 +88,10 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         local_only=("it rewrites an earlier run's predictions, which are kept on this server. Start it on "
                     "'local' (it needs no GPU and takes seconds)"),
         uses_device=False, prepare="potato.calibration:prepare", record="potato.calibration:apply"),
+    TrainerInfo(
+        "sklearn-text", "potato.trainers.sklearn_text", (NOMINAL, ORDINAL, MULTILABEL),
+        "A scikit-learn classifier over the item text (Potato 2.12's own trainer, with its params)",
+        required_modules=("sklearn",), install_hint=SKLEARN_EXTRA, uses_device=False),
 )}
 
 
@@ -119,6 +128,14 @@ def trainers_for_kind(kind: str) -> List[TrainerInfo]:
     return [info for info in TRAINERS.values() if kind in info.kinds]
 
 
+def module_names(modules: Iterable[str]) -> str:
+    """Import names as a message names them: ``torch, sklearn (pip package scikit-learn)``."""
+    return ", ".join(name if name not in PIP_NAMES else "{} (pip package {})".format(name, PIP_NAMES[name])
+                     for name in modules)
+
+
 def import_failure_message(trainer: str, missing: str) -> str:
-    """The message for a trainer whose packages are missing, with the module named."""
-    return "Trainer {!r} could not be imported (missing module: {})".format(trainer, missing)
+    """The message for a trainer whose packages are missing, with the module (and its pip package) named."""
+    package = PIP_NAMES.get(missing)
+    return "Trainer {!r} could not be imported (missing module: {}{})".format(
+        trainer, missing, ", whose pip package is " + package if package else "")

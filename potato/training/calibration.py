@@ -82,6 +82,16 @@ class CalibrationMap(object):
         return out
 
 
+def with_top(probs: Sequence[float], confidence: float) -> List[float]:
+    """``probs`` with the top label's probability set to ``confidence`` and the other labels sharing the
+    rest in their old proportions (as they are, when the top label had it all)."""
+    top = max(range(len(probs)), key=probs.__getitem__)
+    raw = probs[top]
+    if raw >= 1.0:
+        return [confidence if k == top else p for k, p in enumerate(probs)]
+    return [confidence if k == top else p * (1.0 - confidence) / (1.0 - raw) for k, p in enumerate(probs)]
+
+
 # -- measures --------------------------------------------------------------------
 
 

@@ -86,7 +86,8 @@ def test_holdout_fraction_0_trains_on_every_label_and_says_there_are_no_holdout_
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Holdout scores:\n  sentiment: no holdout scores\n" in done.stdout
     run = store_of(config).get_run(1)
-    assert (run.state, run.scores) == ("succeeded", {"sentiment": {"accuracy": None, "macro_f1": None, "n": 0}})
+    assert (run.state, run.scores) == (
+        "succeeded", {"sentiment": {"kind": "nominal", "accuracy": None, "macro_f1": None, "n": 0}})
     log = (run_dir_of(config, 1) / "run.log").read_text()
     assert "Holdout sentiment: no holdout scores (no labelled item was held out of training)" in log
     assert " 0 held out, " in log

@@ -50,8 +50,10 @@ def easy_items(n: int = 120, *, unlabeled: int = 10, holdout_every: int = 5, see
 
 
 def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
-                 schemas: Optional[Dict[str, List[str]]] = None) -> Path:
-    """Write ``manifest.json`` and ``items.jsonl`` into ``bundle_dir``."""
+                 schemas: Optional[Dict[str, List[str]]] = None,
+                 answers: Optional[Dict[str, Dict[str, Any]]] = None) -> Path:
+    """Write ``manifest.json`` and ``items.jsonl`` into ``bundle_dir``; ``answers``: the manifest's
+    entry per schema (docs/answer-types.md), left out when None (every schema nominal)."""
     schemas = schemas or {"sentiment": ["positive", "negative"]}
     bundle_dir.mkdir(parents=True, exist_ok=True)
     labeled = {s: sum(1 for it in items if s in it["labels"]) for s in schemas}
@@ -65,6 +67,8 @@ def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
         "counts": {"items": len(items), "labeled": labeled, "holdout": holdout,
                    "ties": {s: 0 for s in schemas}},
     }
+    if answers is not None:
+        manifest["answers"] = answers
     (bundle_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     with (bundle_dir / "items.jsonl").open("w") as f:
         for item in items:
@@ -73,14 +77,16 @@ def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
 
 
 def write_job(job_dir: Path, *, bundle: str = "bundle", items: Optional[List[Dict[str, Any]]] = None,
+              labels: Optional[Dict[str, List[str]]] = None, answers: Optional[Dict[str, Dict[str, Any]]] = None,
               **fields: Any) -> Path:
-    """Write ``job_dir/job.json`` (and, given ``items``, the bundle under it); returns ``job_dir``.
+    """Write ``job_dir/job.json`` (and, given ``items``, the bundle under it, with the schemas'
+    ``labels`` and ``answers`` as :func:`write_bundle` takes them); returns ``job_dir``.
 
     ``fields`` override the job's keys (``options``, ``device``, ``include_unlabeled``, ...).
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     if items is not None:
-        write_bundle(job_dir / bundle, items)
+        write_bundle(job_dir / bundle, items, labels, answers)
     job = {
         "run_id": 1,
         "trainer": "hf-text-classification",
@@ -96,3 +102,43 @@ def write_job(job_dir: Path, *, bundle: str = "bundle", items: Optional[List[Dic
     job.update(fields)
     (job_dir / "job.json").write_text(json.dumps(job, indent=1))
     return job_dir
+
+
+# -- every kind of answer ------------------------------------------------------------------
+
+# A cue word per topic: an item names each of its topics (a multiselect) once.
+TOPIC_CUES = {"price": ["cheap", "pricey"], "delivery": ["courier", "shipping"], "quality": ["sturdy", "flimsy"]}
+TOPIC_CHANCE = {"price": 0.5, "delivery": 0.35, "quality": 0.25}
+# A word per point of a 1-5 scale: it sets the likert rating and, 25 points a step, the slider's score.
+LEVEL_WORDS = ["dreadful", "poor", "okay", "good", "superb"]
+KIND_LABELS = {"tone": ["low", "mid", "high"], "topics": list(TOPIC_CUES), "rating": ["1", "2", "3", "4", "5"],
+               "score": []}
+KIND_ANSWERS = {"tone": {"type": "radio", "kind": "nominal"},
+                "topics": {"type": "multiselect", "kind": "multilabel"},
+                "rating": {"type": "likert", "kind": "ordinal", "values": [1, 2, 3, 4, 5]},
+                "score": {"type": "slider", "kind": "continuous", "min": 0, "max": 100, "step": 1}}
+
+
+def kinds_items(n: int = 160, *, unlabeled: int = 8, holdout_every: int = 5, seed: int = 0) -> List[Dict[str, Any]]:
+    """``n`` items answered for a multiselect (``topics``: a cue word per topic), a likert (``rating``:
+    its level word), a slider (``score``: 25 points per level, within 5 either way) and a radio (``tone``:
+    low for levels 1-2, mid for 3, high for 4-5), every
+    ``holdout_every``-th held out, plus ``unlabeled`` items without answers."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n + unlabeled):
+        topics = [t for t in TOPIC_CUES if rng.random() < TOPIC_CHANCE[t]]
+        level = rng.randrange(5)
+        # One slot per topic, in a fixed order: its cue word or a filler word; then the level word.
+        fillers = rng.sample(FILLER, len(TOPIC_CUES) + 1)
+        words = [rng.choice(TOPIC_CUES[t]) if t in topics else fillers.pop() for t in TOPIC_CUES]
+        words += [LEVEL_WORDS[level], fillers.pop()]
+        labelled = i < n
+        items.append({
+            "id": "k{}".format(i) if labelled else "u{}".format(i - n),
+            "text": " ".join(words),
+            "labels": {"tone": ("low", "low", "mid", "high", "high")[level], "topics": topics, "rating": str(level + 1),
+                       "score": max(0, min(100, level * 25 + rng.randint(-5, 5)))} if labelled else {},
+            "holdout": labelled and i % holdout_every == 0,
+        })
+    return items

@@ -2,10 +2,11 @@
 
 ``register(monkeypatch, name, kinds, default_for=...)`` adds a trainer that
 declares *kinds* to the registry for one test (and makes it its kinds'
-default trainer when asked), so the parts of the project that choose
-trainers by kind (potato/trainer_choice.py) can be tested before the real
-trainers of those kinds are registered. It trains nothing: ``train`` fails
-the job, naming itself.
+default trainer when asked); ``keep_only`` leaves the registry a smaller
+installation for one test, so what the parts of the project that choose
+trainers by kind (potato/trainer_choice.py) say about a kind no trainer
+trains stays tested while the package registers a trainer for every kind.
+A toy trains nothing: ``train`` fails the job, naming itself.
 """
 
 from __future__ import annotations
@@ -42,3 +43,16 @@ def register(monkeypatch: Any, name: str, kinds: Sequence[str], *, default_for: 
     monkeypatch.setitem(TRAINERS, name, TrainerInfo(name, module_name, tuple(kinds)))
     for kind in default_for:
         monkeypatch.setitem(DEFAULT_BY_KIND, kind, name)
+
+
+def keep_only(monkeypatch: Any, kinds_by_trainer: "dict[str, Sequence[str]]") -> None:
+    """For the current test, the registry holds only the trainers named, each declaring the kinds given."""
+    import dataclasses
+
+    from potato.trainers.registry import TRAINERS
+
+    for name in list(TRAINERS):
+        if name in kinds_by_trainer:
+            monkeypatch.setitem(TRAINERS, name, dataclasses.replace(TRAINERS[name], kinds=tuple(kinds_by_trainer[name])))
+        else:
+            monkeypatch.delitem(TRAINERS, name)

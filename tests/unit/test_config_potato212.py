@@ -55,6 +55,17 @@ def test_every_potato_212_key_is_accepted_without_a_warning_and_honoured(tmp_pat
         True, "hf-text-classification", ("sentiment",), 5, 0, {"epochs": 2}, None)
 
 
+def test_potato_212s_own_trainer_with_its_params_is_accepted(tmp_path):
+    params = {"classifier": "sklearn.linear_model.LogisticRegression", "classifier_kwargs": {"C": 2.0},
+              "vectorizer": "sklearn.feature_extraction.text.TfidfVectorizer",
+              "vectorizer_kwargs": {"ngram_range": [1, 2]}, "calibrate": True, "min_instances": 10}
+    auto_retrain = dict(POTATO_212_MODEL_TRAINING["auto_retrain"], trainer="sklearn-text", params=params)
+    report = validate(tmp_path, _with(dict(POTATO_212_MODEL_TRAINING, auto_retrain=auto_retrain)))
+    assert report.errors == () and report.warnings == ()
+    assert (report.config.model_training.auto_retrain.trainer, report.config.model_training.auto_retrain.params) == (
+        "sklearn-text", params)
+
+
 def test_the_table_of_potato_212_keys_names_each_key_once():
     keys = [k for k, _ in POTATO_212_KEYS]
     assert len(keys) == len(set(keys))
@@ -80,10 +91,15 @@ def test_a_shared_config_where_potato_212_would_also_retrain_warns(tmp_path):
 
 
 ERRORS = {
-    "2.12's own trainer": (
-        {"auto_retrain": {"enabled": True, "trainer": "sklearn-text", "schemas": ["sentiment"]}},
-        "model_training.auto_retrain.trainer is 'sklearn-text' (that is Potato 2.12's own trainer); this "
-        "project's trainers are: hf-text-classification, decision-calibrate"),
+    "a misspelt trainer": (
+        {"auto_retrain": {"enabled": True, "trainer": "sklearn-txt", "schemas": ["sentiment"]}},
+        "model_training.auto_retrain.trainer is 'sklearn-txt'; did you mean `sklearn-text`?; this project's "
+        "trainers are: hf-text-classification, decision-calibrate, sklearn-text"),
+    "2.12's trainer with a classifier from elsewhere": (
+        {"auto_retrain": {"enabled": True, "trainer": "sklearn-text", "schemas": ["sentiment"],
+                          "params": {"classifier": "os.system"}}},
+        "model_training.auto_retrain.params: classifier 'os.system' is not in scikit-learn, xgboost or lightgbm; "
+        "sklearn-text imports classes from those packages only"),
     "an unknown schema": (
         {"auto_retrain": {"enabled": True, "schemas": ["sentimnt"]}},
         "model_training.auto_retrain.schemas[0] is 'sentimnt', which is not a schema in annotation_schemes "
@@ -140,10 +156,10 @@ def test_the_server_does_not_start_on_a_bad_auto_retrain_block(tmp_path):
     from potato.server.commands import start_command
 
     lines = []
-    path = write_project(tmp_path, _with({"auto_retrain": {"enabled": True, "trainer": "sklearn-text",
+    path = write_project(tmp_path, _with({"auto_retrain": {"enabled": True, "trainer": "sklearn-txt",
                                                            "schemas": ["sentiment"]}}))
     assert start_command(path, echo=lambda text="", err=False: lines.append(text)) == 1
-    assert "model_training.auto_retrain.trainer is 'sklearn-text'" in "\n".join(lines)
+    assert "model_training.auto_retrain.trainer is 'sklearn-txt'" in "\n".join(lines)
     assert "The server does not start on an invalid config" in lines[-1]
 
 

@@ -10,7 +10,7 @@ import pytest
 from potato.training.device import has_kernels
 from potato.training.events import Cancelled, EventWriter, read_events, write_atomic
 from potato.training.worker import import_error_message, memory_message
-from potato.trainers import hf_common, metrics
+from potato.trainers import hf_common
 from potato.trainers import hf_text_classification as hf
 
 
@@ -159,19 +159,6 @@ def test_has_kernels(capability, arch_list, expected):
 
 
 # -- the trainer's pure parts ------------------------------------------------------
-
-
-def test_accuracy_and_macro_f1():
-    gold = ["pos", "pos", "neg", "neg"]
-    pred = ["pos", "neg", "neg", "neg"]
-    assert metrics.accuracy(gold, pred) == 0.75
-    # pos: P=1 R=.5 F1=2/3; neg: P=2/3 R=1 F1=.8 -> macro 0.7333
-    assert metrics.macro_f1(gold, pred) == pytest.approx((2 / 3 + 0.8) / 2)
-    assert metrics.holdout_scores(gold, pred) == {"accuracy": 0.75, "macro_f1": 0.7333, "n": 4}
-    assert metrics.holdout_scores([], []) == {"accuracy": None, "macro_f1": None, "n": 0}
-    # a label that is predicted but never true counts (with F1 0), as in scikit-learn
-    assert metrics.macro_f1(["a", "a"], ["a", "b"]) == pytest.approx((2 / 3 + 0) / 2)
-    assert metrics.macro_f1(["a", "b"], ["a", "b"]) == 1.0
 
 
 def test_check_options_accepts_the_defaults_and_lora():

@@ -24,7 +24,7 @@ from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.server import create_app
 from potato.trainer_choice import NoTrainerFor
-from potato.trainers.registry import TRAINERS, hook, load
+from potato.trainers.registry import TRAINERS, hook, import_failure_message, load, module_names
 from tests.support import toy_backend
 from tests.support.potato_project import make_project
 from tests.support.toy_backend import TOY, TOY_TRAINER
@@ -77,6 +77,16 @@ def test_every_trainer_declaration_agrees_with_its_module(name):
         assert getattr(info, which) is None or callable(hook(info, which))
 
 
+def test_a_missing_module_is_named_with_the_pip_package_that_installs_it():
+    # `pip install sklearn` fails: the backend's packages and pip take scikit-learn.
+    assert import_failure_message("sklearn-text", "sklearn") == (
+        "Trainer 'sklearn-text' could not be imported (missing module: sklearn, whose pip package is scikit-learn)")
+    assert import_failure_message("hf-text-classification", "peft") == (
+        "Trainer 'hf-text-classification' could not be imported (missing module: peft)")
+    assert module_names(["torch", "sklearn"]) == "torch, sklearn (pip package scikit-learn)"
+    assert TRAINERS["sklearn-text"].install_hint == "pip install 'potato-annotation[train-sklearn]'"
+
+
 # -- a toy of each, registered from here ----------------------------------------
 
 
@@ -117,7 +127,7 @@ def test_potato_validate_checks_a_toy_by_its_own_declaration(tmp_path, toys):
         f"error: {b}.flavor is not a key of a toy backend; did you mean `flavour`? Accepted keys: type, "
         "description, host, flavour, heartbeat_timeout_s",
         "error: model_training.auto_retrain.trainer is 'toy-trainer': Trainer 'toy-trainer' cannot train schema "
-        "'sentiment' (radio); the trainers that can: hf-text-classification, decision-calibrate",
+        "'sentiment' (radio); the trainers that can: hf-text-classification, decision-calibrate, sklearn-text",
         "error: model_training.trainers.toy-trainer: rounds must be a positive integer, got 0",
     ]
 
@@ -142,10 +152,11 @@ def test_the_runs_on_menu_and_the_trainers_api_show_the_toys(tmp_path, toys):
     schemas = client.get("/admin/training/api/schemas", headers=ADMIN).json["schemas"]
     assert schemas == [
         {"name": "sentiment", "annotation_type": "radio", "kind": "nominal",
-         "trainers": ["hf-text-classification", "decision-calibrate"], "trainable": True,
+         "trainers": ["hf-text-classification", "decision-calibrate", "sklearn-text"], "trainable": True,
          "default_trainer": "hf-text-classification"},
-        {"name": "mood", "annotation_type": "likert", "kind": "ordinal", "trainers": ["toy-trainer"],
-         "trainable": True, "default_trainer": None},
+        {"name": "mood", "annotation_type": "likert", "kind": "ordinal",
+         "trainers": ["hf-text-classification", "sklearn-text", "toy-trainer"], "trainable": True,
+         "default_trainer": "hf-text-classification"},
     ]
 
 

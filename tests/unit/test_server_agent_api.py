@@ -345,7 +345,9 @@ def test_predictions_need_a_claimed_run(client, running_run, token):
 
 def test_result(client, claimed, token, project, store):
     run, _ = claimed
-    scores = {"sentiment": {"accuracy": 0.9, "macro_f1": 0.89, "n": 6}}
+    scores = {"sentiment": {"accuracy": 0.9, "macro_f1": 0.89, "n": 6},  # a nominal schema's, as agents sent them
+              "rating": {"kind": "ordinal", "accuracy": 0.5, "mae": 1.25, "spearman": -0.2, "n": 6},
+              "topics": {"kind": "multilabel", "exact_match": None, "micro_f1": None, "macro_f1": None, "n": 0}}
     body = {"exit_code": 0, "scores": scores, "artifact_uri": "ws1:/home/me/.cache/potato-training/jobs/1/artifacts"}
     response = client.post(f"{V1}/runs/{run.id}/result", headers=bearer(token), json=body)
     assert response.status_code == 200 and response.json["recorded"] is True
@@ -366,6 +368,8 @@ def test_result(client, claimed, token, project, store):
     ({"exit_code": True}, "exit_code is True; use a whole number from -255 to 255"),
     ({"exit_code": 10**30}, "exit_code is 1000000000000000000000000000000; use a whole number from -255 to 255"),
     ({"exit_code": 0, "scores": [1]}, "scores must be a JSON object"),
+    ({"exit_code": 0, "scores": {"s": {"kind": "ranking", "n": 3}}},
+     "scores.s.kind is 'ranking'; use one of: nominal, ordinal, continuous, multilabel, span, text"),
     ({"exit_code": 0, "artifact_uri": 5}, "artifact_uri is 5; use a string of at most 2000 characters"),
     ({"exit_code": 0, "artifact_uri": "ws1:/x\n2024-01-01 ERROR forged"}, "without control characters"),
     ({"exit_code": 0, "error": {}}, "error is {}; use a string of at most 65536 characters"),

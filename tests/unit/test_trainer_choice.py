@@ -5,8 +5,11 @@ trainer (one run, several trainers); a run that names one is refused unless
 that trainer trains every schema of the run — 409 from the API, exit 2 from
 the CLI, and ``potato validate`` for ``writeback.schemas`` and
 ``auto_retrain``, each naming the schema, its type and the trainers that can.
-Trainers of other kinds are registered from the tests
-(tests/support/toy_trainers.py) until the real ones are.
+Most tests run on a smaller installation (``small_installation``: no trainer
+of span or continuous answers) with toy trainers registered from the test
+(tests/support/toy_trainers.py), so what is said of a kind no trainer
+trains stays tested; the package's own trainers are in
+tests/unit/test_registries.py.
 """
 
 from __future__ import annotations
@@ -47,7 +50,13 @@ def _config_path(tmp_path, **model_training):
     return path
 
 
-def test_each_trainer_declares_its_kinds_and_each_kind_its_trainers(monkeypatch):
+@pytest.fixture
+def small_installation(monkeypatch):
+    """hf-text-classification of nominal answers and decision-calibrate, and no other trainer."""
+    toy_trainers.keep_only(monkeypatch, {"hf-text-classification": ["nominal"], "decision-calibrate": ["nominal"]})
+
+
+def test_each_trainer_declares_its_kinds_and_each_kind_its_trainers(monkeypatch, small_installation):
     assert trainer_kinds("hf-text-classification") == ("nominal",)
     assert trainer_kinds("decision-calibrate") == ("nominal",)
     assert trainer_kinds("no-such-trainer") == ()
@@ -56,7 +65,7 @@ def test_each_trainer_declares_its_kinds_and_each_kind_its_trainers(monkeypatch)
     assert trainers_for("span") == ["toy-span"]
 
 
-def test_a_run_without_a_trainer_trains_each_schema_with_its_kinds_default(tmp_path, monkeypatch):
+def test_a_run_without_a_trainer_trains_each_schema_with_its_kinds_default(tmp_path, monkeypatch, small_installation):
     config = load_config(_config_path(tmp_path))
     sentiment, entities, score = (config.scheme(n) for n in ("sentiment", "entities", "score"))
     assert plan_trainers([sentiment]) == {"hf-text-classification": ["sentiment"]}
@@ -77,7 +86,7 @@ def test_a_run_without_a_trainer_trains_each_schema_with_its_kinds_default(tmp_p
                                  "trainers that can: toy-span")
 
 
-def test_the_api_refuses_a_schema_no_trainer_of_the_run_trains_with_409(tmp_path, monkeypatch):
+def test_the_api_refuses_a_schema_no_trainer_of_the_run_trains_with_409(tmp_path, monkeypatch, small_installation):
     config = load_config(_config_path(tmp_path))
     store = open_store(config)
     client = create_app(config, start_background=False, store=store).test_client()
@@ -107,7 +116,7 @@ def test_the_api_refuses_a_schema_no_trainer_of_the_run_trains_with_409(tmp_path
         in page.data
 
 
-def test_a_run_without_schemas_trains_those_a_trainer_can_train(tmp_path):
+def test_a_run_without_schemas_trains_those_a_trainer_can_train(tmp_path, small_installation):
     config = load_config(_config_path(tmp_path))
     assert default_schemas(config) == ["sentiment"]  # no span trainer here; instructions train nowhere
     store = open_store(config)
@@ -116,7 +125,7 @@ def test_a_run_without_schemas_trains_those_a_trainer_can_train(tmp_path):
     assert run.trainers == {"hf-text-classification": ["sentiment"]}
 
 
-def test_the_cli_refuses_with_exit_2_naming_the_schema(tmp_path):
+def test_the_cli_refuses_with_exit_2_naming_the_schema(tmp_path, small_installation):
     path = _config_path(tmp_path)
     result = CliRunner().invoke(main, ["training", "run", str(path), "--schema", "sentiment", "--schema", "score",
                                        "--trainer", "hf-text-classification", "--detach"])
@@ -127,7 +136,7 @@ def test_the_cli_refuses_with_exit_2_naming_the_schema(tmp_path):
     assert result.exit_code == 0 and result.output.startswith("Run 1 queued: hf-text-classification on sentiment")
 
 
-def test_validate_names_a_writeback_or_auto_retrain_schema_no_trainer_trains(tmp_path, monkeypatch):
+def test_validate_names_a_writeback_or_auto_retrain_schema_no_trainer_trains(tmp_path, monkeypatch, small_installation):
     path = _config_path(tmp_path, writeback={"schemas": ["sentiment", "entities"]},
                         auto_retrain={"enabled": False, "trainer": "hf-text-classification",
                                       "schemas": ["sentiment", "score"]})
@@ -152,10 +161,6 @@ def test_validate_names_a_writeback_or_auto_retrain_schema_no_trainer_trains(tmp
 
 
 def test_a_config_potato_212_accepts_with_its_own_sklearn_text_trainer_validates(tmp_path):
-    from potato.trainers.registry import TRAINERS
-
-    if "sklearn-text" not in TRAINERS:
-        pytest.skip("needs the sklearn-text trainer registered in potato/trainers")
     path = _config_path(tmp_path, auto_retrain={
         "enabled": True, "trainer": "sklearn-text", "schemas": ["sentiment"],
         "params": {"classifier": "sklearn.linear_model.LogisticRegression", "classifier_kwargs": {"C": 2.0},

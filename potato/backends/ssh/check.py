@@ -12,7 +12,7 @@ from potato.backends.ssh.openssh import Connection, SshTarget
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import PotatoError
 from potato.trainer_choice import project_trainers
-from potato.trainers.registry import TRAINERS
+from potato.trainers.registry import TRAINERS, module_names
 
 
 def login_and_probe(backend: BackendConfig, trainers: list[str], first_line: str) -> tuple[CheckReport, dict | None]:
@@ -56,7 +56,7 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
             where = "; packages installs them into a venv on the first run" if packages else (
                 ": point python at an interpreter that has them, or list them under packages")
             lines.append(f"Training packages missing from {backend.get('python', 'python3')}: "
-                         f"{', '.join(missing)}{where}")
+                         f"{module_names(missing)}{where}")
             report.ok = report.ok and bool(packages)
         else:
             needed = dict.fromkeys(m for name in trainers for m in TRAINERS[name].required_modules)

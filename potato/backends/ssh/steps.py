@@ -41,7 +41,7 @@ from potato.backends.ssh.openssh import Connection, SshTarget, make_remote_comma
 from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
 from potato.runlog import last_line
-from potato.trainers.registry import TRAINERS
+from potato.trainers.registry import TRAINERS, module_names
 from potato.training.device import THREAD_VARIABLES
 from potato.training.job_paths import JobPaths
 
@@ -249,7 +249,7 @@ def sync_code(ctx: RunContext, session: SshSession) -> str:
     if missing:
         needs = next((t for t in ctx.run.trainers if missing[0] in TRAINERS[t].required_modules), ctx.run.trainer)
         raise TrainerImportError(needs, missing[0], fix=(
-            f"{session.python} on {session.host} lacks {', '.join(missing)}: point the backend's python at an "
+            f"{session.python} on {session.host} lacks {module_names(missing)}: point the backend's python at an "
             f"interpreter that has them, or list them under packages"))
     return said
 
