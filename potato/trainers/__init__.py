@@ -10,6 +10,7 @@ each trainer imports its ML packages lazily, inside its functions.
 #   USES_DEVICE = False for one that computes on no torch device (the worker then imports no torch).
 TRAINERS = {
     "hf-text-classification": "potato.trainers.hf_text_classification",
+    "hf-span-tagging": "potato.trainers.hf_span_tagging",
     "decision-calibrate": "potato.trainers.decision_calibrate",
 }
 

@@ -258,16 +258,21 @@ def shard(order: List[int], group: Any) -> List[int]:
 
 def pad_batch(seqs: List[List[int]], pad_id: int, multiple: int):
     """``(input_ids, attention_mask)`` CPU tensors, padded to the longest of ``seqs`` (rounded up to ``multiple``)."""
+    ids = pad_rows(seqs, pad_id, multiple)
+    mask = pad_rows([[1] * len(seq) for seq in seqs], 0, multiple)
+    return ids, mask
+
+
+def pad_rows(seqs: List[List[int]], value: int, multiple: int):
+    """One CPU tensor of ``seqs``, each row filled with ``value`` to the longest (rounded up to ``multiple``)."""
     import torch
 
     width = max(len(s) for s in seqs)
     width += -width % multiple
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    rows = torch.full((len(seqs), width), value, dtype=torch.long)
     for row, seq in enumerate(seqs):
-        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, :len(seq)] = 1
-    return ids, mask
+        rows[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return rows
 
 
 # -- the device ----------------------------------------------------------------
@@ -524,6 +529,9 @@ def build_model(auto_cls: Any, task_type: str, ft: FineTune, labels: List[str]):
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
         local_files_only=ft.offline,
+        # A checkpoint fine-tuned with another head (a 3-way sentiment model, a NER model's tags) gets
+        # a fresh one of this schema's size instead of an error.
+        ignore_mismatched_sizes=True,
         # Master weights in fp32 whatever the checkpoint holds (transformers 5 would keep a bf16
         # checkpoint in bf16, and pure-bf16 AdamW loses small updates); autocast does the rest.
         **{dtype_keyword(): torch.float32}

@@ -83,6 +83,12 @@ class Job:
                 self._manifest = json.load(f)
         return self._manifest
 
+    def kind_of(self, schema: str) -> str:
+        """The kind of answer ``schema`` holds (docs/answer-types.md): the manifest's ``answers``
+        say; a bundle without them holds ``nominal`` answers only."""
+        answer = (self.manifest.get("answers") or {}).get(schema)
+        return str(answer.get("kind") or "nominal") if isinstance(answer, dict) else "nominal"
+
     @property
     def items_path(self) -> str:
         return os.path.join(self.bundle_dir, "items.jsonl")

@@ -12,11 +12,11 @@ import atexit
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Dict, Iterable, List
 
-from tests.support.bundles import FILLER, NEGATIVE, POSITIVE
+from tests.support.bundles import FILLER, NEGATIVE, POSITIVE, span_corpus
 
-_CACHED: Optional[Path] = None
+_CACHED: Dict[str, Path] = {}
 
 
 def build_tiny_model(directory: Path, texts: Iterable[str]) -> Path:
@@ -51,10 +51,18 @@ def build_tiny_model(directory: Path, texts: Iterable[str]) -> Path:
 
 def tiny_model_path() -> Path:
     """The tiny model for this test session (built once, in a temporary directory)."""
-    global _CACHED
-    if _CACHED is None:
-        corpus = [" ".join(POSITIVE + NEGATIVE + FILLER)] * 3 + [w for w in POSITIVE + NEGATIVE + FILLER]
-        directory = Path(tempfile.mkdtemp(prefix="potato-tiny-bert-"))
+    corpus = [" ".join(POSITIVE + NEGATIVE + FILLER)] * 3 + [w for w in POSITIVE + NEGATIVE + FILLER]
+    return _cached("tiny-bert", corpus)
+
+
+def tiny_span_model_path() -> Path:
+    """A tiny model whose tokenizer knows the words of :func:`tests.support.bundles.easy_span_items`."""
+    return _cached("tiny-span-bert", span_corpus())
+
+
+def _cached(name: str, corpus: List[str]) -> Path:
+    if name not in _CACHED:
+        directory = Path(tempfile.mkdtemp(prefix="potato-{}-".format(name)))
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        _CACHED = build_tiny_model(directory, corpus)
-    return _CACHED
+        _CACHED[name] = build_tiny_model(directory, corpus)
+    return _CACHED[name]
