@@ -19,7 +19,7 @@ import math
 import os
 import random
 import re
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from potato.trainers.options import check_keys, is_int, is_number
 from potato.training.events import Cancelled, TrainerFailure
@@ -440,6 +440,45 @@ class FineTune:
                 opts["seed"], self.job.device_name, dev.precision, dev.predict_precision,
             )
         )
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def logits(self, model: Any, seqs: List[List[int]], predicting: bool = False) -> Any:
+        """``model``'s logits for the token lists ``seqs``, padded per batch and run on the device in
+        training's autocast (prediction's with ``predicting``)."""
+        dev = self.dev
+        ids, mask = pad_batch(seqs, self.pad_id, dev.predict_pad_multiple if predicting else dev.pad_multiple)
+        with dev.predict_autocast() if predicting else dev.autocast():
+            return model(input_ids=dev.put(ids), attention_mask=dev.put(mask)).logits
+
+    def split(self, items: Any, schema: str, answered: Callable[[Any], bool]) -> Tuple[List[int], List[int], List[int]]:
+        """``(labelled, training, held out)`` positions of ``items`` whose answer for ``schema`` is
+        ``answered``; raises :class:`TrainerFailure` when none is left to train on."""
+        labelled = sorted(i for i, item in items.labelled.items()
+                          if schema in item["labels"] and answered(item["labels"][schema]))
+        train_idx = [i for i in labelled if not items.labelled[i].get("holdout")]
+        holdout_idx = [i for i in labelled if items.labelled[i].get("holdout")]
+        if not train_idx:
+            raise TrainerFailure("Schema {!r} has no labelled items to train on".format(schema))
+        return labelled, train_idx, holdout_idx
+
+    def to_predict(self, items: Any, labelled: List[int], schema: str) -> List[int]:
+        """The positions to predict: the labelled ones and, with ``include_unlabeled``, those nobody answered."""
+        if not self.job.include_unlabeled:
+            return labelled
+        return labelled + [i for i in range(len(items)) if schema not in items.labels(i)]
+
+    def train(self, model: Any, lengths: Sequence[int], batch_loss: "BatchLoss", schema: str) -> Any:
+        """``model`` on the device, trained by :func:`train_loop` (data-parallel when the run is); the
+        trained model, out of its data-parallel wrapper."""
+        model.to(self.dev.device)
+        model = self.group.unwrap(train_loop(self.group.wrap(model), lengths, batch_loss, self, schema))
+        if self.group.size > 1:
+            self.say("Schema {!r}: trained data-parallel on {} devices ({})".format(
+                schema, self.group.size, self.group.backend))
+        return model
 
     def gather(self, held: Dict[int, Any]) -> Dict[int, Any]:
         """Every process's ``held`` (item position -> prediction) merged, in a data-parallel run."""

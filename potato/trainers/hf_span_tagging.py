@@ -60,14 +60,12 @@ from potato.trainers.hf_common import (
     check_fine_tune_options,
     estimated_tokens,
     fine_tune_options,
-    pad_batch,
     pad_rows,
     safe_dirname,
     save_model,
     shard,
     start_fine_tune,
     token_budget_batches,
-    train_loop,
 )
 from potato.trainers.metrics import describe, span_scores
 from potato.trainers.options import is_int
@@ -298,14 +296,8 @@ def decode_spans(tokens: Sequence[Tuple[Tuple[int, int], int, float]], text: str
 
 
 def train(job: Any, events: Any) -> None:
-    """Train one tagger per schema of ``job``; write predictions, scores and artifacts.
-
-    ``job`` is a :class:`potato.training.worker.Job`; ``events`` a
-    :class:`potato.training.events.EventWriter`. Raises ``Cancelled`` when a
-    stop is requested and :class:`TrainerFailure` for problems the user can fix.
-    In a data-parallel run every process calls this with its own ``job.group``;
-    rank 0 alone writes the run's files and its log lines.
-    """
+    """Train one tagger per schema of ``job``; write predictions, scores and artifacts (as
+    hf-text-classification's :func:`train`, whose docstring says what it takes and raises)."""
     opts = effective_options(job.options)
     ft = start_fine_tune(job, events, opts, NAME)
     for schema in ft.schemas:
@@ -329,28 +321,28 @@ def train(job: Any, events: Any) -> None:
 Window = Tuple[int, List[int], List[Optional[Tuple[int, int]]]]  # (which text, token ids, offsets)
 
 
-def _windows(ft: FineTune, texts: List[str]) -> List[Window]:
-    """Every window of ``texts``: which text it reads, its token ids and each token's characters
-    (see :func:`text_offsets`)."""
-    enc = ft.tokenizer([tokenizable(text) for text in texts], truncation=True, max_length=ft.opts["max_length"],
-                       stride=ft.opts["stride"], return_overflowing_tokens=True, return_offsets_mapping=True)
+def windows_of(tokenizer: Any, texts: List[str], max_length: int, stride: int) -> List[Window]:
+    """Every window of ``texts`` (``max_length`` tokens, ``stride`` shared with the next): which text it
+    reads, its token ids and each token's characters (see :func:`text_offsets`)."""
+    enc = tokenizer([tokenizable(text) for text in texts], truncation=True, max_length=max_length, stride=stride,
+                    return_overflowing_tokens=True, return_offsets_mapping=True)
     return [(n, enc["input_ids"][w], text_offsets(enc["offset_mapping"][w], enc.sequence_ids(w), texts[n]))
             for w, n in enumerate(enc["overflow_to_sample_mapping"])]
+
+
+def _windows(ft: FineTune, texts: List[str]) -> List[Window]:
+    return windows_of(ft.tokenizer, texts, ft.opts["max_length"], ft.opts["stride"])
 
 
 def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[str, Any]:
     """Train, predict and save one schema's tagger; returns its holdout scores."""
     from transformers import AutoModelForTokenClassification
 
-    job, opts, dev, group = ft.job, ft.opts, ft.dev, ft.group
+    job, opts, group = ft.job, ft.opts, ft.group
     labels = [str(label) for label in job.manifest["schemas"][schema]]
     if not labels:
         raise TrainerFailure("Schema {!r} has no labels to tag spans with".format(schema))
-    labelled = sorted(i for i, item in items.labelled.items() if schema in item["labels"])
-    train_idx = [i for i in labelled if not items.labelled[i].get("holdout")]
-    holdout_idx = [i for i in labelled if items.labelled[i].get("holdout")]
-    if not train_idx:
-        raise TrainerFailure("Schema {!r} has no labelled items to train on".format(schema))
+    labelled, train_idx, holdout_idx = ft.split(items, schema, lambda answer: True)
 
     texts = [items.read(i)[1] for i in train_idx]
     windows = _windows(ft, texts)
@@ -375,17 +367,10 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
 
     tags = tag_names(labels)
     model = build_model(AutoModelForTokenClassification, "TOKEN_CLS", ft, tags)
-    model.to(dev.device)
-    model = train_loop(group.wrap(model), [len(ids) for ids in train_ids],
-                       _batch_loss(train_ids, train_tags, ft), ft, schema)
-    model = group.unwrap(model)
-    if group.size > 1:
-        ft.say("Schema {!r}: trained data-parallel on {} devices ({})".format(schema, group.size, group.backend))
+    model = ft.train(model, [len(ids) for ids in train_ids], _batch_loss(train_ids, train_tags, ft), schema)
 
     ft.events.check_cancelled()
-    predict_idx = labelled + (
-        [i for i in range(len(items)) if schema not in items.labels(i)] if job.include_unlabeled else []
-    )
+    predict_idx = ft.to_predict(items, labelled, schema)
     is_holdout = set(holdout_idx)
     held = {}  # type: Dict[int, List[Span]]
     for i, item_id, found in predict(model, ft, items, predict_idx, labels, schema):
@@ -430,16 +415,11 @@ def _batch_loss(train_ids: List[List[int]], train_tags: List[List[int]], ft: Fin
     over every tagged token of the batch (transformers' token-classification loss)."""
     import torch.nn.functional as F
 
-    dev, tokenizer = ft.dev, ft.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     tagged = [sum(1 for t in tags if t != IGNORE) for tags in train_tags]
 
     def batch_loss(model: Any, mine: List[int], batch: List[int], weight: float) -> Any:
-        ids, mask = pad_batch([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
-        y = pad_rows([train_tags[k] for k in mine], IGNORE, dev.pad_multiple)
-        ids, mask, y = dev.put(ids), dev.put(mask), dev.put(y)
-        with dev.autocast():
-            logits = model(input_ids=ids, attention_mask=mask).logits
+        logits = ft.logits(model, [train_ids[k] for k in mine])
+        y = ft.dev.put(pad_rows([train_tags[k] for k in mine], IGNORE, ft.dev.pad_multiple))
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                ignore_index=IGNORE, reduction="sum")
         return loss * (weight / max(1, sum(tagged[k] for k in batch)))
@@ -459,7 +439,6 @@ def predict(model: Any, ft: FineTune, items: Any, positions: List[int], labels: 
     import torch
 
     dev, opts, events = ft.dev, ft.opts, ft.events
-    pad_id = ft.tokenizer.pad_token_id if ft.tokenizer.pad_token_id is not None else 0
     mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), ft.group)
     batches = token_budget_batches(
         mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"], dev.predict_pad_multiple),
@@ -474,9 +453,7 @@ def predict(model: Any, ft: FineTune, items: Any, positions: List[int], labels: 
             order = sorted(range(len(windows)), key=lambda w: len(windows[w][1]), reverse=True)
             width = lambda w: len(windows[w][1]) + (-len(windows[w][1]) % dev.predict_pad_multiple)  # noqa: E731
             for chunk in token_budget_batches(order, width, dev.predict_budget, dev.predict_rows):
-                ids, mask = pad_batch([windows[w][1] for w in chunk], pad_id, dev.predict_pad_multiple)
-                with dev.predict_autocast():
-                    logits = model(input_ids=dev.put(ids), attention_mask=dev.put(mask)).logits
+                logits = ft.logits(model, [windows[w][1] for w in chunk], predicting=True)
                 prob, tag = torch.softmax(logits.float(), dim=-1).max(dim=-1)
                 for w, p, t in zip(chunk, prob.cpu().tolist(), tag.cpu().tolist()):
                     votes[windows[w][0]].add(windows[w][2], t, p)

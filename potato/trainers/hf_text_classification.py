@@ -51,16 +51,13 @@ from potato.trainers.hf_common import (
     check_fine_tune_options,
     estimated_tokens,
     fine_tune_options,
-    pad_batch,
     safe_dirname,
     save_model,
     shard,
     start_fine_tune,
     token_budget_batches,
-    train_loop,
 )
 from potato.trainers.metrics import holdout_scores
-from potato.training.events import TrainerFailure
 
 NAME = "hf-text-classification"
 REQUIRED_MODULES = ("torch", "transformers", "peft")
@@ -106,29 +103,18 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
     job, opts, dev, group, tokenizer = ft.job, ft.opts, ft.dev, ft.group, ft.tokenizer
     labels = [str(label) for label in job.manifest["schemas"][schema]]
     label_index = {label: i for i, label in enumerate(labels)}
-    labelled = sorted(i for i, item in items.labelled.items() if str(item["labels"].get(schema)) in label_index)
-    train_idx = [i for i in labelled if not items.labelled[i].get("holdout")]
-    holdout_idx = [i for i in labelled if items.labelled[i].get("holdout")]
-    if not train_idx:
-        raise TrainerFailure("Schema {!r} has no labelled items to train on".format(schema))
+    labelled, train_idx, holdout_idx = ft.split(items, schema, lambda answer: str(answer) in label_index)
     ft.say("Schema {!r}: {} training items, {} held out, labels {}".format(
         schema, len(train_idx), len(holdout_idx), ", ".join(labels)))
 
     model = build_model(AutoModelForSequenceClassification, "SEQ_CLS", ft, labels)
-    model.to(dev.device)
     train_ids = tokenizer([items.read(i)[1] for i in train_idx], truncation=True,
                           max_length=opts["max_length"])["input_ids"]
     targets = [label_index[str(items.labels(i)[schema])] for i in train_idx]
-    model = train_loop(group.wrap(model), [len(ids) for ids in train_ids],
-                       _batch_loss(train_ids, targets, tokenizer, dev), ft, schema)
-    model = group.unwrap(model)
-    if group.size > 1:
-        ft.say("Schema {!r}: trained data-parallel on {} devices ({})".format(schema, group.size, group.backend))
+    model = ft.train(model, [len(ids) for ids in train_ids], _batch_loss(train_ids, targets, ft), schema)
 
     ft.events.check_cancelled()
-    predict_idx = labelled + (
-        [i for i in range(len(items)) if schema not in items.labels(i)] if job.include_unlabeled else []
-    )
+    predict_idx = ft.to_predict(items, labelled, schema)
     is_holdout = set(holdout_idx)
     held = {}  # type: Dict[int, str]
     mine = shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
@@ -153,19 +139,14 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
     return scores
 
 
-def _batch_loss(train_ids: List[List[int]], targets: List[int], tokenizer: Any, dev: ComputeDevice):
+def _batch_loss(train_ids: List[List[int]], targets: List[int], ft: FineTune):
     """The loop's ``batch_loss``: cross-entropy of the texts ``mine``, a share of the batch's mean."""
     import torch
     import torch.nn.functional as F
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
     def batch_loss(model: Any, mine: List[int], batch: List[int], weight: float) -> Any:
-        ids, mask = pad_batch([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
-        y = torch.tensor([targets[k] for k in mine], dtype=torch.long)
-        ids, mask, y = dev.put(ids), dev.put(mask), dev.put(y)
-        with dev.autocast():
-            logits = model(input_ids=ids, attention_mask=mask).logits
+        logits = ft.logits(model, [train_ids[k] for k in mine])
+        y = ft.dev.put(torch.tensor([targets[k] for k in mine], dtype=torch.long))
         return F.cross_entropy(logits.float(), y, reduction="sum") * (weight / len(batch))
 
     return batch_loss

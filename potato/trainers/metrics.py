@@ -54,7 +54,8 @@ def span_scores(gold: Sequence[Iterable[Tuple[int, int, str]]],
     recall without a gold span, F1 without either (as seqeval's 0 with a
     warning); ``n`` counts the items.
     """
-    counts = {}  # type: Dict[str, List[int]]  # label -> [true positives, predicted, gold]
+    # label -> [true positives, predicted, gold]
+    counts: Dict[str, List[int]] = {}
     for gold_spans, predicted_spans in zip(gold, predicted):
         gold_set, predicted_set = set(gold_spans), set(predicted_spans)
         for span in predicted_set:

@@ -41,16 +41,14 @@ def marked(text: str, *pieces: tuple) -> list:
 
 def round_trip(tokenizer, text: str, spans: list, max_length: int = 10, stride: int = 3) -> tuple:
     """``(decoded spans, windows)``: tag ``spans`` window by window, decode the tags as certain predictions."""
-    enc = tokenizer([st.tokenizable(text)], truncation=True, max_length=max_length, stride=stride,
-                    return_overflowing_tokens=True, return_offsets_mapping=True)
+    windows = st.windows_of(tokenizer, [text], max_length, stride)
     votes = st.TokenVotes()
-    for w in range(len(enc["input_ids"])):
-        offsets = st.text_offsets(enc["offset_mapping"][w], enc.sequence_ids(w), text)
+    for _, _, offsets in windows:
         tags = st.window_tags(offsets, spans, LABELS)
         votes.add(offsets, tags, [1.0] * len(tags))
     decoded = st.decode_spans(votes.tokens(), text, LABELS)
     assert all(s["confidence"] == 1.0 for s in decoded)
-    return [(s["start"], s["end"], s["label"]) for s in decoded], len(enc["input_ids"])
+    return [(s["start"], s["end"], s["label"]) for s in decoded], len(windows)
 
 
 TEXT = 'Zoë met "Bob" & <b>Anaïs</b> at 東京大阪 🙂\tNew   York'
@@ -256,5 +254,4 @@ def _iob2(spans: list, length: int) -> list:
 
 
 def _tokens(tokenizer, text: str) -> list:
-    enc = tokenizer(st.tokenizable(text), return_offsets_mapping=True)
-    return sorted(t for t in st.text_offsets(enc["offset_mapping"], enc.sequence_ids(), text) if t is not None)
+    return sorted(t for t in st.windows_of(tokenizer, [text], 512, 0)[0][2] if t is not None)
