@@ -75,7 +75,8 @@ NAME = "hf-span-tagging"
 KIND = "span"  # the kind of answer it trains (docs/answer-types.md)
 REQUIRED_MODULES = ("torch", "transformers", "peft")
 
-DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS, max_length=256, stride=64)  # type: Dict[str, Any]
+# stride: tokens a window shares with the next; None: a quarter of max_length.
+DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS, max_length=256, stride=None)  # type: Dict[str, Any]
 
 OUTSIDE = "O"
 IGNORE = -100  # the tag of a token that is no character of the text ([CLS], [SEP]): no loss, no span
@@ -89,9 +90,11 @@ Span = Tuple[int, int, str]  # (start, end, label): characters of the text, end 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
     options, problems = check_fine_tune_options(options, DEFAULT_OPTIONS, NAME)
-    stride = options.get("stride", DEFAULT_OPTIONS["stride"])
+    stride = options.get("stride")
     max_length = options.get("max_length", DEFAULT_OPTIONS["max_length"])
-    if not (is_int(stride) and stride >= 0):
+    if stride is None:
+        pass
+    elif not (is_int(stride) and stride >= 0):
         problems.append("stride must be an integer of 0 or more, got {!r}".format(stride))
     elif is_int(max_length) and max_length > 0 and stride > max_length // 2:
         problems.append("stride must be at most half of max_length ({}), got {}: consecutive windows share "
@@ -300,6 +303,10 @@ def train(job: Any, events: Any) -> None:
     hf-text-classification's :func:`train`, whose docstring says what it takes and raises)."""
     opts = effective_options(job.options)
     ft = start_fine_tune(job, events, opts, NAME)
+    if not job.schemas:  # a job that names none: every span schema of the bundle
+        ft.schemas = [schema for schema in ft.schemas if job.kind_of(schema) == KIND]
+        if not ft.schemas:
+            raise TrainerFailure("The bundle has no span schema; {} trains span schemas only".format(NAME))
     for schema in ft.schemas:
         kind = job.kind_of(schema)
         if kind != KIND:
@@ -309,7 +316,9 @@ def train(job: Any, events: Any) -> None:
         raise TrainerFailure(
             "The model at {} has no fast tokenizer (tokenizer.json), which {} needs to map tokens to "
             "characters: choose a model that has one".format(ft.base_dir, NAME))
-    if opts["stride"] > opts["max_length"] // 2:  # max_length was lowered to the model's
+    if opts["stride"] is None:
+        opts["stride"] = opts["max_length"] // 4
+    elif opts["stride"] > opts["max_length"] // 2:  # max_length was lowered to the model's
         opts["stride"] = opts["max_length"] // 2
         ft.say("stride is more than half of max_length {}; using {}".format(opts["max_length"], opts["stride"]),
                level="warning")
@@ -391,18 +400,20 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
 def _say_what_tags_cannot(ft: FineTune, schema: str, malformed: int, overlapping: int, inexact: int,
                           long_texts: int, texts: int) -> None:
     """The run log's lines on the training spans that BIO tags over tokens cannot hold as they are."""
-    def spans(n: int) -> str:
-        return "1 gold span" if n == 1 else "{} gold spans".format(n)
+    def spans(n: int, one: str = "", many: str = "") -> str:
+        return "1 gold span" + one if n == 1 else "{} gold spans{}".format(n, many)
 
     if malformed:
         ft.say("Schema {!r}: {} left out: not inside the item's text, or with a label the schema does not "
                "have".format(schema, spans(malformed)), level="warning")
     if overlapping:
-        ft.say("Schema {!r}: {} left out of training: each overlaps an earlier span of its item, and a token "
-               "has one tag (the holdout still scores them)".format(schema, spans(overlapping)), level="warning")
+        ft.say("Schema {!r}: {} left out of training: {} an earlier span of its item, and a token has one tag "
+               "(the holdout still scores {})".format(
+                   schema, spans(overlapping), "it overlaps" if overlapping == 1 else "each overlaps",
+                   "it" if overlapping == 1 else "them"), level="warning")
     if inexact:
-        ft.say("Schema {!r}: {} begin or end inside a token of the model's tokenizer; the model learns and "
-               "predicts whole tokens there".format(schema, spans(inexact)), level="warning")
+        ft.say("Schema {!r}: {} inside a token of the model's tokenizer; the model learns and predicts whole "
+               "tokens there".format(schema, spans(inexact, " begins or ends", " begin or end")), level="warning")
     if long_texts:
         ft.say("Schema {!r}: texts longer than max_length {} tokens are read in windows of {} tokens "
                "overlapping by {} ({} windows for {} texts)".format(

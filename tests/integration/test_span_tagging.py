@@ -34,7 +34,8 @@ TINY = {"epochs": 5, "learning_rate": 3e-3, "batch_size": 16, "max_length": 32, 
 
 def span_job(job_dir: Path, items: list, **fields) -> Path:
     write_bundle(job_dir / "bundle", items, SPAN_SCHEMAS, SPAN_ANSWERS)
-    options = dict(TINY, model=str(tiny_span_model_path()), **fields.pop("options", {}))
+    options = dict(TINY, model=str(tiny_span_model_path()))
+    options.update(fields.pop("options", {}))
     return write_job(job_dir, trainer="hf-span-tagging", schemas=["cues"], num_threads=1, options=options, **fields)
 
 
@@ -122,15 +123,11 @@ def test_learns_data_parallel_in_two_processes(tmp_path):
 def test_lora_saves_a_token_classification_adapter(tmp_path, monkeypatch):
     """In-process (the trainer's ``train(job, events)`` as the worker calls it): one epoch is enough to
     see what LoRA saves; a random tiny base does not learn much through LoRA."""
-    from potato.trainers import hf_span_tagging
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    job = read_job(str(span_job(tmp_path / "job", easy_span_items(20, unlabeled=2),
-                                options={"lora": {"r": 4}, "epochs": 1})))
-    hf_span_tagging.train(job, EventWriter(str(tmp_path / "job" / "events.jsonl")))
+    logs = train_here(span_job(tmp_path / "job", easy_span_items(20, unlabeled=2),
+                               options={"lora": {"r": 4}, "epochs": 1}))
 
-    assert next(m for m in map(lambda e: e.get("message", ""), events_of(tmp_path / "job"))
-                if m.startswith("Model ")).split("; ")[0].endswith("(LoRA r=4)")
+    assert next(e["message"] for e in logs if e["message"].startswith("Model ")).split("; ")[0].endswith("(LoRA r=4)")
     assert len((tmp_path / "job" / "predictions.jsonl").read_text().splitlines()) == 22
     saved = tmp_path / "job" / "artifacts" / "cues"
     adapter = json.loads((saved / "adapter_config.json").read_text())
@@ -146,13 +143,72 @@ def test_lora_saves_a_token_classification_adapter(tmp_path, monkeypatch):
     assert model.config.id2label[6] == "I-LOC"
 
 
-def test_a_schema_that_holds_no_spans_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    write_bundle(tmp_path / "job" / "bundle", easy_items(8, unlabeled=0), None, {"sentiment": {"type": "radio", "kind": "nominal"}})
-    job = read_job(str(write_job(tmp_path / "job", trainer="hf-span-tagging", schemas=["sentiment"],
-                                 options={"model": str(tiny_span_model_path())})))
-    with pytest.raises(TrainerFailure) as failure:
-        from potato.trainers import hf_span_tagging
+def train_here(job_dir: Path) -> list:
+    """The trainer's ``train(job, events)`` in this process, as the worker calls it; returns its log events."""
+    from potato.trainers import hf_span_tagging
 
-        hf_span_tagging.train(job, EventWriter(str(tmp_path / "job" / "events.jsonl")))
-    assert str(failure.value) == "Schema 'sentiment' holds nominal answers; hf-span-tagging trains span schemas only"
+    hf_span_tagging.train(read_job(str(job_dir)), EventWriter(str(job_dir / "events.jsonl")))
+    return [e for e in events_of(job_dir) if e["type"] == "log"]
+
+
+def test_a_long_max_length_a_wide_stride_and_spans_inside_tokens_are_said(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    items = easy_span_items(20, unlabeled=0)
+    training = next(it for it in items if not it["holdout"] and any(
+        it["text"][s["start"]:s["end"]] == "great" for s in it["labels"]["cues"]))
+    for span in training["labels"]["cues"]:
+        if training["text"][span["start"]:span["end"]] == "great":
+            span["end"] -= 1  # "grea": the tiny tokenizer keeps "great" whole
+    job = span_job(tmp_path / "job", items, options={"max_length": 512, "stride": 200, "epochs": 1})
+
+    logs = train_here(job)
+
+    warnings = [e["message"] for e in logs if e["level"] == "warning"]
+    inexact = sum(1 for s in training["labels"]["cues"] if training["text"][s["start"]:s["end"]] == "grea")
+    assert warnings == [
+        "max_length 512 is more than the model takes; using its 128",
+        "stride is more than half of max_length 128; using 64",
+        "Schema 'cues': {} inside a token of the model's tokenizer; the model learns and predicts whole tokens "
+        "there".format("1 gold span begins or ends" if inexact == 1 else "{} gold spans begin or end".format(inexact)),
+    ]
+    assert json.loads((job / "artifacts" / "cues" / "labels.json").read_text())["stride"] == 64
+
+
+@pytest.mark.parametrize("problem", ["radio schema", "no span schema", "no labels", "slow tokenizer"])
+def test_what_it_cannot_train_is_refused(tmp_path, monkeypatch, problem):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = tiny_span_model_path()
+    if problem in ("radio schema", "no span schema"):
+        write_bundle(tmp_path / "job" / "bundle", easy_items(8, unlabeled=0))  # no answers: every schema nominal
+        write_job(tmp_path / "job", trainer="hf-span-tagging", options={"model": str(model)},
+                  schemas=["sentiment"] if problem == "radio schema" else [])
+        expected = ("Schema 'sentiment' holds nominal answers; hf-span-tagging trains span schemas only"
+                    if problem == "radio schema" else "The bundle has no span schema; hf-span-tagging trains span "
+                                                      "schemas only")
+    elif problem == "no labels":
+        write_bundle(tmp_path / "job" / "bundle", easy_span_items(8, unlabeled=0), {"cues": []}, SPAN_ANSWERS)
+        write_job(tmp_path / "job", trainer="hf-span-tagging", schemas=["cues"], options={"model": str(model)})
+        expected = "Schema 'cues' has no labels to tag spans with"
+    else:
+        model = slow_tokenizer_model(model, tmp_path / "slow")
+        span_job(tmp_path / "job", easy_span_items(8, unlabeled=0), options={"model": str(model)})
+        expected = ("The model at {} has no fast tokenizer (tokenizer.json), which hf-span-tagging needs to map "
+                    "tokens to characters: choose a model that has one".format(model))
+    with pytest.raises(TrainerFailure) as failure:
+        train_here(tmp_path / "job")
+    assert str(failure.value) == expected
+
+
+def slow_tokenizer_model(fast_model: Path, directory: Path) -> Path:
+    """A copy of ``fast_model`` with the same vocabulary in a Python (slow) BERT tokenizer, and no tokenizer.json."""
+    import shutil
+
+    from transformers import AutoTokenizer
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    shutil.copytree(fast_model, directory)
+    vocab = sorted(AutoTokenizer.from_pretrained(directory).get_vocab().items(), key=lambda kv: kv[1])
+    (directory / "tokenizer.json").unlink()
+    (directory / "vocab.txt").write_text("".join(token + "\n" for token, _ in vocab))
+    BertTokenizerLegacy(str(directory / "vocab.txt")).save_pretrained(directory)
+    return directory

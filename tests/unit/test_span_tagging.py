@@ -179,7 +179,8 @@ def test_check_options_names_the_key():
         "stride must be at most half of max_length (32), got 40: consecutive windows share stride tokens"]
     assert st.check_options({"epochs": 0}) == ["epochs must be a positive integer, got 0"]
     assert st.check_options({"strides": 4})[0].startswith("'strides' is not an option of hf-span-tagging; valid options: ")
-    assert st.effective_options({})["max_length"] == 256 and st.effective_options({})["stride"] == 64
+    assert st.check_options({"max_length": 16}) == []  # the default stride follows max_length
+    assert st.effective_options({})["max_length"] == 256 and st.effective_options({})["stride"] is None
 
 
 # -- span metrics -------------------------------------------------------------------
