@@ -164,7 +164,7 @@ def baseline_in_this_process(work: Path, items: list, args) -> dict:
     for (n, ids, offsets), row in zip(held_windows, probs):
         prob, tag = row[:len(ids)].max(dim=-1)
         votes[n].add(offsets, tag.tolist(), prob.tolist())
-    predicted = [[(s["start"], s["end"], s["label"]) for s in st.decode_spans(v.tokens(), it["text"], SPAN_LABELS)]
+    predicted = [[(s["start"], s["end"], s["label"]) for s in st.decode_spans(v.tokens(), SPAN_LABELS)]
                  for v, it in zip(votes, held)]
     gold = [st.gold_spans(it["labels"][SCHEMA], len(it["text"]), SPAN_LABELS)[0] for it in held]
     return {"ex_per_s": out.metrics["train_samples_per_second"], "f1": span_scores(gold, predicted)["f1"]}

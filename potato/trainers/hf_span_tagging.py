@@ -31,10 +31,10 @@ and said in the run log):
 
 A predicted span's ``confidence`` is the mean of its tokens' tag
 probabilities (transformers' ``TokenClassificationPipeline`` with
-``aggregation_strategy="simple"`` scores entities the same way). Whitespace at
-a predicted span's edges is trimmed (tokenizers whose tokens carry a leading
-space, as SentencePiece's do, would otherwise put it in). The holdout is
-scored with :func:`potato.trainers.metrics.span_scores`: exact match of start,
+``aggregation_strategy="simple"`` scores entities the same way). A token's
+characters leave out whitespace at its edges (SentencePiece's tokens carry
+the space before a word), so no predicted span begins or ends with
+whitespace. The holdout is scored with :func:`potato.trainers.metrics.span_scores`: exact match of start,
 end and label, micro-averaged and per label.
 
 Everything else — options, LoRA, data-parallel runs, length-grouped training
@@ -164,15 +164,21 @@ def without_overlaps(spans: Sequence[Span]) -> Tuple[List[Span], int]:
 def text_offsets(offsets: Sequence[Tuple[int, int]], sequence_ids: Sequence[Optional[int]],
                  text: str) -> List[Optional[Tuple[int, int]]]:
     """Each token's characters of ``text``, None for a token that stands for none (``[CLS]``, padding,
-    an empty piece).
+    an empty piece, whitespace alone).
 
-    A token's end is moved past the combining marks that follow it: a
-    normalizer that strips accents leaves a decomposed ``é`` (``e`` + U+0301)
-    or an emoji's variation selector (``❤`` + U+FE0F) out of every token, and
-    a span must not lose them.
+    Whitespace at a token's edges is left out: SentencePiece's tokens carry
+    the space before a word (``▁Paris`` is `` Paris``), and a span never
+    begins or ends with one. A token's end is moved past the combining marks
+    that follow it: a normalizer that strips accents leaves a decomposed
+    ``é`` (``e`` + U+0301) or an emoji's variation selector (``❤`` + U+FE0F)
+    out of every token, and a span must not lose them.
     """
     out = []  # type: List[Optional[Tuple[int, int]]]
     for (start, end), seq in zip(offsets, sequence_ids):
+        while start < end and text[start].isspace():
+            start += 1
+        while end > start and text[end - 1].isspace():
+            end -= 1
         if seq is None or end <= start:
             out.append(None)
             continue
@@ -255,28 +261,20 @@ class TokenVotes:
         return [(key, tag, prob) for key, (_, tag, prob) in sorted(self._best.items())]
 
 
-def decode_spans(tokens: Sequence[Tuple[Tuple[int, int], int, float]], text: str,
-                 labels: Sequence[str]) -> List[Dict[str, Any]]:
+def decode_spans(tokens: Sequence[Tuple[Tuple[int, int], int, float]], labels: Sequence[str]) -> List[Dict[str, Any]]:
     """``[{"start", "end", "label", "confidence"}]`` from tokens in text order (see :meth:`TokenVotes.tokens`).
 
     ``B-x`` begins a span of ``x``; ``I-x`` continues the span before it when
     that is an ``x``, else begins one; ``O`` ends it. A span runs from its
-    first token's start to its last token's end, whitespace at either edge
-    trimmed; its confidence is the mean of its tokens' probabilities.
+    first token's start to its last token's end; its confidence is the mean of
+    its tokens' probabilities.
     """
     spans = []  # type: List[Dict[str, Any]]
     current = None  # type: Optional[List[Any]]  # [start, end, label index, probabilities]
 
     def close() -> None:
-        if current is None:
-            return
-        start, end = current[0], current[1]
-        while start < end and text[start].isspace():
-            start += 1
-        while end > start and text[end - 1].isspace():
-            end -= 1
-        if start < end:
-            spans.append({"start": start, "end": end, "label": labels[current[2]],
+        if current is not None:
+            spans.append({"start": current[0], "end": current[1], "label": labels[current[2]],
                           "confidence": round(sum(current[3]) / len(current[3]), 5)})
 
     for (start, end), tag, prob in tokens:
@@ -469,6 +467,6 @@ def predict(model: Any, ft: FineTune, items: Any, positions: List[int], labels: 
                 for w, p, t in zip(chunk, prob.cpu().tolist(), tag.cpu().tolist()):
                     votes[windows[w][0]].add(windows[w][2], t, p)
             for i, (item_id, text), vote in zip(batch, rows, votes):
-                yield i, item_id, decode_spans(vote.tokens(), text, labels)
+                yield i, item_id, decode_spans(vote.tokens(), labels)
             events.progress("predict", step, len(batches), schema=schema)
             dev.release()

@@ -61,13 +61,13 @@ def easy_span_text(rng: random.Random, words: int) -> tuple:
     """``(text, spans)``: filler words and decorations, with marked spans of the ``cues`` schema.
 
     ``POS`` a positive word, ``NEG`` a negative one, ``LOC`` a place of two
-    tokens (whitespace inside may be doubled). Spans can stand side by side
-    (``great awful``: two adjacent spans), open or close the text, and sit
+    tokens (whitespace inside may be doubled). Spans can stand next to each
+    other (``great awful``: two spans a space apart), open or close the text, and sit
     inside HTML (``<b>great</b>``); every character before them shifts their
     offsets.
     """
     text, spans = "", []
-    for k in range(words):
+    for _ in range(words):
         roll = rng.random()
         sep = "" if not text else rng.choice([" ", " ", " ", "  ", "\t", "\n"])
         if roll < 0.2:

@@ -46,7 +46,7 @@ def round_trip(tokenizer, text: str, spans: list, max_length: int = 10, stride: 
     for _, _, offsets in windows:
         tags = st.window_tags(offsets, spans, LABELS)
         votes.add(offsets, tags, [1.0] * len(tags))
-    decoded = st.decode_spans(votes.tokens(), text, LABELS)
+    decoded = st.decode_spans(votes.tokens(), LABELS)
     assert all(s["confidence"] == 1.0 for s in decoded)
     return [(s["start"], s["end"], s["label"]) for s in decoded], len(windows)
 
@@ -141,19 +141,27 @@ def test_tokens_of_one_character_begin_a_span_once():
     assert st.window_tags(offsets, [(0, 4, "EMO")], LABELS) == [5, 6, 6]
 
 
-def test_decoding_reads_tags_as_seqeval_does_and_trims_whitespace():
-    text = "▁a Bob Zoë  New York "
-    tokens = [((0, 2), 0, 0.9),            # O
-              ((2, 6), 2, 0.8),            # I-PER with no span before it: begins one (" Bob" -> "Bob")
-              ((6, 10), 1, 0.6),           # B-PER: a new span right after the last
-              ((10, 15), 4, 0.5),          # I-LOC after a PER: begins a LOC span
-              ((15, 21), 4, 0.7)]          # I-LOC continues it, its trailing space trimmed
-    assert st.decode_spans(tokens, text, LABELS) == [
+def test_decoding_reads_tags_as_seqeval_does():
+    tokens = [((0, 1), 0, 0.9),            # O
+              ((3, 6), 2, 0.8),            # I-PER with no span before it: begins one
+              ((7, 10), 1, 0.6),           # B-PER: a new span right after the last
+              ((12, 15), 4, 0.5),          # I-LOC after a PER: begins a LOC span
+              ((16, 20), 4, 0.7)]          # I-LOC continues it, over the space between
+    assert st.decode_spans(tokens, LABELS) == [
         {"start": 3, "end": 6, "label": "PER", "confidence": 0.8},
         {"start": 7, "end": 10, "label": "PER", "confidence": 0.6},
         {"start": 12, "end": 20, "label": "LOC", "confidence": 0.6},
     ]
-    assert st.decode_spans([((0, 2), 1, 0.9)], "  ", LABELS) == []  # nothing but whitespace
+
+
+def test_a_tokens_characters_leave_out_whitespace_at_its_edges_and_keep_combining_marks():
+    """SentencePiece's ``▁Bob`` covers the space before the word; a normalizer that strips accents
+    leaves the combining mark after ``Jose`` out of every token."""
+    text = "a  Bob \u2581 Jose\u0301."
+    offsets = [(0, 0), (0, 1), (1, 6), (6, 8), (8, 13), (14, 15), (0, 0)]
+    sequence_ids = [None, 0, 0, 0, 0, 0, None]
+    assert st.text_offsets(offsets, sequence_ids, text) == [None, (0, 1), (3, 6), (7, 8), (9, 14), (14, 15), None]
+    assert st.text_offsets([(1, 3)], [0], text) == [None]  # whitespace alone
 
 
 def test_a_token_two_windows_read_takes_the_tag_of_the_one_with_more_context():
