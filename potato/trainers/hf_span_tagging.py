@@ -92,11 +92,9 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     options, problems = check_fine_tune_options(options, DEFAULT_OPTIONS, NAME)
     stride = options.get("stride")
     max_length = options.get("max_length", DEFAULT_OPTIONS["max_length"])
-    if stride is None:
-        pass
-    elif not (is_int(stride) and stride >= 0):
+    if stride is not None and not (is_int(stride) and stride >= 0):
         problems.append("stride must be an integer of 0 or more, got {!r}".format(stride))
-    elif is_int(max_length) and max_length > 0 and stride > max_length // 2:
+    elif stride is not None and is_int(max_length) and max_length > 0 and stride > max_length // 2:
         problems.append("stride must be at most half of max_length ({}), got {}: consecutive windows share "
                         "stride tokens".format(max_length // 2, stride))
     return problems
