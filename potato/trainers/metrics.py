@@ -12,7 +12,7 @@ log.
 """
 
 import math
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 Scores = Dict[str, Optional[float]]
 
@@ -133,51 +133,101 @@ def multilabel(gold: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]]
     }
 
 
+Span = Tuple[int, int, str]  # (start, end, label): characters of the item's text, end exclusive
+
+
+def span(gold: Sequence[Iterable[Span]], predicted: Sequence[Iterable[Span]], labels: Sequence[str]) -> Dict[str, Any]:
+    """Labelled character ranges: span-level precision, recall and F1 by exact match, and per label.
+
+    ``gold[k]`` and ``predicted[k]``: the ``(start, end, label)`` spans of the
+    k-th item. A predicted span counts only when a gold span of its item has
+    the same start, end and label — seqeval's definition (``mode="strict"``,
+    IOB2; the CoNLL-2003 shared task's), here on character spans, so gold
+    spans may overlap. Micro-averaged over all spans, and ``per_label`` (each
+    label that is in the gold or the predictions, with its ``support``: the
+    gold spans of that label; rounded here, as it is no number). Precision is
+    None without a predicted span, recall without a gold span, F1 without
+    either (as seqeval's 0 with a warning).
+    """
+    counts = {}  # type: Dict[str, List[int]]  # label -> [true positives, predicted, gold]
+    for gold_spans, predicted_spans in zip(gold, predicted):
+        gold_set, predicted_set = set(gold_spans), set(predicted_spans)
+        for one in predicted_set:
+            count = counts.setdefault(one[2], [0, 0, 0])
+            count[1] += 1
+            count[0] += one in gold_set
+        for one in gold_set:
+            counts.setdefault(one[2], [0, 0, 0])[2] += 1
+
+    def prf(tp: int, n_predicted: int, n_gold: int) -> Dict[str, Any]:
+        return {"precision": None if not n_predicted else tp / n_predicted,
+                "recall": None if not n_gold else tp / n_gold,
+                "f1": None if not n_predicted + n_gold else 2 * tp / (n_predicted + n_gold)}
+
+    total = [sum(c[k] for c in counts.values()) for k in range(3)]
+    per_label = {label: dict(_rounded(prf(*c)), support=c[2]) for label, c in sorted(counts.items())}
+    return dict(prf(*total), per_label=per_label)
+
+
+# -- each kind's line in the run log ---------------------------------------------------
+
+
+def _number(value: Any) -> str:
+    return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
+
+
+def _listed(*shown: Tuple[str, str]) -> Callable[[Dict[str, Any]], str]:
+    """Words for scores that list ``(key, how the run log names it)`` in this order."""
+    return lambda scores: ", ".join("{} {}".format(name, _number(scores.get(key))) for key, name in shown)
+
+
+def _span_words(scores: Dict[str, Any]) -> str:
+    """``span F1 0.912 (precision 0.930, recall 0.895); LOC 0.870; PER 0.950``."""
+    per_label = scores.get("per_label")
+    return "span F1 {} (precision {}, recall {}){}".format(
+        _number(scores.get("f1")), _number(scores.get("precision")), _number(scores.get("recall")),
+        "".join("; {} {}".format(label, _number(of.get("f1")))
+                for label, of in (per_label.items() if isinstance(per_label, dict) else ()) if isinstance(of, dict)))
+
+
 class Kind(NamedTuple):
-    score: Callable[[Sequence[Any], Sequence[Any], Sequence[str]], Scores]
-    shown: Tuple[Tuple[str, str], ...]  # (key, how the run log names it), in the log's order
+    score: Callable[[Sequence[Any], Sequence[Any], Sequence[str]], Dict[str, Any]]
+    words: Callable[[Dict[str, Any]], str]  # the kind's metrics as the run log words them
 
 
 KINDS = {
-    "nominal": Kind(nominal, (("accuracy", "accuracy"), ("macro_f1", "macro-F1"))),
-    "ordinal": Kind(ordinal, (("accuracy", "accuracy"), ("mae", "MAE"), ("spearman", "Spearman's rho"))),
-    "continuous": Kind(continuous, (("mae", "MAE"), ("spearman", "Spearman's rho"))),
-    "multilabel": Kind(multilabel, (("exact_match", "exact-set accuracy"), ("micro_f1", "micro-F1"),
-                                    ("macro_f1", "macro-F1"))),
+    "nominal": Kind(nominal, _listed(("accuracy", "accuracy"), ("macro_f1", "macro-F1"))),
+    "ordinal": Kind(ordinal, _listed(("accuracy", "accuracy"), ("mae", "MAE"), ("spearman", "Spearman's rho"))),
+    "continuous": Kind(continuous, _listed(("mae", "MAE"), ("spearman", "Spearman's rho"))),
+    "multilabel": Kind(multilabel, _listed(("exact_match", "exact-set accuracy"), ("micro_f1", "micro-F1"),
+                                           ("macro_f1", "macro-F1"))),
+    "span": Kind(span, _span_words),
 }  # type: Dict[str, Kind]
+
+
+def _rounded(scores: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: round(value, 4) if isinstance(value, float) else value for key, value in scores.items()}
 
 
 def holdout_scores(gold: Sequence[Any], predicted: Sequence[Any], kind: str = "nominal",
                    labels: Sequence[str] = ()) -> Dict[str, Any]:
     """``{"kind", "n", ...the kind's metrics}`` for one schema's held-out items (rounded to 4 places)."""
     scores = {"kind": kind, "n": len(gold)}  # type: Dict[str, Any]
-    for key, value in KINDS[kind].score(gold, predicted, labels).items():
-        scores[key] = None if value is None else round(value, 4)
+    scores.update(_rounded(KINDS[kind].score(gold, predicted, labels)))
     return scores
 
 
 def describe(schema: str, scores: Dict[str, Any]) -> str:
     """``Holdout sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``: the run log's line for one schema.
 
-    Each kind shows its own metrics (scores without ``kind`` are a nominal
-    schema's); a kind this version does not know shows every number it has;
-    scores of no held-out item say so.
+    Each kind words its own metrics (scores without ``kind`` are a nominal
+    schema's; a span schema's: ``Holdout entities: span F1 0.912 (precision
+    0.930, recall 0.895); LOC 0.870; PER 0.950 (n=40)``); a kind this version
+    does not know shows every number it has; scores of no held-out item say so.
     """
-    def number(value: Any) -> str:
-        return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
-
     if not has_holdout(scores):
         return "Holdout {}: {} (no labelled item was held out of training)".format(schema, NO_HOLDOUT)
-    return "Holdout {}: {} (n={})".format(
-        schema, ", ".join("{} {}".format(name, number(scores.get(key))) for key, name in _shown(scores)),
-        scores.get("n", 0))
-
-
-def _shown(scores: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
-    """(key, name) of the metrics a schema's scores show: its kind's, or for a kind this version does not
-    know, every number it has."""
     kind = KINDS.get(scores.get("kind") or "nominal")
-    if kind:
-        return kind.shown
-    return tuple((key, key) for key in sorted(scores)
-                 if key not in ("kind", "n") and not isinstance(scores[key], (dict, list, str)))
+    words = kind.words if kind else _listed(*((key, key) for key in sorted(scores) if key not in ("kind", "n")
+                                              and not isinstance(scores[key], (dict, list, str))))
+    return "Holdout {}: {} (n={})".format(schema, words(scores), scores.get("n", 0))

@@ -92,6 +92,10 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         "sklearn-text", "potato.trainers.sklearn_text", (NOMINAL, ORDINAL, MULTILABEL),
         "A scikit-learn classifier over the item text (Potato 2.12's own trainer, with its params)",
         required_modules=("sklearn",), install_hint=SKLEARN_EXTRA, uses_device=False),
+    TrainerInfo(
+        "hf-span-tagging", "potato.trainers.hf_span_tagging", (SPAN,),
+        "Fine-tunes a Hugging Face encoder to tag labelled spans of the item text (BIO tags, full or LoRA)",
+        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
 )}
 
 

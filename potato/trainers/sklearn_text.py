@@ -424,9 +424,7 @@ def train(job: Any, events: Any) -> None:
             os.makedirs(job.artifacts_dir, exist_ok=True)
             is_holdout = set(labelled.holdout)
             held = {}  # type: Dict[int, Any]
-            order = labelled.positions + (
-                [i for i in range(len(items)) if answers.schema not in items.labels(i)] if job.include_unlabeled
-                else [])
+            order = labelled.to_predict(items, job.include_unlabeled)
             chunks = range(0, len(order), PREDICT_CHUNK)
             for step, start in enumerate(chunks, 1):
                 events.check_cancelled()

@@ -36,7 +36,8 @@ def test_the_gpu_check_runs_end_to_end_dry():
     for variant in ("full", "lora"):
         line = next(line for line in out.splitlines() if line.startswith(f"  {variant} on CPU ("))
         assert "320 predictions (45 with probs)" in line and "holdout {'accuracy': " in line
-    # 4 and 5: the benches against Trainer and pipeline printed their ratios.
+    # 4, 5 and 6: the benches against Trainer and pipeline printed their ratios.
     assert "lora " in out and "x (range " in out
     assert "peak RSS: ours " in out
+    assert "windows/s, holdout span F1 " in out
     assert out.rstrip().endswith("all steps OK")

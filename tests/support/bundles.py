@@ -49,6 +49,63 @@ def easy_items(n: int = 120, *, unlabeled: int = 10, holdout_every: int = 5, see
     return items
 
 
+# Places of two tokens (CJK: a token per character) with accents that the tokenizer strips.
+PLACES = ["new york", "são paulo", "zürich centre", "東京", "hong kong", "malmö city"]
+# Characters whose offsets go wrong first: accents, HTML, quotes, an emoji (one character, two in UTF-16).
+DECORATIONS = ["Zoë", "<b>", "</b>", "&amp;", "&", '"', "'", "🙂", "«", "»", "—"]
+SPAN_SCHEMAS = {"cues": ["POS", "NEG", "LOC"]}
+SPAN_ANSWERS = {"cues": {"type": "span", "kind": "span"}}
+
+
+def easy_span_text(rng: random.Random, words: int) -> tuple:
+    """``(text, spans)``: filler words and decorations, with marked spans of the ``cues`` schema.
+
+    ``POS`` a positive word, ``NEG`` a negative one, ``LOC`` a place of two
+    tokens (whitespace inside may be doubled). Spans can stand next to each
+    other (``great awful``: two spans a space apart), open or close the text, and sit
+    inside HTML (``<b>great</b>``); every character before them shifts their
+    offsets.
+    """
+    text, spans = "", []
+    for _ in range(words):
+        roll = rng.random()
+        sep = "" if not text else rng.choice([" ", " ", " ", "  ", "\t", "\n"])
+        if roll < 0.2:
+            phrase, label = rng.choice(POSITIVE), "POS"
+        elif roll < 0.35:
+            phrase, label = rng.choice(NEGATIVE), "NEG"
+        elif roll < 0.45:
+            phrase, label = rng.choice(PLACES).replace(" ", rng.choice([" ", " ", "  "])), "LOC"
+        else:
+            text += sep + (rng.choice(DECORATIONS) if roll < 0.6 else rng.choice(FILLER))
+            continue
+        tagged = rng.random() < 0.15
+        text += sep + ("<b>" if tagged else "")
+        spans.append({"start": len(text), "end": len(text) + len(phrase), "label": label})
+        text += phrase + ("</b>" if tagged else "")
+    return text, spans
+
+
+def span_corpus() -> List[str]:
+    """Text to train a tiny model's tokenizer on, for :func:`easy_span_items`."""
+    return [" ".join(POSITIVE + NEGATIVE + FILLER + PLACES + DECORATIONS)] * 3
+
+
+def easy_span_items(n: int = 160, *, unlabeled: int = 10, holdout_every: int = 5, long_every: int = 7,
+                    seed: int = 0) -> List[Dict[str, Any]]:
+    """``n`` items of the ``cues`` span schema (every ``holdout_every``-th held out, every
+    ``long_every``-th about 60 words long, past a 32-token window) plus ``unlabeled`` items."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n + unlabeled):
+        text, spans = easy_span_text(rng, 60 if i % long_every == 3 else rng.randint(4, 12))
+        labelled = i < n
+        items.append({"id": "s{}".format(i) if labelled else "u{}".format(i - n), "text": text,
+                      "labels": {"cues": spans} if labelled else {},
+                      "holdout": labelled and i % holdout_every == 0})
+    return items
+
+
 def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
                  schemas: Optional[Dict[str, List[str]]] = None,
                  answers: Optional[Dict[str, Dict[str, Any]]] = None) -> Path:

@@ -12,11 +12,11 @@ import atexit
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Dict, Iterable, List, Tuple
 
-from tests.support.bundles import FILLER, LEVEL_WORDS, NEGATIVE, POSITIVE, TOPIC_CUES
+from tests.support.bundles import FILLER, LEVEL_WORDS, NEGATIVE, POSITIVE, TOPIC_CUES, span_corpus
 
-_CACHED: dict = {}  # initializer_range -> the session's model
+_CACHED: Dict[Tuple[str, float], Path] = {}  # (which, initializer_range) -> the session's model
 
 
 def build_tiny_model(directory: Path, texts: Iterable[str], initializer_range: float = 0.02) -> Path:
@@ -59,10 +59,18 @@ def build_tiny_model(directory: Path, texts: Iterable[str], initializer_range: f
 
 def tiny_model_path(initializer_range: float = 0.02) -> Path:
     """The tiny model for this test session (built once per ``initializer_range``, in a temporary directory)."""
-    if initializer_range not in _CACHED:
-        words = POSITIVE + NEGATIVE + FILLER + LEVEL_WORDS + [w for cues in TOPIC_CUES.values() for w in cues]
-        corpus = [" ".join(words)] * 3 + words
-        directory = Path(tempfile.mkdtemp(prefix="potato-tiny-bert-"))
+    words = POSITIVE + NEGATIVE + FILLER + LEVEL_WORDS + [w for cues in TOPIC_CUES.values() for w in cues]
+    return _cached("tiny-bert", [" ".join(words)] * 3 + words, initializer_range)
+
+
+def tiny_span_model_path() -> Path:
+    """A tiny model whose tokenizer knows the words of :func:`tests.support.bundles.easy_span_items`."""
+    return _cached("tiny-span-bert", span_corpus())
+
+
+def _cached(name: str, corpus: List[str], initializer_range: float = 0.02) -> Path:
+    if (name, initializer_range) not in _CACHED:
+        directory = Path(tempfile.mkdtemp(prefix="potato-{}-".format(name)))
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        _CACHED[initializer_range] = build_tiny_model(directory, corpus, initializer_range)
-    return _CACHED[initializer_range]
+        _CACHED[name, initializer_range] = build_tiny_model(directory, corpus, initializer_range)
+    return _CACHED[name, initializer_range]

@@ -286,7 +286,7 @@ def test_unknown_trainer_is_an_error(tmp_path):
     assert result.errors == (Issue(
         "model_training.trainers.hf-text-clasification",
         "model_training.trainers.hf-text-clasification: there is no trainer 'hf-text-clasification'; "
-        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text"),)
+        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging"),)
 
 
 # --- SLURM times ---------------------------------------------------------------
@@ -344,3 +344,12 @@ def test_the_real_trainer_checks_its_options(tmp_path):
     result = build(tmp_path, raw)
     assert [e.path for e in result.errors] == ["model_training.trainers.hf-text-classification"]
     assert result.errors[0].message.startswith("model_training.trainers.hf-text-classification: epochs")
+
+
+def test_the_span_trainer_checks_its_options(tmp_path):
+    raw = seed_dict()
+    raw["model_training"]["trainers"] = {"hf-span-tagging": {"max_length": 64, "stride": 40}}
+    result = build(tmp_path, raw)
+    assert [e.message for e in result.errors] == [
+        "model_training.trainers.hf-span-tagging: stride must be at most half of max_length (32), got 40: "
+        "consecutive windows share stride tokens"]

@@ -192,10 +192,10 @@ def test_check_options_names_each_bad_key():
 
 def test_effective_options_fill_defaults():
     full = hf.effective_options({})
-    assert full["lora"] is None and full["learning_rate"] == hf.FULL_LEARNING_RATE
+    assert full["lora"] is None and full["learning_rate"] == hf_common.FULL_LEARNING_RATE
     lora = hf.effective_options({"lora": {"r": 4}})
     assert lora["lora"] == {"r": 4, "alpha": 16, "dropout": 0.1, "target_modules": None}
-    assert lora["learning_rate"] == hf.LORA_LEARNING_RATE
+    assert lora["learning_rate"] == hf_common.LORA_LEARNING_RATE
     assert hf.effective_options({"lora": True, "learning_rate": 0.01})["learning_rate"] == 0.01
 
 
