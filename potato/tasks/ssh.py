@@ -41,7 +41,11 @@ from potato.tasks.openssh import Connection, SshTarget, make_remote_command, rem
 from potato.tasks.protocol_server import ProtocolServer
 
 PROBE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "probe.py"
-TRAINER_PACKAGES = {"hf-text-classification": ("torch", "transformers", "peft")}
+TRAINER_PACKAGES = {
+    "hf-text-classification": ("torch", "transformers", "peft"),
+    # bitsandbytes only where load_in_4bit is asked for (the worker says so), sacrebleu only for text answers.
+    "hf-llm-finetune": ("torch", "transformers", "peft"),
+}
 MIN_PYTHON = (3, 8)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # How long the agent may take to exit on its own after a cancel's grace period, before the

@@ -11,6 +11,7 @@ each trainer imports its ML packages lazily, inside its functions.
 TRAINERS = {
     "hf-text-classification": "potato.trainers.hf_text_classification",
     "decision-calibrate": "potato.trainers.decision_calibrate",
+    "hf-llm-finetune": "potato.trainers.hf_llm_finetune",
 }
 
 # Trainers that run only on a backend of type local (SPEC §1): decision-calibrate

@@ -8,7 +8,7 @@ are rounded to 4 places, and a score with nothing to compute it on is None.
 ``describe`` words one schema's scores for the run log.
 """
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 def accuracy(gold: Sequence[str], predicted: Sequence[str]) -> Optional[float]:
     """The share of ``predicted`` equal to ``gold``; None when there is nothing to score."""
@@ -30,14 +30,58 @@ def macro_f1(gold: Sequence[str], predicted: Sequence[str]) -> Optional[float]:
         total += 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
     return total / len(labels)
 
-def holdout_scores(gold: Sequence[str], predicted: Sequence[str]) -> Dict[str, Any]:
-    """``{"accuracy", "macro_f1", "n"}`` for one schema's holdout items (rounded to 4 places)."""
-    acc, f1 = accuracy(gold, predicted), macro_f1(gold, predicted)
-    return {
-        "accuracy": None if acc is None else round(acc, 4),
-        "macro_f1": None if f1 is None else round(f1, 4),
-        "n": len(gold),
-    }
+def holdout_scores(gold: Sequence[Any], predicted: Sequence[Any], kind: str = "nominal",
+                   labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """The metrics of ``kind`` for one schema's holdout items (rounded to 4 places), with ``"n"``;
+    a kind other than nominal also says its ``"kind"``."""
+    if kind == "text":
+        scores = dict(text(gold, predicted, labels), kind=kind)  # type: Dict[str, Any]
+    elif kind == "multilabel":
+        scores = {"kind": kind, "exact_match": accuracy([sorted(g) for g in gold], [sorted(p) for p in predicted])}
+    else:
+        scores = {"accuracy": accuracy(gold, predicted), "macro_f1": macro_f1(gold, predicted)}
+        if kind != "nominal":
+            scores["kind"] = kind
+    for key, value in scores.items():
+        if isinstance(value, float):
+            scores[key] = round(value, 4)
+    scores["n"] = len(gold)
+    return scores
+
+
+# -- text answers ----------------------------------------------------------------------------
+
+
+def _normal_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def exact_match(gold: Sequence[Sequence[str]], predicted: Sequence[str]) -> Optional[float]:
+    """The share of ``predicted`` texts equal to one of their item's ``gold`` answers (every annotator's
+    answer counts), whitespace collapsed, case kept; None when there is nothing to score."""
+    if not gold:
+        return None
+    return sum(1 for answers, p in zip(gold, predicted)
+               if _normal_text(p) in {_normal_text(a) for a in answers}) / len(gold)
+
+
+def chrf(gold: Sequence[Sequence[str]], predicted: Sequence[str]) -> Optional[float]:
+    """Corpus chrF (0-100) of ``predicted`` against each item's ``gold`` answers, as sacrebleu computes it:
+    character n-gram F-score (n up to 6, recall weighted twice), each item against its best-matching answer."""
+    if not gold:
+        return None
+    from sacrebleu.metrics import CHRF
+
+    most = max(len(answers) for answers in gold)
+    # Items with fewer answers than the most have None in the streams they lack (sacrebleu skips those).
+    streams: List[List[Optional[str]]] = [[answers[k] if k < len(answers) else None for answers in gold]
+                                          for k in range(most)]
+    return float(CHRF().corpus_score(list(predicted), streams).score)
+
+
+def text(gold: Sequence[Sequence[str]], predicted: Sequence[str], labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """Free text (each item's gold: every annotator's answer): exact match and chrF."""
+    return {"exact_match": exact_match(gold, predicted), "chrf": chrf(gold, predicted)}
 
 
 def describe(schema: str, scores: Dict[str, Any]) -> str:
@@ -47,5 +91,8 @@ def describe(schema: str, scores: Dict[str, Any]) -> str:
         value = scores.get(key)
         return "n/a" if value is None else "{:.3f}".format(value)
 
+    if scores.get("kind") == "text":
+        return "Holdout {}: exact match {}, chrF {} (n={})".format(
+            schema, number("exact_match"), number("chrf"), scores.get("n", 0))
     return "Holdout {}: accuracy {}, macro-F1 {} (n={})".format(
         schema, number("accuracy"), number("macro_f1"), scores.get("n", 0))

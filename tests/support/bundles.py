@@ -50,8 +50,10 @@ def easy_items(n: int = 120, *, unlabeled: int = 10, holdout_every: int = 5, see
 
 
 def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
-                 schemas: Optional[Dict[str, List[str]]] = None) -> Path:
-    """Write ``manifest.json`` and ``items.jsonl`` into ``bundle_dir``."""
+                 schemas: Optional[Dict[str, List[str]]] = None,
+                 answers: Optional[Dict[str, Dict[str, Any]]] = None) -> Path:
+    """Write ``manifest.json`` and ``items.jsonl`` into ``bundle_dir``; ``answers``: the manifest's
+    entry per schema (docs/answer-types.md), left out when None (every schema nominal)."""
     schemas = schemas or {"sentiment": ["positive", "negative"]}
     bundle_dir.mkdir(parents=True, exist_ok=True)
     labeled = {s: sum(1 for it in items if s in it["labels"]) for s in schemas}
@@ -65,6 +67,8 @@ def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
         "counts": {"items": len(items), "labeled": labeled, "holdout": holdout,
                    "ties": {s: 0 for s in schemas}},
     }
+    if answers is not None:
+        manifest["answers"] = answers
     (bundle_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     with (bundle_dir / "items.jsonl").open("w") as f:
         for item in items:
@@ -73,14 +77,16 @@ def write_bundle(bundle_dir: Path, items: List[Dict[str, Any]],
 
 
 def write_job(job_dir: Path, *, bundle: str = "bundle", items: Optional[List[Dict[str, Any]]] = None,
+              labels: Optional[Dict[str, List[str]]] = None, answers: Optional[Dict[str, Dict[str, Any]]] = None,
               **fields: Any) -> Path:
-    """Write ``job_dir/job.json`` (and, given ``items``, the bundle under it); returns ``job_dir``.
+    """Write ``job_dir/job.json`` (and, given ``items``, the bundle under it, with the schemas'
+    ``labels`` and ``answers`` as :func:`write_bundle` takes them); returns ``job_dir``.
 
     ``fields`` override the job's keys (``options``, ``device``, ``include_unlabeled``, ...).
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     if items is not None:
-        write_bundle(job_dir / bundle, items)
+        write_bundle(job_dir / bundle, items, labels, answers)
     job = {
         "run_id": 1,
         "trainer": "hf-text-classification",

@@ -83,7 +83,7 @@ ERRORS = {
     "2.12's own trainer": (
         {"auto_retrain": {"enabled": True, "trainer": "sklearn-text", "schemas": ["sentiment"]}},
         "model_training.auto_retrain.trainer is 'sklearn-text' (that is Potato 2.12's own trainer); this "
-        "project's trainers are: hf-text-classification, decision-calibrate"),
+        "project's trainers are: hf-text-classification, decision-calibrate, hf-llm-finetune"),
     "an unknown schema": (
         {"auto_retrain": {"enabled": True, "schemas": ["sentimnt"]}},
         "model_training.auto_retrain.schemas[0] is 'sentimnt', which is not a schema in annotation_schemes "
