@@ -50,7 +50,7 @@ class Decoder:
         self.cache = None  # type: Any
         self.mask = None  # type: Any  # (rows, columns so far): 1 where a real token is
         self.lengths = None  # type: Any  # (rows,): real tokens so far
-        self.next_logp = None  # type: Any  # (rows, vocabulary), float32 on the CPU
+        self.next_logp = None  # type: Any  # (rows, vocabulary), float32, on the model's device
 
     def start(self, prompts: Sequence[Sequence[int]], pad_multiple: int = 1) -> None:
         """Run the prompts (left-padded) and keep their cache."""
@@ -68,7 +68,7 @@ class Decoder:
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         out = self._forward(self.put(ids), positions, None, keep=1)
         self.cache = _cache_of(out)
-        self.next_logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu()
+        self.next_logp = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
 
     def append(self, chunks: Sequence[Sequence[int]]) -> None:
         """Feed each row its own ``chunk`` of tokens (rows may get none); update each row's next log-probabilities."""
@@ -93,30 +93,47 @@ class Decoder:
         rows = [r for r, n in enumerate(took) if n]
         last = torch.tensor([took[r] - 1 for r in rows], device=out.logits.device)
         picked = out.logits[torch.tensor(rows, device=out.logits.device), last].float()
-        self.next_logp[rows] = torch.log_softmax(picked, dim=-1).cpu()
+        self.next_logp[rows] = torch.log_softmax(picked, dim=-1)
 
     def score(self, candidates: Sequence[Sequence[int]]) -> Any:
-        """``(rows, candidates)`` tensor: the log-probability of each candidate continuing each row.
+        """``(rows, candidates)`` tensor (on the CPU): the log-probability of each candidate continuing each row.
 
-        The cache is left as it was (each candidate's extra tokens are cut off again).
+        The first token of every candidate is read from the rows' next-token
+        log-probabilities; the rest of all candidates is fed in one pass, on
+        a copy of each row's cache per candidate (a cache cut back to the
+        rows afterwards, as it was).
         """
         import torch
 
         rows = self.next_logp.shape[0]
-        scores = self.next_logp[:, [c[0] for c in candidates]].clone()
-        for j, candidate in enumerate(candidates):
-            if len(candidate) < 2:
-                continue
-            head = torch.tensor([list(candidate[:-1])] * rows, dtype=torch.long)
-            positions = self.lengths.unsqueeze(-1) + torch.arange(len(candidate) - 1, device=self.mask.device)
-            mask = torch.cat([self.mask, self.put(torch.ones_like(head))], dim=-1)
-            out = self._forward(self.put(head), positions, self.cache, keep=0, mask=mask)
-            self.cache = _cache_of(out)
-            self.cache.crop(-(len(candidate) - 1))
-            logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()
-            tail = torch.tensor(list(candidate[1:]), dtype=torch.long)
-            scores[:, j] += logp.gather(-1, tail.expand(rows, -1).unsqueeze(-1)).squeeze(-1).sum(-1)
-        return scores
+        scores = self.next_logp[:, [c[0] for c in candidates]].float()
+        longer = [j for j, c in enumerate(candidates) if len(c) > 1]
+        if not longer:
+            return scores.cpu()
+        width = max(len(candidates[j]) - 1 for j in longer)
+        n = len(longer)
+        heads = torch.full((n, width), self.pad_id, dtype=torch.long)
+        tails = torch.zeros((n, width), dtype=torch.long)
+        real = torch.zeros((n, width), dtype=torch.long)
+        for k, j in enumerate(longer):
+            c = list(candidates[j])
+            heads[k, :len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+            tails[k, :len(c) - 1] = torch.tensor(c[1:], dtype=torch.long)
+            real[k, :len(c) - 1] = 1
+        # Row r's copies are rows r*n .. r*n+n-1 of the expanded batch, one per longer candidate.
+        ids = self.put(heads.repeat(rows, 1))
+        new = self.put(real.repeat(rows, 1))
+        self.cache.batch_repeat_interleave(n)
+        mask = torch.cat([self.mask.repeat_interleave(n, dim=0), new], dim=-1)
+        positions = self.lengths.repeat_interleave(n).unsqueeze(-1) + torch.arange(width, device=new.device)
+        out = self._forward(ids, positions, self.cache, keep=0, mask=mask)
+        self.cache = _cache_of(out)
+        self.cache.batch_select_indices(torch.arange(0, rows * n, n, device=new.device))
+        self.cache.crop(-width)
+        logp = torch.log_softmax(out.logits.float(), dim=-1)
+        picked = logp.gather(-1, self.put(tails.repeat(rows, 1)).unsqueeze(-1)).squeeze(-1) * new
+        scores[:, longer] += picked.sum(-1).view(rows, n)
+        return scores.cpu()
 
     def decide(self, heads: Sequence[Sequence[int]], decisions: Tuple[Sequence[int], Sequence[int]],
                check: Callable[[], None]) -> Tuple[List[List[bool]], List[List[float]]]:
