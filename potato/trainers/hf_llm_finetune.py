@@ -328,6 +328,9 @@ def train(job: Any, events: Any) -> None:
                 held.update(part)
             scores[schema.name] = holdout_scores(
                 [gold[i] for i in holdout_idx], [held[i] for i in holdout_idx], schema.kind, schema.labels)
+            if dev.cuda:
+                say("Schema {!r}: peak GPU memory {:.1f} GB on {}".format(
+                    schema.name, torch.cuda.max_memory_allocated(dev.device) / 1024 ** 3, job.device_name))
             if group.is_main:
                 out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema.name))
                 saved = _save(model, tokenizer, out_dir, schema, opts, load_from, template, fmt, dev, offline)
