@@ -215,7 +215,7 @@ def train(job: Any, events: Any) -> None:
     data-parallel run every process calls this with its own ``job.group``;
     rank 0 alone writes the run's files and its log lines.
     """
-    from potato.training.predictions import PredictionStream, publish_parts
+    from potato.training.predictions import PredictionStream, finish_run
     from potato.training.process_group import SingleProcess
 
     opts = effective_options(job.options)
@@ -245,10 +245,11 @@ def train(job: Any, events: Any) -> None:
         tokenizer = AutoTokenizer.from_pretrained(load_from, local_files_only=offline)
     except (OSError, ValueError) as exc:
         raise TrainerFailure("The tokenizer of {} could not be loaded: {}".format(opts["model"], first_line(exc)))
-    if tokenizer.pad_token_id is None:
-        # Padding is masked out everywhere, so any token will do; the end token is always there.
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        # Padding is masked out everywhere, so any token will do; the end token is there in nearly every tokenizer.
         tokenizer.pad_token = tokenizer.eos_token
         say("The tokenizer has no pad token; padding with its end token {!r}".format(tokenizer.eos_token))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     base = _load_base(load_from, opts, dev, offline)
     try:
         fmt = PromptFormat(tokenizer, _eos_ids(base))
@@ -288,8 +289,7 @@ def train(job: Any, events: Any) -> None:
                 say(_model_line(opts, model, dev, job, len(items)))
                 described = True
             try:
-                model = _train_loop(group.wrap(model), examples, tokenizer.pad_token_id, opts, dev, group, events,
-                                    schema.name)
+                model = _train_loop(group.wrap(model), examples, pad_id, opts, dev, group, events, schema.name)
             except Exception as exc:
                 _raise_if_out_of_memory(torch, exc, job.device_name, "train", opts)
                 raise
@@ -306,13 +306,14 @@ def train(job: Any, events: Any) -> None:
             held = {}  # type: Dict[int, Any]
             mine = shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
             budget, rows = dev.predict_budget, dev.predict_rows
-            if dev.cuda:
-                budget = min(budget, predict_token_budget(config, torch.cuda.mem_get_info(dev.device)[0]))
+            if dev.cuda:  # scoring holds one copy of a batch's cache per label (yes and no for multiselect)
+                copies = 1 + (0 if schema.kind == TEXT else 2 if schema.kind == MULTILABEL else len(answers.choices))
+                budget = min(budget, predict_token_budget(config, torch.cuda.mem_get_info(dev.device)[0]) // copies)
             batches = token_budget_batches(mine, lambda i: prompter.estimated_tokens(items.text_lengths[i]),
                                            budget, rows)
             texts = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
             try:
-                for i, item_id, record in predict(model, prompter, texts, len(batches), dev, events,
+                for i, item_id, record in predict(model, prompter, texts, len(batches), pad_id, dev, events,
                                                   holdout=is_holdout):
                     record = dict({"id": item_id, "schema": schema.name}, **record)
                     if i in is_holdout:
@@ -333,7 +334,7 @@ def train(job: Any, events: Any) -> None:
                     schema.name, torch.cuda.max_memory_allocated(dev.device) / 1024 ** 3, job.device_name))
             if group.is_main:
                 out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema.name))
-                saved = _save(model, tokenizer, out_dir, schema, opts, load_from, template, fmt, dev, offline)
+                saved = _save(model, tokenizer, out_dir, schema, opts, load_from, template, fmt, offline)
                 say("Schema {!r}: holdout {}; {} saved to {}".format(schema.name, scores[schema.name], saved, out_dir))
             base = model.unload()  # the base without this schema's adapter, for the next schema
             del model
@@ -344,16 +345,7 @@ def train(job: Any, events: Any) -> None:
         raise
     finally:
         items.close()
-    if group.size == 1:
-        stream.publish()
-    else:
-        stream.close()
-        group.barrier()  # every part is complete
-        if group.is_main:
-            publish_parts(job.dir, range(group.size))
-    if group.is_main:
-        job.write_scores(scores)
-        events.metrics(scores)
+    finish_run(job, events, stream, group, scores)
 
 
 def _require_sacrebleu() -> None:
@@ -639,8 +631,8 @@ def _training_batch(rows: List[Tuple[List[int], List[int]]], pad_id: int):
     return ids, mask, ids[:, length - width:].clone(), target_mask, width
 
 
-def predict(model: Any, prompter: _Prompter, batches: Any, total: int, dev: ComputeDevice, events: Any,
-            holdout: Any = frozenset()):
+def predict(model: Any, prompter: _Prompter, batches: Any, total: int, pad_id: int, dev: ComputeDevice,
+            events: Any, holdout: Any = frozenset()):
     """``(position, id, record)`` for each ``(position, (id, text))`` of ``batches``; ``record`` holds the
     kind's prediction fields (docs/answer-types.md): ``label`` and ``confidence`` (``probs`` on ``holdout``
     positions), a multilabel set with each label's probability, or a generated ``text``."""
@@ -651,7 +643,7 @@ def predict(model: Any, prompter: _Prompter, batches: Any, total: int, dev: Comp
     answers, kind = prompter.answers, prompter.schema.kind
     tokenizer = prompter.fmt.tokenizer
     model.eval()
-    decoder = Decoder(model, tokenizer.pad_token_id, dev.put, dev.predict_autocast)
+    decoder = Decoder(model, pad_id, dev.put, dev.predict_autocast)
     with torch.inference_mode():
         for step, batch in enumerate(batches, 1):
             events.check_cancelled()
@@ -688,7 +680,7 @@ def _raise_if_out_of_memory(torch: Any, exc: BaseException, device: str, phase: 
 
 
 def _save(model: Any, tokenizer: Any, out_dir: str, schema: Schema, opts: Dict[str, Any], load_from: str,
-          template: str, fmt: PromptFormat, dev: ComputeDevice, offline: bool) -> str:
+          template: str, fmt: PromptFormat, offline: bool) -> str:
     """Save the adapter (or, with ``merge``, the merged model), the tokenizer and ``labels.json``;
     returns what was saved, for the log."""
     os.makedirs(out_dir, exist_ok=True)

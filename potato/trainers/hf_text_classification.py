@@ -154,7 +154,7 @@ def train(job: Any, events: Any) -> None:
     In a data-parallel run every process calls this with its own ``job.group``;
     rank 0 alone writes the run's files and its log lines.
     """
-    from potato.training.predictions import PredictionStream, publish_parts
+    from potato.training.predictions import PredictionStream, finish_run
     from potato.training.process_group import SingleProcess
 
     opts = effective_options(job.options)
@@ -259,16 +259,7 @@ def train(job: Any, events: Any) -> None:
         raise
     finally:
         items.close()
-    if group.size == 1:
-        stream.publish()
-    else:
-        stream.close()
-        group.barrier()  # every part is complete
-        if group.is_main:
-            publish_parts(job.dir, range(group.size))
-    if group.is_main:
-        job.write_scores(scores)
-        events.metrics(scores)
+    finish_run(job, events, stream, group, scores)
 
 
 def _build_model(auto_cls: Any, load_from: str, labels: List[str], opts: Dict[str, Any], offline: bool, base_dir: str):

@@ -15,8 +15,9 @@ number of labels:
   certain (``very positive`` after ``very``), and the end token already
   keeps a label that is a prefix of another (``good``, ``good enough``) from
   winning by being short. The first token of every label comes from the
-  prompt's own pass; each label of more than one token costs one more pass
-  over its tokens, after which the cache is cut back to the prompt.
+  prompt's own pass; the rest of all labels takes one more pass of a few
+  tokens, on a copy of each row's cache per label, after which the cache is
+  cut back to the prompt.
 - **yes/no per label** (multilabel): the answer is one line per label in
   schema order (``label: yes``); each decision is the more likely of
   ``yes``/``no`` given the prompt and the decisions before it, and its
