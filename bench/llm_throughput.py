@@ -30,7 +30,8 @@ examples/s with peak RSS no higher; prediction >= 2x the pipeline's items/s
 with the same labels chosen. The ratios printed are the medians of the
 rounds' ratios, with their range.
 
-    HF_HUB_OFFLINE=1 python bench/llm_throughput.py [--train 400] [--predict 400] [--rounds 2]
+    HF_HUB_OFFLINE=1 python bench/llm_throughput.py [--train 400] [--predict 400] [--rounds 2] [--threads 1]
+    ... --hidden 128 --layers 4      # a larger tiny Llama (1.2 M parameters), where compute weighs more
 
 Needs the ``bench`` extra (TRL): ``bash scripts/install.sh --bench``. On a
 machine shared with other work the absolute figures swing; the ratios of one
@@ -214,11 +215,12 @@ def _peak_rss_mb() -> float:
     return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
 
 
-def build_model(directory: Path, items: list) -> str:
+def build_model(directory: Path, items: list, hidden: int, layers: int) -> str:
     from tests.support.tiny_llm import build_tiny_causal_lm
 
     texts = [it["text"] for it in items] + [" ".join(LABELS) + " " + DESCRIPTION] * 20
-    return str(build_tiny_causal_lm(directory, texts, "llama", vocab_size=4000, hidden=128, layers=4))
+    return str(build_tiny_causal_lm(directory, texts, "llama", vocab_size=4000 if hidden > 64 else 2000,
+                                    hidden=hidden, layers=layers))
 
 
 def ratio(values: list) -> str:
@@ -231,13 +233,15 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=400, help="labelled reviews to train on")
     parser.add_argument("--predict", type=int, default=400, help="unlabelled reviews to predict")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=5e-3)
+    parser.add_argument("--learning-rate", type=float, default=1e-2)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--model", default=None, help="causal LM directory (default: a tiny Llama built here)")
+    parser.add_argument("--hidden", type=int, default=64, help="the tiny Llama's hidden size (the tests': 64)")
+    parser.add_argument("--layers", type=int, default=2, help="the tiny Llama's layers (the tests': 2)")
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -253,7 +257,7 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="potato-llm-bench-") as tmp:
         if args.model is None:
-            args.model = build_model(Path(tmp, "tiny-llama"), items)
+            args.model = build_model(Path(tmp, "tiny-llama"), items, args.hidden, args.layers)
         where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU, {} threads".format(args.threads)
         print("{} training / {} unlabelled reviews, {} epochs, batch {}, max_length {}, torch {} on {}, model {}".format(
             args.train, args.predict, args.epochs, args.batch_size, args.max_length, torch.__version__, where,

@@ -359,14 +359,14 @@ def _require_sacrebleu() -> None:
 
 def _four_bit(setting: Any, dev: ComputeDevice, say: Any) -> bool:
     """Whether the base weights load in 4 bits: ``load_in_4bit`` with ``auto`` decided here."""
-    if setting is False:
+    if setting is False or (setting == "auto" and not dev.cuda):
         return False
     support = four_bit_support(str(dev.device) if dev.cuda else "cpu")
     if setting == "auto":
-        if dev.cuda and not support.ok:
+        if not support.ok:
             say("load_in_4bit is auto and bitsandbytes cannot load 4-bit weights here ({}); loading 16-bit "
                 "weights".format(support.problem), level="warning")
-        return dev.cuda and support.ok
+        return support.ok
     if not support.ok:
         raise TrainerFailure(bitsandbytes_missing_message(socket.gethostname(), sys.executable, support.problem))
     return True
