@@ -106,9 +106,15 @@ class PromptFormat:
 
     def prompt(self, content: str) -> List[int]:
         """The ids of a prompt whose user content is ``content``, up to where the answer starts."""
+        return self.prompts([content])[0]
+
+    def prompts(self, contents: Sequence[str]) -> List[List[int]]:
+        """:meth:`prompt` of each of ``contents``, tokenized in one call (a prediction batch's)."""
         if self.chat:
-            return self.encode(self._render([{"role": "user", "content": content}], True))
-        return list(self.tokenizer(content + "\n")["input_ids"])  # BOS where the tokenizer adds one
+            texts = [self._render([{"role": "user", "content": c}], True) for c in contents]
+            return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        # BOS where the tokenizer adds one
+        return [list(ids) for ids in self.tokenizer([c + "\n" for c in contents])["input_ids"]]
 
     def fit_prompt(self, template: str, text: str, labels: Sequence[str], description: str,
                    room: int) -> Tuple[List[int], bool]:
@@ -117,7 +123,12 @@ class PromptFormat:
         Raises :class:`PromptTooLong` when the prompt without any text is
         already longer than ``room``.
         """
-        ids = self.prompt(fill(template, text, labels, description))
+        return self.fit_filled(self.prompt(fill(template, text, labels, description)), template, text, labels,
+                               description, room)
+
+    def fit_filled(self, ids: List[int], template: str, text: str, labels: Sequence[str], description: str,
+                   room: int) -> Tuple[List[int], bool]:
+        """:meth:`fit_prompt` for a prompt already tokenized as ``ids``."""
         if len(ids) <= room:
             return ids, False
         text_ids = self.encode(text)

@@ -124,7 +124,7 @@ def test_text_and_multiselect_answers_on_a_model_without_pad_token_or_chat_templ
     assert topics and all(set(p["label"]) <= set(TOPICS) and len(p["probs"]) == 3 for p in topics)
     for p in topics:
         assert p["label"] == [t for t, q in zip(TOPICS, p["probs"]) if q >= 0.5]
-        assert p["confidence"] == min(max(q, 1 - q) for q in p["probs"])
+        assert abs(p["confidence"] - min(max(q, 1 - q) for q in p["probs"])) < 2e-5
     assert json.loads((job / "artifacts" / "topics" / "labels.json").read_text())["chat_template"] is False
 
 
