@@ -510,9 +510,13 @@ class _Prompter:
     def prompt(self, text: str, room: int) -> Tuple[List[int], bool]:
         try:
             return self.fmt.fit_prompt(self.template, text, self.labels, self.schema.description, room)
-        except PromptTooLong:  # the checks in __init__ keep room past the prompt's own tokens
-            raise TrainerFailure("max_length {} is too short for schema {!r}'s prompt".format(
-                self.max_length, self.schema.name))
+        except PromptTooLong:
+            raise self._too_short()
+
+    def _too_short(self) -> TrainerFailure:
+        # Rare: __init__ checked the room past the prompt's own tokens; a text may still tokenize longer inside it.
+        return TrainerFailure("max_length {} is too short for schema {!r}'s prompt".format(
+            self.max_length, self.schema.name))
 
     def examples(self, rows: Any) -> Tuple[List[Tuple[List[int], List[int]]], int]:
         """``([(prompt ids, answer ids)], how many texts were cut)`` for ``(position, text, answer)`` rows;
@@ -536,9 +540,8 @@ class _Prompter:
             try:
                 ids, was_cut = self.fmt.fit_filled(ids, self.template, text, self.labels, self.schema.description,
                                                    room)
-            except PromptTooLong:  # the checks in __init__ keep room past the prompt's own tokens
-                raise TrainerFailure("max_length {} is too short for schema {!r}'s prompt".format(
-                    self.max_length, self.schema.name))
+            except PromptTooLong:
+                raise self._too_short()
             self.cut_predicting += was_cut
             prompts.append(ids)
         return prompts

@@ -187,6 +187,14 @@ def test_no_model_and_a_model_directory_without_weights(tmp_path, tiny_llama):
     assert failure_of(broken).startswith("{} could not be loaded as a causal language model: OSError: ".format(half))
 
 
+def test_a_max_length_with_no_room_for_the_text_says_so(tmp_path, tiny_llama):
+    job = llm_job(tmp_path / "job", tiny_llama, easy_items(10), options={"max_length": 20})
+    error = failure_of(job)
+    assert error.startswith("max_length 20 leaves no room for the item's text in schema 'sentiment': its prompt takes ")
+    assert " tokens without the text and its answers up to " in error
+    assert error.endswith("; raise max_length or shorten prompt_template")
+
+
 def test_a_hub_id_that_is_not_here_fails_at_once_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     job = write_job(tmp_path / "job", items=easy_items(10), trainer="hf-llm-finetune",
