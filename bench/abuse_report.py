@@ -1,15 +1,15 @@
-"""The abuse report: issue 9's attacks on the server, against a live ``potato start``, as a table.
+"""The abuse report: attacks on the server and by annotators, against a live ``potato start``, as a table.
 
 Run by hand, or by tests/integration/test_abuse_report.py::
 
     .venv/bin/python bench/abuse_report.py           # the table; exit 0 when every row is yes
     .venv/bin/python bench/abuse_report.py --json    # the rows as JSON, for the test
 
-It writes a project into a temporary directory, registers an agent backend
-token and starts the real ``potato start`` on a free loopback port (with
-``PREFECT_API_URL``'s Prefect API if set, else the embedded one it starts
-itself). A run on the agent backend is started through the admin API, so
-its flow really waits for an agent; this script then plays that agent and
+**Clients.** It writes a project into a temporary directory, registers an
+agent backend token and starts the real ``potato start`` on a free loopback
+port (with ``PREFECT_API_URL``'s Prefect API if set, else the embedded one it
+starts itself). A run on the agent backend is started through the admin API,
+so its flow really waits for an agent; this script then plays that agent and
 every hostile client in turn, with raw sockets and ``http.client``. After
 each case it reads the run store and the run directory and says whether
 nothing was stored that should not be and nothing was lost that should have
@@ -18,6 +18,16 @@ been kept: case -> answer code -> nothing stored/lost (yes/no).
 Cases that say "headers only" send a request's headers and never a byte of
 the body they announce: an answer at all proves the server decided without
 reading it (a server that waited for the body would time out instead).
+
+**Annotators.** Potato 2.12's ``/submit_annotation`` saves a label on any id
+an annotator posts, so one annotator can put anything JSON carries into
+their ``user_state.json``. A second project (2,000 items, Dawid-Skene
+consensus, auto-retraining on its agent backend) is served the same way, and
+its annotators' files are written as 2.12 writes them: a label planted on a
+lone surrogate and on a 2 MB id, 5,000 planted ids and then the annotator
+removed, and an annotator who agrees with the truth except on items they
+chose. Each case's answer is what happened (the run's state, what consensus
+decided, whether auto-retraining went on) against what should.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -62,8 +73,8 @@ class Answer:
 @dataclass
 class Row:
     case: str
-    expected: int
-    answer: int
+    expected: int | str
+    answer: int | str
     nothing_lost: bool
 
     @property
@@ -72,17 +83,14 @@ class Row:
 
 
 class Server:
-    """A live ``potato start`` on a project in *root*, and the run store it writes."""
+    """A live ``potato start`` on the project whose config is *config_path*, and the run store it writes."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, config_path: Path):
         from potato.runs import open_store
         from potato.config import load_config
         from potato.tokens import register_agent
-        from tests.support.potato_project import make_project
 
-        self.config_path = make_project(root, n_items=40, model_training={
-            "enabled": True, "grace_seconds": 1,
-            "backends": {"lab-workstation": {"type": "agent", "queue_timeout_s": 600}}})
+        self.config_path = config_path
         self.config = load_config(self.config_path)
         self.store = open_store(self.config)
         self.token = register_agent(self.config, self.store, "lab-workstation")
@@ -226,27 +234,27 @@ def case_strangers_upload_expecting_continue(server: Server, run_id: int) -> tup
 
 
 def case_strangers_events(server: Server, run_id: int) -> tuple[int, bool]:
-    before = server.store.events(run_id)
+    before = worker_events(server, run_id)  # the flow writes its own step and log events meanwhile
     answer = server.headers_only("POST", f"{V1}/runs/{run_id}/events",
                                  {"Authorization": "Bearer guessed", "Content-Type": "application/json",
                                   "Content-Length": "100000"})
-    return answer.status, server.store.events(run_id) == before
+    return answer.status, worker_events(server, run_id) == before
 
 
 def case_oversized_json(server: Server, run_id: int) -> tuple[int, bool]:
-    before = server.store.events(run_id)
+    before = worker_events(server, run_id)  # the flow writes its own step and log events meanwhile
     answer = server.headers_only("POST", f"{V1}/runs/{run_id}/events",
                                  {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json",
                                   "Content-Length": str(2 * MIB)})
-    return answer.status, server.store.events(run_id) == before
+    return answer.status, worker_events(server, run_id) == before
 
 
 def case_chunked_json(server: Server, run_id: int) -> tuple[int, bool]:
-    before = server.store.events(run_id)
+    before = worker_events(server, run_id)  # the flow writes its own step and log events meanwhile
     answer = server.headers_only("POST", f"{V1}/runs/{run_id}/events",
                                  {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json",
                                   "Transfer-Encoding": "chunked"})
-    return answer.status, server.store.events(run_id) == before
+    return answer.status, worker_events(server, run_id) == before
 
 
 def case_bad_event_mid_batch(server: Server, run_id: int) -> tuple[int, bool]:
@@ -385,22 +393,159 @@ def run_cases(server: Server) -> list[Row]:
     return rows
 
 
+# -- the annotators' cases ------------------------------------------------------------------------------
+
+ITEMS = 2000
+TARGETED = 10
+UPDATE_FREQUENCY = 5
+# A log line that quotes ids is cut short; none may be longer than this.
+LINE_BOUND = 1000
+LONE_SURROGATE = "\ud83d"
+LONG_ID = "x" * 2_000_000
+
+
+def annotators_project(root: Path) -> tuple[Path, list[str]]:
+    """2,000 items; alice and bob label each one (10 % wrong), mallory agrees with the truth except on
+    ten items of her choosing where both of them are right. Returns the config and mallory's targets."""
+    import random
+
+    from tests.support.potato_project import make_project, true_label
+
+    rng = random.Random(9)
+    truth = {f"r{i}": true_label(i) for i in range(ITEMS)}
+    flip = {"positive": "negative", "negative": "positive"}
+    honest = {user: {i: flip[t] if rng.random() < 0.1 else t for i, t in truth.items()} for user in ("alice", "bob")}
+    targets = [i for i, t in truth.items() if honest["alice"][i] == honest["bob"][i] == t][:TARGETED]
+    mallory = {i: flip[t] if i in targets else t for i, t in truth.items()}
+    config = make_project(root, n_items=ITEMS, annotators=("alice", "bob", "mallory"),
+                          user_labels={**honest, "mallory": mallory}, model_training={
+                              "enabled": False, "grace_seconds": 1, "aggregation": "consensus",
+                              "backends": {"lab-workstation": {"type": "agent", "queue_timeout_s": 600}},
+                              "auto_retrain": {"enabled": True, "schemas": ["sentiment"], "min_interval_s": 0,
+                                               "update_frequency": UPDATE_FREQUENCY, "backend": "lab-workstation"}})
+    return config, targets
+
+
+def plant(server: Server, user: str, ids: list[str]) -> None:
+    """*user*'s user_state.json gains a label on each of *ids*, written as Potato 2.12 writes it."""
+    path = server.config.output_annotation_dir / user / "user_state.json"
+    state = json.loads(path.read_text())
+    for item_id in ids:
+        state["instance_id_to_label_to_value"][item_id] = [[{"schema": "sentiment", "name": "positive"}, "positive"]]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))  # 2.12's json.dump: ensure_ascii, so "\ud83d" is its escape
+    os.replace(tmp, path)
+
+
+def claim_job(server: Server, run_id: int) -> dict:
+    def claimed():
+        answer = server.agent("POST", f"{V1}/backends/lab-workstation/claim", {"agent": {"host": "abuse-report"}})
+        return answer.json()["job"]
+    job = wait_for(claimed, 120, f"run {run_id}'s flow to offer it to an agent", server)
+    assert job["run_id"] == run_id, job
+    return job
+
+
+def finish_as_agent(server: Server, run_id: int) -> str:
+    """Report run *run_id* succeeded, as an agent whose worker did; return the state it ends in."""
+    events = [event(1, type="started", pid=1, python="3.11.7", device="cpu", device_name="CPU"),
+              event(2, type="done", status="succeeded")]
+    server.agent("POST", f"{V1}/runs/{run_id}/events", {"events": events})
+    server.agent("POST", f"{V1}/runs/{run_id}/result", {"exit_code": 0, "scores": {}})
+    return wait_for(lambda: (run := server.store.get_run(run_id)).is_finished and run.state, 120,
+                    f"run {run_id} to end", server)
+
+
+def bundle_labels(server: Server, job: dict) -> dict[str, str]:
+    import io
+    import tarfile
+
+    answer = server.agent("GET", job["bundle_url"])
+    with tarfile.open(fileobj=io.BytesIO(answer.body), mode="r:gz") as tar:
+        items = tar.extractfile("items.jsonl").read().decode()
+    return {item["id"]: item["labels"].get("sentiment") for item in map(json.loads, items.splitlines())}
+
+
+def auto_status(server: Server) -> dict:
+    return server.admin("GET", f"{API}/auto-retrain").json()
+
+
+def annotator_cases(server: Server, targets: list[str]) -> list[Row]:
+    rows = []
+    # The watcher queues the first automatic run at once: 6,000 annotations, none before.
+    first = wait_for(lambda: server.store.latest_run(), 60, "the first automatic run", server)
+    job = claim_job(server, first.id)
+    labels = bundle_labels(server, job)
+    right = sum(labels[i] == ("positive", "negative")[int(i[1:]) % 2] for i in targets)
+    finish_as_agent(server, first.id)
+    rows.append(Row("an annotator who is right everywhere but on 10 items of her choosing (consensus)",
+                    f"{TARGETED} of {TARGETED} right", f"{right} of {TARGETED} right",
+                    "otherwise than majority vote" in server.run_dir(first.id).joinpath("run.log").read_text()))
+
+    plant(server, "mallory", [LONE_SURROGATE, LONG_ID])
+    body = json.dumps({"trainer": "hf-text-classification", "schemas": ["sentiment"],
+                       "backend": "lab-workstation"}).encode()
+    run_id = server.admin("POST", f"{API}/runs", body).json()["run"]["id"]
+    claim_job(server, run_id)
+    state = finish_as_agent(server, run_id)
+    log = server.run_dir(run_id).joinpath("run.log").read_text(encoding="utf-8")
+    named = ("2 labels by mallory on 2 ids that are not items of this project were ignored: "
+             "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' (2000000 "
+             "characters), '\\ud83d'")
+    rows.append(Row("a label on a lone-surrogate id (2.12's /submit_annotation takes any id)", "succeeded", state,
+                    named in log))
+    shown = server.admin("GET", f"{API}/runs/{run_id}")
+    bounded = all(len(line) < LINE_BOUND for line in log.splitlines()) and len(shown.body) < 100_000 and all(
+        len(e.data.get("message", "")) < LINE_BOUND for e in server.store.events(run_id))
+    rows.append(Row("a label on a 2 MB id: run log, run page and store lines stay short", "succeeded", state,
+                    bounded and named in log))
+
+    before = wait_for(lambda: (s := auto_status(server))["annotations"] is not None and s, 30, "a watcher check")
+    plant(server, "mallory", [f"planted{k}" for k in range(5000)])
+    shutil.rmtree(server.config.output_annotation_dir / "mallory")  # an admin removes the annotator
+    wait_for(lambda: auto_status(server)["annotations"] == before["annotations"] - ITEMS, 30,
+             "the watcher to see mallory gone", server)
+    carol = server.config.output_annotation_dir / "carol" / "user_state.json"
+    carol.parent.mkdir()
+    carol.write_text(json.dumps({"user_id": "carol", "instance_id_to_label_to_value": {
+        f"r{i}": [[{"schema": "sentiment", "name": "positive"}, "positive"]] for i in range(UPDATE_FREQUENCY)}},
+        indent=2))
+    queued = wait_for(lambda: (r := server.store.latest_run()).id != run_id and r, 30,
+                      f"{UPDATE_FREQUENCY} new annotations to queue an automatic run", server)
+    shown = server.admin("GET", f"{API}/runs/{queued.id}").json()["run"]  # queued until an agent claims it
+    rows.append(Row("5,000 ids planted, then the annotator removed: the next 5 annotations retrain",
+                    "auto run queued", f"{shown['trigger']} run {shown['state']}", True))
+    server.admin("POST", f"{API}/runs/{queued.id}/cancel")
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     width = max(len(r.case) for r in rows)
-    lines = [f"{'case':<{width}}  answer  expected  nothing stored/lost", "-" * (width + 40)]
+    lines = [f"{'case':<{width}}  {'answer':>16}  {'expected':>16}  nothing stored/lost", "-" * (width + 58)]
     for r in rows:
-        lines.append(f"{r.case:<{width}}  {r.answer:>6}  {r.expected:>8}  {'yes' if r.ok else 'no'}")
+        lines.append(f"{r.case:<{width}}  {str(r.answer):>16}  {str(r.expected):>16}  {'yes' if r.ok else 'no'}")
     return "\n".join(lines)
 
 
 def main() -> int:
+    from tests.support.potato_project import make_project
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="potato-abuse-") as tmp:
-        server = Server(Path(tmp))
+        config = make_project(Path(tmp) / "clients", n_items=40, model_training={
+            "enabled": True, "grace_seconds": 1,
+            "backends": {"lab-workstation": {"type": "agent", "queue_timeout_s": 600}}})
+        server = Server(Path(tmp) / "clients", config)
         try:
             rows = run_cases(server)
+        finally:
+            server.stop()
+        config, targets = annotators_project(Path(tmp) / "annotators")
+        server = Server(Path(tmp) / "annotators", config)
+        try:
+            rows += annotator_cases(server, targets)
         finally:
             server.stop()
     if args.json:

@@ -9,6 +9,15 @@
         deployment ``training-run/<project>`` (its config as a parameter,
         its ``model_training.backend``), scheduled by the cron expression:
         nightly retraining the Prefect way.
+    python -m deployments.create --allow-config /srv/reviews/config.yaml [--allow-config …] [--config …]
+        as above, and the configs the flow accepts
+        from a flow run's parameters; without an allow-list it accepts any.
+        Anyone who can reach the Prefect API can start a flow run with any
+        ``config`` parameter (README, "The Prefect API is an admin
+        interface"): with an allow-list, a config not on it is refused before
+        it is read, naming the allow-list. It lives on the worker's host,
+        beside this file (``deployments/allowed-configs.json``); once it
+        exists, ``--config`` adds its project's config to it.
 
 Needs ``PREFECT_API_URL`` to point at the Prefect API the annotation server
 uses. Then start a worker on the annotation server's host
@@ -16,10 +25,12 @@ uses. Then start a worker on the annotation server's host
 ``model_training.prefect_deployment: training-run/potato`` for runs started
 from Potato to go through it too.
 
-The pool has no concurrency limit of its own: several projects may share it
-(and one Prefect server), and each project's flows hold that project's limit
-``potato-training-<project>`` (``potato.prefect_runs``), so one project's
-queue never waits for another's. Deployments are registered by
+The pool has no concurrency limit of Potato's making: several projects may
+share it (and one Prefect server), and each project's flows hold that
+project's limit ``potato-training-<project>`` (``potato.prefect_runs``), so
+one project's queue never waits for another's. A limit its operator set on it
+is theirs and stays; only the limit 1 that Potato before this version gave the
+pools it made (and no description) is lifted. Deployments are registered by
 ``prefect deploy`` from prefect.yaml, the Prefect way, so this command and a
 hand-edited prefect.yaml make the same deployments.
 """
@@ -33,12 +44,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from potato import prefect_runs
+
 POOL = "potato-training"
 FLOW = "training-run"
 GENERIC = "potato"  # prefect.yaml's deployment: one for every project
 ENTRYPOINT = "flows/training_run.py:training_run"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY_TIMEOUT_S = 300
+POOL_DESCRIPTION = ("Potato's training runs (python -m deployments.create). No concurrency limit of Potato's: "
+                    "each project's flows hold their own, potato-training-<project>.")
+# What Potato before this version set on the pools it created (with no description).
+OLDER_POTATOS_LIMIT = 1
 
 
 class SetupError(Exception):
@@ -79,18 +96,34 @@ def check_schedule(cron: str, timezone: str | None) -> None:
                          f"Example: --cron \"0 3 * * *\" --timezone Europe/Berlin") from None
 
 
-def ensure_work_pool(name: str = POOL) -> None:
-    """Create the ``process`` work pool *name*, or lift a concurrency limit an older Potato gave it."""
+def ensure_work_pool(name: str = POOL) -> str | None:
+    """Create the ``process`` work pool *name*; on an existing one, lift only a limit Potato set. Returns
+    what the user should know about the pool's concurrency limit, or None.
+
+    Potato before this version created its pools with ``concurrency_limit=1`` and
+    no description; this one gives them ``POOL_DESCRIPTION`` and no limit. So a
+    limit on a pool with that description, or with another description, or
+    other than 1, is its operator's.
+    """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectAlreadyExists
 
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process"))
+            client.create_work_pool(WorkPoolCreate(name=name, type="process", description=POOL_DESCRIPTION))
+            return None
         except ObjectAlreadyExists:
-            if client.read_work_pool(name).concurrency_limit is not None:
-                client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=None))
+            pool = client.read_work_pool(name)
+        limit = pool.concurrency_limit
+        if limit is None:
+            return None
+        if limit == OLDER_POTATOS_LIMIT and not pool.description:
+            client.update_work_pool(name, WorkPoolUpdate(concurrency_limit=None, description=POOL_DESCRIPTION))
+            return (f"Lifted the concurrency limit {limit} that an older Potato gave work pool {name!r}: each "
+                    "project's flows hold their own limit")
+        return (f"Work pool {name!r} keeps the concurrency limit {limit} set on it: at most {limit} flow run(s) at "
+                "once across every project on it (each project's own limit of one still holds)")
 
 
 def deploy(argv: list[str]) -> None:
@@ -126,11 +159,23 @@ def deploy_project(config, cron: str | None, timezone: str | None) -> str:
     return f"{FLOW}/{key}"
 
 
+def update_allow_list(configs: list[str], project_config: str | None) -> list[str] | None:
+    """Add *configs* to the allow-list (creating it), and *project_config* when one exists; return it, or None."""
+    missing = [c for c in configs if not Path(c).is_file()]
+    if missing:
+        raise SetupError(f"--allow-config {missing[0]!r}: no such file; name a project's config.yaml")
+    if project_config and prefect_runs.read_allow_list() is not None:
+        configs = [*configs, project_config]
+    return prefect_runs.allow_configs(configs) if configs else prefect_runs.read_allow_list()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.create", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a project's config.yaml: create that project's own deployment")
     parser.add_argument("--cron", help='with --config: retrain on this cron schedule, e.g. "0 3 * * *"')
     parser.add_argument("--timezone", help="the cron schedule's time zone, e.g. Europe/Berlin (default UTC)")
+    parser.add_argument("--allow-config", action="append", default=[], metavar="CONFIG",
+                        help="accept only these configs (repeatable) in flow runs' parameters; see README")
     args = parser.parse_args(argv)
     if (args.cron or args.timezone) and not args.config:
         parser.error("--cron and --timezone schedule one project's runs: give its --config too")
@@ -142,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         project = load_project(args.config, args.cron, args.timezone) if args.config else None
-        ensure_work_pool(POOL)
+        allowed = update_allow_list(args.allow_config, args.config)
+        if allowed is not None:
+            print(f"Flow runs may train these configs ({prefect_runs.ALLOW_LIST}): {', '.join(allowed)}")
+        note = ensure_work_pool(POOL)
+        if note:
+            print(note)
         if project is not None:
             name = deploy_project(project, args.cron, args.timezone)
             when = f"on the schedule {args.cron!r} ({args.timezone or 'UTC'})" if args.cron else "when started"

@@ -63,6 +63,8 @@ from potato.writeback import write_back
 LEASE_SECONDS = 60
 # True in a process that main() started, i.e. the dispatcher's child.
 _DISPATCHED = False
+# How long a flow whose run must wait for another run lets the project's Prefect slot go.
+TURN_RETRY_S = 2.0
 
 
 def _task(name: str):
@@ -130,7 +132,7 @@ def record_results_task(ctx: RunContext) -> dict:
             ctx.log.info(metrics.describe(schema, s))
     if scores:
         create_table_artifact(
-            [{"schema": k, **v} for k, v in scores.items()],
+            [metrics.table_row(k, v) for k, v in scores.items()],
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
@@ -176,28 +178,55 @@ def training_run(
 ):
     """Execute training run *run_id* of the project at *config* (or create one first)."""
     os.umask(0o077)  # a Prefect worker may start this flow: what the run writes is private all the same
+    if not _DISPATCHED:  # the parameter came from the Prefect API, not from Potato's own dispatcher
+        prefect_runs.check_allowed_config(config)
     cfg = load_config(config)
     store = runs.open_store(cfg)
+    flow_run_id = _flow_run_id()
     if run_id is None:
-        run_id = _create_own_run(cfg, store, trainer=trainer, schemas=schemas, backend=backend, options=options)
+        run_id = _create_own_run(cfg, store, flow_run_id, trainer=trainer, schemas=schemas, backend=backend,
+                                 options=options)
         if run_id is None:
             return Cancelled(message="Potato's dispatcher took this run first; its own flow run executes it")
+    else:
+        # Before anything is written: a flow run given a run another flow run has must not touch it.
+        store.record_flow(run_id, flow_run_id, os.getpid())
     _output_to_flow_log(runs.run_dir(cfg, run_id))
-    flow_run_id = _flow_run_id()
-    store.update_run(run_id, prefect_flow_run_id=flow_run_id, flow_pid=os.getpid())
     if flow_run_id:
         prefect_runs.label_flow_run(flow_run_id, f"run-{run_id}", prefect_runs.flow_run_tags(cfg, store.get_run(run_id)))
     limit = prefect_runs.limit_name(cfg)
     ensure_concurrency_limit(limit, 1)
     cancel = _CancelFromPrefect(cfg, store, run_id)
     with CancelWatch(flow_run_id, cancel.request) as watch, _sigterm_cancels_under_a_worker(watch):
-        with concurrency(limit, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
-            run = store.get_run(run_id)
-            if run.state not in ("queued", "running"):
+        with _the_projects_turn(store, run_id, limit) as run:
+            if run.state != "running":
                 return Cancelled(message=f"Run {run_id} is {run.state}; nothing to do")
-            if run.state == "queued":
-                store.transition(run_id, "running", from_states=("queued",))
             return _execute(cfg, store, run_id, cancel)
+
+
+@contextmanager
+def _the_projects_turn(store: Store, run_id: int, limit: str) -> Iterator:
+    """Hold the project's Prefect slot and Potato's one-run-at-a-time slot; yield the run, ``running`` then.
+
+    A run its own flow created waits ``queued``, its step row saying for what,
+    so that its wait counts against no limit and the page shows one running
+    run. Holding the Prefect slot while another run is running in the store
+    (the dispatcher's, whose flow waits for that very slot) would wait
+    forever: the slot is let go, and taken again a moment later. A run that
+    ended meanwhile (cancelled while queued) is yielded as it is.
+    """
+    shown = None
+    while True:
+        with concurrency(limit, occupy=1, strict=True, lease_duration=LEASE_SECONDS):
+            run = store.start(run_id)
+            if run.state != "queued":
+                yield run
+                return
+        busy = next((r.id for r in store.active_runs()), None)
+        if busy is not None and busy != shown:
+            store.update_run(run_id, step=f"waiting for run {busy} to finish")
+            shown = busy
+        time.sleep(TURN_RETRY_S)
 
 
 def _output_to_flow_log(run_dir) -> None:
@@ -223,17 +252,18 @@ def _output_to_flow_log(run_dir) -> None:
         os.close(fd)
 
 
-def _create_own_run(cfg: ProjectConfig, store: Store, **request) -> int | None:
-    """Create the run a ``prefect deployment run`` (or a schedule) asked for, and claim it at once.
+def _create_own_run(cfg: ProjectConfig, store: Store, flow_run_id: str | None, **request) -> int | None:
+    """Create the run a ``prefect deployment run`` (or a schedule) asked for, as this flow run's own.
 
-    Claimed (``running``) from the start, so that Potato's dispatcher, which
-    starts the oldest queued run, does not start a second flow for it. If the
-    dispatcher won the claim in the instant between, its flow executes the
-    run and this one has nothing to do (None).
+    Queued, and adopted by this flow run at once, so that Potato's dispatcher,
+    which starts only runs without a flow run, does not start a second flow
+    for it; it becomes ``running`` once this flow holds the project's turn. If
+    the dispatcher won the claim in the instant between, its flow executes
+    the run and this one has nothing to do (None).
     """
     scheduled = _started_by_a_schedule()
     run = runs.create_run(cfg, store, trigger=SCHEDULE if scheduled else MANUAL, **request)
-    if not store.transition(run.id, "running", from_states=("queued",), step="waiting for this project's turn"):
+    if not store.adopt(run.id, flow_run_id, os.getpid(), step="waiting for this project's turn"):
         return None
     from prefect.runtime import deployment
 

@@ -162,6 +162,12 @@ class ModelTrainingConfig:
     )
 
 
+# The directory under output_annotation_dir where training keeps everything (runs.db, run
+# directories, the writeback file). Potato 2.12 would take it for an annotator's directory
+# if a user named it so; the label reader never reads it.
+TRAINING_DIR = "training"
+
+
 @dataclass(frozen=True)
 class ProjectConfig:
     path: Path
@@ -184,7 +190,7 @@ class ProjectConfig:
 
     @property
     def training_dir(self) -> Path:
-        return self.output_annotation_dir / "training"
+        return self.output_annotation_dir / TRAINING_DIR
 
     def scheme(self, name: str) -> Scheme | None:
         return next((s for s in self.schemes if s.name == name), None)
@@ -521,7 +527,8 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("max_predictions_mb", "int", "the server answers 413 to a larger predictions upload",
         default=512, minimum=1),
     Key("holdout_fraction", "float", "share of labelled items held out for scoring (unless `splits` "
-        "or `split_seed` is set)", default=0.2, minimum=0, maximum=1),
+        "or `split_seed` is set); `0` trains on every label, and runs then have no holdout scores",
+        default=0.2, minimum=0, maximum=1),
     Key("splits", "splits", "Potato 2.12's split: fractions of `train`, `val`, `test`; the `test` items "
         "are held out for scoring, the rest are trained on", default_text="— (`holdout_fraction`); "
         "with only `split_seed` set, `{train: 0.7, val: 0.15, test: 0.15}`"),
@@ -529,9 +536,10 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
         "run and backend)", default_text="— (`holdout_fraction`); `0` when `splits` is set"),
     Key("aggregation", "aggregation", "how several annotators' labels become one: `majority` (most votes, "
         "ties to the label listed first) or `consensus` (Dawid-Skene)", default="majority"),
-    Key("retain_runs", "int", "keep the directories of the newest this many finished runs; older ones "
-        "are deleted (their records stay; a queued or running run is never touched)", minimum=1,
-        default_text="— (keep all)"),
+    Key("retain_runs", "int", "keep the directories of the newest this many succeeded training runs and "
+        "of every run that finished after them; older ones are deleted (their records stay; a queued or "
+        "running run, one whose predictions are written back, and the run a kept decision-calibrate run "
+        "calibrated are never touched)", minimum=1, default_text="— (keep all)"),
     Key("writeback", "mapping", "which predictions are written back (table below)", default={}),
     Key("auto_retrain", "mapping", "retrain automatically (table below)", default={}),
     Key("backends", "mapping", "backend name -> backend (tables below); `local` always exists",
@@ -572,8 +580,9 @@ POTATO_212_KEYS: tuple[tuple[str, str], ...] = (
      "is asked to). Set it `false` in a shared config: Potato 2.12 then neither trains nor "
      "auto-retrains, so the two never both train on one trigger; `potato validate` warns when it "
      "is `true` together with `auto_retrain.enabled`"),
-    ("retain_runs", "honoured: run directories beyond the newest N finished runs are deleted "
-     "(2.12 keeps its directories and trims its ledger); unset keeps all"),
+    ("retain_runs", "honoured: run directories older than the newest N succeeded training runs are "
+     "deleted, unless their predictions are written back (2.12 keeps its directories and trims its ledger); "
+     "unset keeps all"),
     ("grace_seconds", "honoured: SIGTERM, then SIGKILL after this many seconds"),
     ("split_seed", "honoured: 2.12's seeded split of item ids"),
     ("splits", "honoured: the `test` fraction is held out for scoring; `train` and `val` are trained on"),
@@ -996,6 +1005,10 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
     # Potato reads should not stop an older one.
     mt = _check_table(MODEL_TRAINING_KEYS, mt_raw, path, "model_training", issues,
                       unknown="warn", skip=("writeback", "auto_retrain", "backends", "trainers"))
+    if isinstance(mt["holdout_fraction"], (int, float)) and mt["holdout_fraction"] >= 1:
+        issues.error(f"{path}.holdout_fraction", f"{path}.holdout_fraction is {mt['holdout_fraction']!r}: every "
+                     "labelled item would be held out, leaving nothing to train on; use a value below 1 (0 trains "
+                     "on every label)")
     if mt_raw.get("holdout_fraction") is not None and (
             mt_raw.get("splits") is not None or mt_raw.get("split_seed") is not None):
         issues.error(f"{path}.holdout_fraction", f"{path}.holdout_fraction and {path}.splits/split_seed "
@@ -1094,8 +1107,14 @@ def data_directory_files(directory: Path) -> list[Path]:
 def _check_encoding(value: Any, path: str, issues: _Issues) -> str:
     try:
         if isinstance(value, str):
-            return codecs.lookup(value).name
+            name = codecs.lookup(value).name
+            # base64, hex, rot13, zlib…: codecs Python knows, but they turn bytes into bytes (or text
+            # into text); str.encode refuses them, as reading the file with one would.
+            "".encode(name)
+            return name
     except LookupError:
+        pass
+    except UnicodeError:  # the 'undefined' codec: it refuses every text
         pass
     issues.error(path, f"{path} is {value!r}, which is not a text encoding Python knows; use e.g. "
                  "utf-8 or latin-1")
@@ -1202,6 +1221,17 @@ def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Pa
                     "predictions under pre_annotation.field, so make the two the same")
 
 
+def _check_training_user(task_dir: Path, output_dir: Path, issues: _Issues) -> None:
+    """Warn when Potato 2.12 let an annotator sign in as ``training``: their files land beside the run store."""
+    state = output_dir / TRAINING_DIR / "user_state.json"
+    if state.is_file():
+        shown = os.path.relpath(state, task_dir)
+        issues.warn("output_annotation_dir", f"{shown} exists: an annotator signed in to Potato 2.12 as "
+                    f"{TRAINING_DIR!r}, the directory where this project keeps its run store and runs. Their "
+                    "labels are never read for training; give the annotator another user name (move that "
+                    "directory's user_state.json and annotation_history.jsonl to a directory named after it)")
+
+
 # Top-level keys this feature reads: name -> (kind, default). Others are ignored.
 _TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
     "annotation_task_name": ("str", ""),
@@ -1244,6 +1274,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     schemes = _build_schemes(raw.get("annotation_schemes"), issues)
     model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
     _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues)
+    _check_training_user(task_dir, output_dir, issues)
 
     warnings = tuple(issues.warnings)
     config = None

@@ -6,10 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
-
-# How many individual warnings of one kind to list before summarising the rest;
-# a misconfigured label on 500 k items must not flood the run log.
-WARNING_EXAMPLES = 5
+from potato.training.escaping import QUOTED, quote_all
 
 
 def show_path(path: Path, base: Path | None) -> str:
@@ -23,7 +20,11 @@ def show_path(path: Path, base: Path | None) -> str:
 
 
 class GroupedWarnings:
-    """Collects repeated warnings of one kind and renders a few examples plus a count."""
+    """Collects repeated warnings of one kind and renders a few examples plus a count.
+
+    A misconfigured label on 500 k items must not flood the run log: each kind
+    lists ``QUOTED`` examples, each cut short (``potato.training.escaping``).
+    """
 
     def __init__(self) -> None:
         self.groups: dict[tuple, list[str]] = {}
@@ -32,14 +33,9 @@ class GroupedWarnings:
     def add(self, key: tuple, example: str) -> None:
         self.counts[key] += 1
         examples = self.groups.setdefault(key, [])
-        if len(examples) < WARNING_EXAMPLES:
+        if len(examples) < QUOTED:
             examples.append(example)
 
     def render(self, make: Callable[[tuple, str], str]) -> list[str]:
-        """One warning per key: ``make(key, "'a', 'b' and 7 more")``."""
-        out = []
-        for key, examples in self.groups.items():
-            more = self.counts[key] - len(examples)
-            listed = ", ".join(repr(e) for e in examples) + (f" and {more} more" if more else "")
-            out.append(make(key, listed))
-        return out
+        """One warning per key: ``make(key, "'a', 'b' and 7 more")`` (each example quoted short)."""
+        return [make(key, quote_all(examples, total=self.counts[key])) for key, examples in self.groups.items()]

@@ -4,6 +4,7 @@ Importable without I/O. The tree::
 
     PotatoError                 anything Potato reports to a user as a message
     ├── ConfigError             the config file is missing, unreadable or invalid
+    │   └── ConfigNotAllowed    a Prefect flow run names a config its deployments' allow-list lacks
     ├── ProjectDataError        items or labels cannot be read (file and line named)
     ├── StoreError              the run store refuses an operation (bad field, bad value, newer schema)
     │   ├── UnknownRun          no run has that id                         (HTTP 404)
@@ -13,7 +14,8 @@ Importable without I/O. The tree::
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
     │   ├── WallTimeExceeded    the run passed model_training.max_wall_seconds
     │   ├── RunCancelled        a cancel was requested and carried out
-    │   └── NoPrefectWorker     no Prefect worker started a deployment's run in time
+    │   ├── NoPrefectWorker     no Prefect worker started a deployment's run in time
+    │   └── NotThisFlowRun      a flow run was given a run another flow run (or process) executes
     ├── DiskFull                the disk holding the run directory is full
     ├── BackendError            a backend cannot do what a run needs
     │   ├── SshError            the OpenSSH client failed (exit 255)
@@ -33,6 +35,9 @@ class named for them.
 
 from __future__ import annotations
 
+from potato.training.escaping import quote
+from potato.training.safe_paths import MAX_NAME_BYTES
+
 
 class PotatoError(Exception):
     """Raised when something goes wrong that a user should read about."""
@@ -40,6 +45,18 @@ class PotatoError(Exception):
 
 class ConfigError(PotatoError):
     """Raised when the config file is missing, unreadable or invalid."""
+
+
+class ConfigNotAllowed(ConfigError):
+    """Raised when a flow run's ``config`` parameter is not in the allow-list ``deployments.create`` keeps."""
+
+    def __init__(self, config: str, allowed: list[str], allow_list: str):
+        shown = quote(config, MAX_NAME_BYTES)  # a path is named whole, as long as a path can be
+        listed = ", ".join(map(repr, allowed)) or "none"  # the operator's own list
+        super().__init__(
+            f"The config {shown} is not one this Prefect deployment trains ({allow_list} allows {listed}); "
+            f"nothing was read. If it should be, add it on the worker's host: python -m deployments.create "
+            f"--allow-config {shown}")
 
 
 class ProjectDataError(PotatoError):
@@ -105,6 +122,24 @@ class RunCancelled(RunError):
 
     def __init__(self, message: str = "Cancelled"):
         super().__init__(message)
+
+
+class NotThisFlowRun(RunError):
+    """Raised when a flow run is given (``run_id``) a run that another flow run or flow process executes.
+
+    A Prefect "Custom run", a second ``prefect deployment run --param run_id=N``
+    or a copy of a dispatched flow run would otherwise write itself onto run N
+    and then cancel or fail it; it changes nothing and fails instead.
+    """
+
+    def __init__(self, run_id: int, flow_run_id: str | None, *, owner: str | None = None, pid: int | None = None):
+        self.run_id = run_id
+        self.owner = owner
+        whose = f"flow run {owner} (run-{run_id} in the Prefect UI)" if owner else f"the flow process {pid}"
+        super().__init__(
+            f"Run {run_id} belongs to {whose}; this flow run ({flow_run_id}) changed nothing and stops. To train "
+            "again, start a new run (the Training page, potato training run, or prefect deployment run without "
+            "run_id)")
 
 
 class NoPrefectWorker(RunError):

@@ -33,8 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import orjson
-
+from potato.project import dump_line, load_line
 from potato.training.calibration import expected_calibration_error, reliability_bins
 from potato.writeback import parse_prediction
 
@@ -48,7 +47,7 @@ def _bundle_items(bundle_dir: Path) -> Iterator[dict[str, Any]]:
     with open(bundle_dir / "items.jsonl", "rb") as fh:
         for line in fh:
             if line.strip():
-                yield orjson.loads(line)
+                yield load_line(line)
 
 
 def _probs(value: Any, n_labels: int) -> list[float] | None:
@@ -69,7 +68,7 @@ def _holdout_predictions(predictions: Path, labels: dict[str, Sequence[str]],
     with open(predictions, "rb") as fh:
         for line in fh:
             try:
-                record = orjson.loads(line)
+                record = load_line(line)
                 if record.get("id") not in held.get(record.get("schema"), ()):
                     continue
                 item_id, schema, label, confidence = parse_prediction(line.decode("utf-8"), labels)
@@ -115,7 +114,7 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                         confusion[schema][index[schema][gold]][index[schema][label]] += 1
                         outcomes[schema][0].append(confidence)
                         outcomes[schema][1].append(label == gold)
-                out.write(orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE))
+                out.write(dump_line(line))
     os.replace(tmp, run_dir / LABELS_FILE)
 
     evaluation = {"format": FORMAT, "run_id": run_id, "schemas": {}}
@@ -154,7 +153,7 @@ def trained_on(run_dir: Path, schemas: Sequence[str]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {s: set() for s in schemas}
     with open(run_dir / LABELS_FILE, "rb") as fh:
         for line in fh:
-            record = orjson.loads(line)
+            record = load_line(line)
             if record["schema"] in found and not record["holdout"]:
                 found[record["schema"]].add(record["id"])
     return found

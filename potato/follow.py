@@ -12,6 +12,7 @@ import time
 from typing import Callable, TextIO
 
 from potato.store import END_STATES, Run, Store
+from potato.trainers import metrics
 
 BAR_WIDTH = 24
 
@@ -60,10 +61,18 @@ def format_scores(scores: dict | None) -> str:
     return "; ".join(parts) or "-"
 
 
+def describe_scores(scores: dict | None) -> str:
+    """Every schema's scores in full (``sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``), as the Training page shows them."""
+    parts = [f"{schema} ?" if s is None else _score_text(schema, s) for schema, s in _schema_scores(scores)]
+    return "; ".join(parts) or "-"
+
+
 def _score_text(schema: str, s: dict, *, short: bool = False) -> str:
     if "ece_before" in s:  # decision-calibrate
         kept = "kept" if s.get("kept") else "backed out"
         return f"{schema}: ECE {_number(s.get('ece_before'))} -> {_number(s.get('ece_after'))} ({kept})"
+    if not metrics.has_holdout(s):
+        return f"{schema}: {metrics.NO_HOLDOUT}"
     if short:
         return f"{schema} acc {_number(s.get('accuracy'))} F1 {_number(s.get('macro_f1'))}"
     return (f"{schema}: accuracy {_number(s.get('accuracy'))}, macro-F1 {_number(s.get('macro_f1'))} "

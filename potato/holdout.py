@@ -30,8 +30,14 @@ def is_holdout(item_id: str, fraction: float) -> bool:
     """
     if fraction <= 0:
         return False
-    digest = hashlib.sha256(item_id.encode("utf-8")).digest()
+    digest = hashlib.sha256(_utf8(item_id)).digest()
     return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+def _utf8(item_id: str) -> bytes:
+    """*item_id*'s UTF-8 bytes; a lone surrogate (an annotator's label on an id that is no item,
+    which the bundle then ignores) is passed through rather than raising."""
+    return item_id.encode("utf-8", "surrogatepass")
 
 
 def holdout_flags(item_ids: list[str], fraction: float) -> list[bool]:
@@ -44,8 +50,11 @@ def holdout_flags(item_ids: list[str], fraction: float) -> list[bool]:
     # a 32-byte digest sorts below that bound's 8 bytes exactly when its first
     # 8 bytes do (equal first bytes sort the longer digest after).
     limit = math.ceil(fraction * 2**64).to_bytes(8, "big")
-    digests = map(methodcaller("digest"), map(hashlib.sha256, map(str.encode, item_ids)))
-    return list(map(limit.__gt__, digests))
+    digest = methodcaller("digest")
+    try:
+        return list(map(limit.__gt__, map(digest, map(hashlib.sha256, map(str.encode, item_ids)))))
+    except UnicodeEncodeError:  # rare: the slower encoding, for every id
+        return list(map(limit.__gt__, map(digest, map(hashlib.sha256, map(_utf8, item_ids)))))
 
 
 def split_holdout(item_ids: Iterable[str], fraction: float) -> set[str]:
@@ -62,7 +71,7 @@ def split_of(item_id: str, splits: Mapping[str, float], seed: int) -> str:
     Same id, same split: on every run, backend and machine, and in 2.12.
     """
     total = sum(splits.values()) or 1.0
-    fraction = int(hashlib.sha256(f"{seed}:{item_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    fraction = int(hashlib.sha256(_utf8(f"{seed}:{item_id}")).hexdigest()[:8], 16) / 0xFFFFFFFF
     bound = 0.0
     for name, share in splits.items():
         bound += share / total

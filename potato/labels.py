@@ -33,21 +33,24 @@ spare, the next files are parsed in forked children meanwhile
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
+import mmap
 import os
 import re
-from collections import defaultdict, deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
-from operator import add, neg
+from itertools import compress, filterfalse, islice, repeat
+from operator import add, lshift, ne, neg, or_
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.config import Scheme
+from potato.config import TRAINING_DIR, Scheme
 from potato.data_warnings import GroupedWarnings, show_path
 from potato.forked import Forked, ForkFailed, can_fork
 from potato.json_chunks import WINDOW, Batch, GiveUp, member_batches
+from potato.training.escaping import QUOTED, quote, quote_all
 
 # Values Potato (or a tool writing its files) uses for "this label is not selected".
 _NOT_SELECTED = (False, "false", "False", 0, "0", "", None)
@@ -128,14 +131,18 @@ class Aggregated:
 def find_user_states(annotation_dir: Path) -> list[tuple[str, Path]]:
     """``(user, path)`` of every ``<annotation_dir>/<user>/user_state.json``, sorted by user.
 
-    A directory without ``user_state.json`` (``training/``, for one) is not a user.
+    A directory without ``user_state.json`` is not a user. ``training/`` never
+    is: it is where training keeps its run store and runs, and an annotator
+    Potato 2.12 let sign up as ``training`` must not have their file read
+    from beside them (``potato validate`` and ``potato start`` warn about
+    such a user).
     """
     if not annotation_dir.is_dir():
         return []
     found = []
     for entry in sorted(annotation_dir.iterdir(), key=lambda p: p.name):
         state = entry / "user_state.json"
-        if entry.is_dir() and state.is_file():
+        if entry.name != TRAINING_DIR and entry.is_dir() and state.is_file():
             found.append((entry.name, state))
     return found
 
@@ -357,13 +364,32 @@ _ANNOTATED_KEYS = ("instance_id_to_label_to_value", "instance_id_to_span_to_valu
 
 
 def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
-    """How many items one annotator annotated, counted as Potato 2.12 counts for ``auto_retrain``.
+    """How many items one annotator annotated, counted as Potato 2.12 counts for ``auto_retrain``."""
+    return len(annotated_ids(path, chunk))
+
+
+def annotated_ids(path: Path, chunk: int = 1 << 20) -> set[str]:
+    """The items one annotator annotated: what Potato 2.12 counts for ``auto_retrain``.
 
     2.12's ``maybe_auto_retrain`` sums ``len(get_all_annotations())`` over
-    users: the items with an entry in any of ``_ANNOTATED_KEYS``. Streams the
-    file (values are walked, not kept). Raises ``UserStateError``, ``OSError``
-    or ``UnicodeDecodeError`` for a file that cannot be read.
+    users: the items with an entry in any of ``_ANNOTATED_KEYS``. A file as
+    2.12 writes it (``indent=2``) is read by ``_pretty_annotated_ids``, which
+    finds those members' keys without decoding anything else (a busy
+    annotator's file is rewritten on every click); any other file is streamed
+    by the careful reader (values walked, not kept). Raises
+    ``UserStateError``, ``OSError`` or ``UnicodeDecodeError`` for a file that
+    cannot be read.
     """
+    with open(path, "rb") as raw:
+        try:
+            data = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            data = None
+        if data is not None:
+            with data:
+                found = _pretty_annotated_ids(data)
+            if found is not None:
+                return found
     annotated: set[str] = set()
     with open(path, "r", encoding="utf-8") as handle:
         stream = _JsonStream(handle, chunk)
@@ -374,7 +400,40 @@ def count_user_state_annotations(path: Path, chunk: int = 1 << 20) -> int:
                 annotated.update(item_id for item_id, _ in _decoded_members(member))
             else:
                 member.value()
-    return len(annotated)
+    return annotated
+
+
+# In an indent=2 file a line that opens with exactly two spaces and a quote is a
+# member of the top-level object (a string holds no raw newline; deeper lines are
+# indented further); inside such a member's object, a line with four spaces and a
+# quote is one of its keys, and the first line of two spaces and "}" closes it.
+_ANNOTATED_NEEDLES = tuple(b'\n  "%s": ' % key.encode() for key in _ANNOTATED_KEYS)
+_SECOND_KEY = re.compile(rb'\n    "((?:[^"\\\n]|\\.)*)": ')
+
+
+def _pretty_annotated_ids(data: Any) -> set[str] | None:
+    """``annotated_ids`` of a whole file as ``json.dump(state, f, indent=2)`` writes it, by searching its
+    bytes for the four members and their keys (C-level finds and one regex; the rest is never looked
+    at); None for any other layout."""
+    if data[:5] != b'{\n  "' or data[max(0, len(data) - 8):].rstrip()[-2:] != b"\n}":
+        return None
+    found: set[str] = set()
+    for needle in _ANNOTATED_NEEDLES:
+        at = data.find(needle)
+        if at < 0:
+            continue
+        value = at + len(needle)
+        if data[value:value + 2] == b"{}" or data[value:value + 4] == b"null":
+            continue
+        end = data.find(b"\n  }", value)
+        if data[value:value + 2] != b"{\n" or end < 0:
+            return None
+        keys = _SECOND_KEY.findall(data, value, end)
+        if b"\\" in b"".join(keys):
+            found.update(json.loads(b'"' + k + b'"') for k in keys)
+        else:
+            found.update(map(bytes.decode, keys))
+    return found
 
 
 def read_votes(
@@ -427,14 +486,93 @@ def read_votes(
     result.warnings.extend(
         unknown.render(
             lambda key, listed: (
-                f"{key[0]}: item(s) {listed} have label {key[2]!r} for schema {key[1]!r}, which is "
+                f"{key[0]}: item(s) {listed} have label {quote(key[2])} for schema {key[1]!r}, which is "
                 f"not one of its labels {list(index[key[1]])!r}; those annotations were skipped. "
-                f"Fix the label in the config's annotation_schemes if {key[2]!r} is meant to be one"
+                f"Fix the label in the config's annotation_schemes if {quote(key[2])} is meant to be one"
             )
         )
     )
     result.warnings.extend(bad_entries.render(lambda key, listed: f"{key[0]}: item(s) {listed} skipped: {key[1]}"))
     return result
+
+
+# Each annotator's votes on ids that are not items of the project: {user: {schema: {id: packed counts}}}.
+NotItems = dict[str, dict[str, dict[str, int]]]
+
+
+def drop_not_items(votes: Votes, items: set[str] | frozenset[str]) -> NotItems:
+    """Remove the votes on ids not in *items* from *votes* (read ``per_user``); return them per annotator."""
+    removed: NotItems = {}
+    if all(items.issuperset(per_item) for per_item in votes.votes.values()):
+        return removed  # the common case: one pass over the labelled ids, not one per annotator
+    for user, per_schema in votes.by_user.items():
+        for schema, per_item in per_schema.items():
+            gone = list(filterfalse(items.__contains__, per_item))
+            if gone:
+                removed.setdefault(user, {})[schema] = dict(zip(gone, map(per_item.pop, gone)))
+    for per_item in votes.votes.values():
+        for item_id in list(filterfalse(items.__contains__, per_item)):
+            del per_item[item_id]
+    return removed
+
+
+def read_votes_on(annotation_dir: Path, schemes: Sequence[Scheme], ids: set[str]) -> NotItems:
+    """Each annotator's votes on *ids* only, read again from their files.
+
+    For naming, after the fact, who labelled ids that turned out not to be
+    items (majority vote learns which ids are items only once the bundle's
+    items are written). Costs a second read of the files, only when such ids
+    exist. A file that cannot be read is left out: ``read_votes`` named it.
+    """
+    index = {s.name: {label: i for i, label in enumerate(s.labels)} for s in schemes}
+    found: NotItems = {}
+    for user, path in find_user_states(annotation_dir):
+        into: dict[str, dict[str, int]] = {name: {} for name in index}
+        try:
+            try:
+                _tally_votes(_only_ids(ids, _fast_label_batches(path)), index, into)
+            except GiveUp:
+                _tally_votes(_only_ids(ids, _careful_label_batches(path)), index, into)
+        except (OSError, UnicodeDecodeError, UserStateError):
+            continue
+        into = {schema: per_item for schema, per_item in into.items() if per_item}
+        if into:
+            found[user] = into
+    return found
+
+
+def _only_ids(ids: set[str], batches: Iterable[Batch]) -> Iterator[Batch]:
+    """The entries of *batches* whose item is one of *ids*."""
+    for keys, texts, values in batches:
+        wanted = list(map(ids.__contains__, keys))
+        if any(wanted):
+            yield list(compress(keys, wanted)), list(compress(texts, wanted)), values
+
+
+def describe_not_items(not_items: NotItems, schemes: Mapping[str, Sequence[str]], annotation_dir: Path,
+                       base: Path | None = None) -> list[str]:
+    """One warning per annotator: how many labels on how many ids that are not items were ignored, and which.
+
+    ``annotation_output/mallory/user_state.json: 3 labels by mallory on 2 ids
+    that are not items of this project were ignored: '\\ud83d', 'xxxx…' (200000
+    characters)``: ids quoted short, at most ``QUOTED`` of them, so a planted
+    2 MB id costs a line of bounded length.
+    """
+    out = []
+    for user, per_schema in sorted(not_items.items()):
+        ids: set[str] = set()
+        labels = 0
+        for schema, per_item in per_schema.items():
+            ids.update(per_item)
+            n_labels = len(schemes[schema])
+            labels += sum(sum(unpack_counts(packed, n_labels)) for packed in per_item.values())
+        listed = quote_all(heapq.nsmallest(QUOTED, ids), total=len(ids))
+        shown = show_path(annotation_dir / user / "user_state.json", base)
+        many = len(ids) != 1
+        out.append(f"{shown}: {labels} label{'s' if labels != 1 else ''} by {user} on {len(ids)} "
+                   f"{'ids that are not items' if many else 'id that is not an item'} of this project "
+                   f"{'were' if labels != 1 else 'was'} ignored: {listed}")
+    return out
 
 
 # Entries of the careful reader tallied at a time.
@@ -696,20 +834,50 @@ def consensus_votes(votes: Votes) -> Aggregated:
 
     Each label an annotator selected is one observation (a multiselect item
     gives several). With fewer than two annotators it is majority vote, as in
-    Potato 2.12.
+    Potato 2.12. Items are grouped by what each annotator said (their packed
+    counts side by side, in C-level passes): EM runs over the distinct groups.
     """
-    from potato.consensus import dawid_skene
+    from potato.consensus import decide_patterns
 
     if len(votes.by_user) < 2:
         return aggregate_votes(votes)
+    users = list(votes.by_user)
     labels: dict[str, dict[str, int]] = {}
     ties: dict[str, int] = {}
     for schema, names in votes.schemes.items():
-        observations: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for user, per_schema in votes.by_user.items():
-            for item_id, packed in per_schema.get(schema, {}).items():
-                for index, n in enumerate(unpack_counts(packed, len(names))):
-                    if n:
-                        observations[item_id].append((user, index))
-        labels[schema], ties[schema] = dawid_skene(observations)
+        columns = [votes.by_user[user].get(schema, {}) for user in users]
+        ids = list(votes.votes[schema])  # every id some annotator labelled
+        width = _COUNT_BITS * len(names)
+        seen = Counter(_answers(columns, ids, width))
+        pattern_of = {code: _observed(code, len(users), width, len(names)) for code in seen}
+        patterns: Counter = Counter()
+        for code, n in seen.items():
+            patterns[pattern_of[code]] += n
+        decided, tied = decide_patterns(patterns)
+        label_of = {code: decided[pattern] for code, pattern in pattern_of.items()}
+        labels[schema] = dict(zip(ids, map(label_of.__getitem__, _answers(columns, ids, width))))
+        ties[schema] = sum(n for code, n in seen.items() if pattern_of[code] in tied)
     return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+
+
+def _answers(columns: list[dict[str, int]], ids: list[str], width: int) -> Iterator[int]:
+    """Each item's answers as one int: annotator u's packed counts in bits [u * width, (u + 1) * width).
+
+    C-level passes; an int hashes and compares faster than a tuple of them."""
+    codes: Iterator[int] = map(columns[0].get, ids, repeat(0))
+    for u, column in enumerate(columns[1:], start=1):
+        codes = map(or_, codes, map(lshift, map(column.get, ids, repeat(0)), repeat(u * width)))
+    return codes
+
+
+def _observed(code: int, n_users: int, width: int, n_labels: int) -> tuple[tuple[int, int], ...]:
+    """``((annotator number, label index), ...)`` of one item from its ``_answers`` code."""
+    mask = (1 << width) - 1
+    return tuple((user, label) for user in range(n_users) if (packed := (code >> (user * width)) & mask)
+                 for label, n in enumerate(unpack_counts(packed, n_labels)) if n)
+
+
+def changed_labels(chosen: Aggregated, majority: Aggregated) -> dict[str, int]:
+    """Per schema, how many items *chosen* labels otherwise than *majority* does."""
+    return {schema: sum(map(ne, map(majority.labels[schema].get, per_item), per_item.values()))
+            for schema, per_item in chosen.labels.items()}

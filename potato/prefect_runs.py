@@ -28,10 +28,13 @@ Pure functions on top (no Prefect import); below, the few calls to the API.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from potato.prefect_api import LIMIT_NAME
@@ -50,6 +53,44 @@ DISPATCHER_DEPLOYMENT_DESCRIPTION = (
     "The runs Potato started itself, each in a child process of the annotation server or of "
     "`potato training run`. It has no work pool: never start it from here (its runs would wait "
     "for a worker forever); use training-run/potato with a worker for that.")
+
+
+# The configs the flow accepts from a Prefect flow run's parameters, when it exists: written by
+# ``python -m deployments.create --allow-config``, on the host whose worker runs the flows.
+ALLOW_LIST = Path(__file__).resolve().parents[1] / "deployments" / "allowed-configs.json"
+
+
+def read_allow_list(path: Path | None = None) -> list[str] | None:
+    """The allowed configs (resolved paths), or None when there is no allow-list (every config is allowed)."""
+    try:
+        return [str(p) for p in json.loads((path or ALLOW_LIST).read_text(encoding="utf-8"))]
+    except FileNotFoundError:
+        return None
+
+
+def allow_configs(paths: list[str], path: Path | None = None) -> list[str]:
+    """Add *paths* (resolved) to the allow-list, creating it; return the list."""
+    path = path or ALLOW_LIST
+    allowed = list(dict.fromkeys((read_allow_list(path) or []) + [os.path.realpath(p) for p in paths]))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(allowed, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return allowed
+
+
+def check_allowed_config(config: str, path: Path | None = None) -> None:
+    """Raise ``ConfigNotAllowed`` when an allow-list exists and *config* (resolved) is not in it.
+
+    Called before the config is read: a Prefect flow run's parameters come
+    from whoever can reach the Prefect API, and reading an arbitrary path on
+    the worker's host (its contents in an error message, say) is what the
+    allow-list prevents.
+    """
+    from potato.errors import ConfigNotAllowed
+
+    allowed = read_allow_list(path)
+    if allowed is not None and os.path.realpath(config) not in allowed:
+        raise ConfigNotAllowed(config, allowed, str(path or ALLOW_LIST))
 
 
 def project_key(task_name: str, training_dir) -> str:

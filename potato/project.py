@@ -44,7 +44,6 @@ import codecs
 import csv
 import gc
 import gzip
-import heapq
 import io
 import json
 import os
@@ -63,10 +62,12 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, NamedTu
 import orjson
 
 from potato.config import ProjectConfig, Scheme, data_directory_files
-from potato.data_warnings import WARNING_EXAMPLES, GroupedWarnings, show_path
+from potato.data_warnings import GroupedWarnings, show_path
 from potato.errors import ProjectDataError
 from potato.holdout import holdout_rule
-from potato.labels import Aggregated, aggregate_votes, consensus_votes, read_votes
+from potato.labels import (Aggregated, aggregate_votes, changed_labels, consensus_votes, describe_not_items,
+                           drop_not_items, read_votes, read_votes_on)
+from potato.training.escaping import json_bytes, quote
 
 BUNDLE_FORMAT = 1
 
@@ -133,6 +134,8 @@ class BundleInfo:
     unknown_item_labels: int
     skipped_annotations: int
     warnings: tuple[str, ...]
+    # aggregation consensus: per schema, the items Dawid-Skene labelled otherwise than majority vote.
+    changed_by_consensus: dict[str, int] | None = None
 
 
 def describe_bundle(info: BundleInfo) -> str:
@@ -146,7 +149,11 @@ def describe_bundle(info: BundleInfo) -> str:
         for schema, count in info.labeled.items()
     )
     annotators = f"{len(info.users)} annotator{'s' if len(info.users) != 1 else ''}"
-    return f"Bundle: {info.items} items from {annotators}; {per_schema}"
+    line = f"Bundle: {info.items} items from {annotators}; {per_schema}"
+    if info.changed_by_consensus is not None:
+        changed = ", ".join(f"{n} of {schema}" for schema, n in info.changed_by_consensus.items())
+        line += f"; consensus (Dawid-Skene) labelled items otherwise than majority vote: {changed}"
+    return line
 
 
 # --------------------------------------------------------------------------- items
@@ -181,7 +188,7 @@ def _item_from_record(
     if text_key not in record or record[text_key] is None:
         if skipped is None:
             raise ProjectDataError(
-                f"{shown} line {line}: item {str(item_id)!r} has no {text_key!r} field "
+                f"{shown} line {line}: item {quote(str(item_id))} has no {text_key!r} field "
                 f"(item_properties.text_key); its fields are {sorted(record)!r}. Add the text, "
                 f"or set item_properties.text_key to the field that holds it"
             )
@@ -193,7 +200,25 @@ def _item_from_record(
     if not isinstance(text, str):
         # Potato displays non-string text (numbers, lists) via str(); do the same.
         text = json.dumps(text, ensure_ascii=False) if isinstance(text, (list, dict)) else str(text)
-    return Item(str(item_id), text, record, path, line)
+    item_id = str(item_id)
+    _check_id_encodes(item_id, f"{shown} line {line}")
+    return Item(item_id, text, record, path, line)
+
+
+def _check_id_encodes(item_id: str, where: str) -> None:
+    """Raise ``ProjectDataError`` naming *where* when *item_id* holds a lone surrogate.
+
+    JSON can carry one (a ``\\ud83d`` escape with no pair); UTF-8 cannot, so
+    neither the bundle, the holdout split nor the writeback could name the
+    item. Only the JSON readers can produce one: text decoding refuses it.
+    """
+    try:
+        item_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProjectDataError(
+            f"{where}: item id {quote(item_id)} holds a lone surrogate (an escape such as \\ud83d without "
+            "its pair), which UTF-8 cannot encode; change the id in the data file"
+        ) from None
 
 
 def _read_json_lines(handle: Iterable[str], path: Path, shown: str, first_line: int = 1) -> Iterator[tuple[int, Any]]:
@@ -494,6 +519,17 @@ def iter_items(config: ProjectConfig, skipped: GroupedWarnings | None = None) ->
     return _items_of(_item_parts(config, skipped))
 
 
+def item_ids(config: ProjectConfig) -> set[str]:
+    """The ids of every item, read without writing anything (duplicates are the bundle's to name)."""
+    ids: set[str] = set()
+    for part in _item_parts(config, GroupedWarnings()):
+        if type(part) is _Block:
+            ids.update(part.ids)
+        else:
+            ids.add(part.id)
+    return ids
+
+
 def _find_first(config: ProjectConfig, item_id: str) -> Item | None:
     # Only called on the error path: re-reading keeps the happy path to a set of ids.
     for item in iter_items(config):
@@ -517,7 +553,7 @@ def _first_use(config: ProjectConfig, item: Item, seen: set[str], skipped: Group
     first = _find_first(config, item.id)
     there = f"{show_path(first.file, config.task_dir)} line {first.line}" if first else "an earlier line"
     raise ProjectDataError(
-        f"{here}: duplicate item id {item.id!r}, first used at {there}. "
+        f"{here}: duplicate item id {quote(item.id)}, first used at {there}. "
         f"Each item needs its own {config.id_key!r}"
     )
 
@@ -614,12 +650,20 @@ def _resolve_schemes(config: ProjectConfig, schemas: Sequence[str]) -> list[Sche
     return out
 
 
-def _dump_line(record: dict[str, Any]) -> bytes:
-    """One line of items.jsonl: compact JSON, UTF-8, newline-terminated (orjson)."""
+def load_line(line: bytes) -> Any:
+    """One JSON line as ``dump_line`` wrote it: orjson, or the stdlib for a lone surrogate's escape (orjson refuses it)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
+def dump_line(record: dict[str, Any]) -> bytes:
+    """One JSON line (items.jsonl, labels.jsonl): compact JSON, UTF-8, newline-terminated (orjson)."""
     try:
         return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-    except orjson.JSONEncodeError:  # a lone surrogate from a \\ud800 escape: the stdlib escapes it
-        return (json.dumps(record, separators=(",", ":")) + "\n").encode("ascii")
+    except orjson.JSONEncodeError:  # a lone surrogate from a \\ud800 escape: written as that escape
+        return json_bytes(record, separators=(",", ":")) + b"\n"
 
 
 def build_bundle(
@@ -667,7 +711,15 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
 
     consensus = config.model_training.aggregation == "consensus"
     votes = read_votes(config.output_annotation_dir, schemes, base, per_user=consensus)
-    aggregated = consensus_votes(votes) if consensus else aggregate_votes(votes)
+    if consensus:
+        # Dawid-Skene weighs each annotator by all their labels: labels on ids that are not
+        # items (planted, say) must not count, so the items' ids are read first.
+        not_items = drop_not_items(votes, item_ids(config))
+        aggregated = consensus_votes(votes)
+        changed = changed_labels(aggregated, aggregate_votes(votes))
+    else:
+        not_items, changed = {}, None
+        aggregated = aggregate_votes(votes)
     votes.votes.clear()  # the aggregated labels are all we need from here
     votes.by_user.clear()
     warnings = list(votes.warnings)
@@ -683,14 +735,11 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
             writer.write(part)
     os.replace(tmp_items, dest / "items.jsonl")
 
-    unknown_ids = len(outcome_of)
-    if unknown_ids:
-        examples = ", ".join(repr(i) for i in heapq.nsmallest(WARNING_EXAMPLES, outcome_of))
-        warnings.append(
-            f"{show_path(config.output_annotation_dir, base)}: {unknown_ids} labelled item id(s) "
-            f"are not in the data files and were ignored (e.g. {examples}); were items "
-            f"removed from data_files, or ids changed?"
-        )
+    if outcome_of:  # majority vote: what is left are labels on ids that are not items
+        not_items = read_votes_on(config.output_annotation_dir, schemes, set(outcome_of))
+    unknown_ids = len({item_id for per_schema in not_items.values() for per_item in per_schema.values()
+                       for item_id in per_item})
+    warnings.extend(describe_not_items(not_items, aggregated.schemes, config.output_annotation_dir, base))
     warnings.extend(skipped_items.render(lambda key, listed: f"{key[0]}: " + key[1].replace("{listed}", listed)))
     warnings.extend(
         writer.missing_media.render(
@@ -729,7 +778,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         "counts": counts,
     }
     tmp_manifest = dest / "manifest.json.tmp"
-    tmp_manifest.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp_manifest.write_bytes(json_bytes(manifest, indent=2) + b"\n")
     os.replace(tmp_manifest, dest / "manifest.json")
 
     return BundleInfo(
@@ -744,6 +793,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         unknown_item_labels=unknown_ids,
         skipped_annotations=votes.skipped_annotations,
         warnings=tuple(warnings),
+        changed_by_consensus=changed,
     )
 
 
@@ -784,7 +834,7 @@ class _ItemsWriter:
                     shutil.copyfile(config.task_dir / rel, target)
                     self.copied.add(rel)
             record["fields"] = {k: v.as_posix() for k, v in media_fields.items()}
-        return _dump_line(record)
+        return dump_line(record)
 
 
 class _Outcome(NamedTuple):
@@ -860,7 +910,7 @@ def _media_fields(item: Item, task_dir: Path, config: ProjectConfig, missing: Gr
         except ValueError as exc:
             raise ProjectDataError(
                 f"{show_path(item.file, config.task_dir)} line {item.line}: field {key!r} of item "
-                f"{item.id!r} names a media file outside task_dir: {exc}. Move the file under "
+                f"{quote(item.id)} names a media file outside task_dir: {exc}. Move the file under "
                 f"task_dir and name it by a path relative to task_dir"
             ) from None
         if rel is not None:

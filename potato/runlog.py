@@ -2,6 +2,9 @@
 
 Code shared by the CLI and the flow logs through here; inside a flow the
 Prefect run logger gets every line too, so the Prefect UI mirrors the run log.
+A line may quote what a worker or an annotator's file said: it is escaped
+once, here (``potato.training.escaping``), so a lone surrogate reaches every
+copy as the same visible ``\\udXXX`` instead of failing the write.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import time
 from pathlib import Path
 
 from potato.store import Store
+from potato.training.escaping import escaped, open_text
 
 _module_logger = logging.getLogger("potato.run")
 
@@ -41,6 +45,7 @@ class RunLog:
 
     def write(self, level: str, message: str, *, source: str = "potato") -> None:
         level = level if level in self.LEVELS else "info"
+        message = escaped(message)
         if level != "debug":
             self.store.add_event(self.run_id, "log", {"level": level, "message": message, "source": source})
         self.echo(level, message)
@@ -48,11 +53,12 @@ class RunLog:
     def echo(self, level: str, message: str) -> None:
         """Write the line to ``run.log`` and Prefect only: its store event is written by the caller."""
         level = level if level in self.LEVELS else "info"
+        message = escaped(message)
         now = time.time()
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as fh:
+            with open_text(self.path, "a") as fh:
                 fh.write(f"{stamp} {level.upper():7} {message}\n")
         except OSError as exc:  # a full disk: the store keeps the line, and the run must still end with its reason
             _module_logger.warning("run %s: run.log not written (%s): %s", self.run_id, exc, message)

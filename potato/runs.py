@@ -349,6 +349,11 @@ def orphan_reason(config: ProjectConfig, run: Run, *, now: float, flow_alive: bo
             f"Potato stopped what the run left running and marked it failed")
 
 
+def gone_before_its_turn(run: Run) -> str:
+    return (f"The run's flow process is gone (pid {run.flow_pid} ended while the run waited for its turn); "
+            "Potato marked the run failed")
+
+
 def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True,
               own_flows: Iterable[int] = ()) -> list[Run]:
     """End the runs nobody drives any more, after stopping what they left running.
@@ -360,11 +365,16 @@ def reconcile(config: ProjectConfig, store: Store, *, release_slot: bool = True,
     whose end waits for a verified stop (``ending``) is tried again every
     ``RETRY_STOP_S``. A run whose flow lives and acts is left alone, and so is
     one whose dead flow is a child of the caller (*own_flows*): the caller
-    reaps it and knows how it exited.
+    reaps it and knows how it exited. A queued run that its own flow (a
+    Prefect deployment's) was to start fails once that flow process is gone.
     """
     ended = []
     now = time.time()
     own_flows = set(own_flows)
+    for run in store.waiting_flow_runs():  # a flow that created its run died before the run's turn came
+        if not _pid_runs(run.flow_pid, *FLOW_MARKERS) and store.transition(
+                run.id, "failed", from_states=("queued",), error=gone_before_its_turn(run), step="failed"):
+            ended.append(store.get_run(run.id))
     for run in store.active_runs():
         flow_alive = _pid_runs(run.flow_pid, *FLOW_MARKERS)
         if not flow_alive and run.flow_pid in own_flows:

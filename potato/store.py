@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from potato.errors import RunEnded, StoreBusy, StoreError, UnknownRun
+from potato.errors import NotThisFlowRun, RunEnded, StoreBusy, StoreError, UnknownRun
+from potato.training.escaping import escaped
 
 QUEUED = "queued"
 RUNNING = "running"
@@ -257,7 +258,8 @@ def _load_json(text: str) -> Any:
 def _encode(column: str, value: Any) -> Any:
     if column in _JSON_COLUMNS:
         return None if value is None else dump_json(f"The run's {column}", value)
-    return value
+    # A text (an error quoting a worker's words, say) may hold a lone surrogate, which SQLite cannot bind.
+    return escaped(value) if isinstance(value, str) else value
 
 
 def _row_to_run(row: sqlite3.Row) -> Run:
@@ -503,16 +505,78 @@ class Store:
         return self._next_queued(self._conn(), backend)
 
     def _next_queued(self, conn: sqlite3.Connection, backend: str | None) -> Run | None:
+        # A queued run with a flow run already is its own flow's to start (``adopt``): not the dispatcher's.
         if backend is None:
             row = conn.execute(
-                "SELECT * FROM runs WHERE state = ? ORDER BY id LIMIT 1", (QUEUED,)
+                "SELECT * FROM runs WHERE state = ? AND prefect_flow_run_id IS NULL ORDER BY id LIMIT 1", (QUEUED,)
             ).fetchone()
         else:
             row = conn.execute(
-                "SELECT * FROM runs WHERE state = ? AND backend = ? ORDER BY id LIMIT 1",
-                (QUEUED, backend),
+                "SELECT * FROM runs WHERE state = ? AND backend = ? AND prefect_flow_run_id IS NULL ORDER BY id "
+                "LIMIT 1", (QUEUED, backend),
             ).fetchone()
         return None if row is None else _row_to_run(row)
+
+    def adopt(self, run_id: int, flow_run_id: str | None, pid: int, **fields: Any) -> bool:
+        """Make queued run *run_id* the run of flow run *flow_run_id* (process *pid*), which then starts it.
+
+        For a run a flow created itself (``prefect deployment run``, a
+        schedule): it stays ``queued`` while its flow waits for the project's
+        turn, and the dispatcher, which starts only runs without a flow run,
+        leaves it alone. False, changing nothing, when the run is no longer
+        queued or has a flow run (the dispatcher took it first).
+        """
+        _check_fields(fields)
+        with self._write() as conn:
+            run = self._get(conn, run_id)
+            if run.state != QUEUED or run.prefect_flow_run_id is not None:
+                return False
+            self._set(conn, run_id, {"prefect_flow_run_id": flow_run_id, "flow_pid": pid, **fields})
+            return True
+
+    def record_flow(self, run_id: int, flow_run_id: str | None, pid: int) -> Run:
+        """Record flow run *flow_run_id*, in process *pid*, as the one executing run *run_id*; return the run.
+
+        Only a run without a flow run yet, or whose flow run is this one (a
+        Prefect retry of it, in a new process), is recorded on; a finished run
+        is returned as it is. Raises ``NotThisFlowRun``, changing nothing, when
+        another flow run has the run, or the dispatcher started a flow process
+        for it (its pid recorded) that is not this one.
+        """
+        with self._write() as conn:
+            run = self._get(conn, run_id)
+            owner = run.prefect_flow_run_id
+            if owner is not None and owner != flow_run_id:
+                raise NotThisFlowRun(run_id, flow_run_id, owner=owner)
+            if owner is None and run.flow_pid is not None and run.flow_pid != pid:
+                raise NotThisFlowRun(run_id, flow_run_id, pid=run.flow_pid)
+            if run.state in END_STATES:
+                return run
+            self._set(conn, run_id, {"prefect_flow_run_id": flow_run_id, "flow_pid": pid})
+            return self._get(conn, run_id)
+
+    def start(self, run_id: int) -> Run:
+        """Move queued run *run_id* to ``running`` unless another run is running; return it afterwards.
+
+        The one-run-at-a-time rule for a run its own flow starts, decided in
+        the write lock as the dispatcher's claim is: while another run runs,
+        it stays queued. A run already running (the dispatcher claimed it for
+        this flow) or ended is returned as it is.
+        """
+        with self._write() as conn:
+            run = self._get(conn, run_id)
+            if run.state == QUEUED and not conn.execute(
+                    "SELECT 1 FROM runs WHERE state = ? AND id != ? LIMIT 1", (RUNNING, run_id)).fetchone():
+                self._set(conn, run_id, {"state": RUNNING, "started_at": time.time()})
+                run = self._get(conn, run_id)
+            return run
+
+    def waiting_flow_runs(self) -> list[Run]:
+        """Queued runs that their own flow will start (``adopt``), oldest first."""
+        rows = self._conn().execute(
+            "SELECT * FROM runs WHERE state = ? AND prefect_flow_run_id IS NOT NULL ORDER BY id", (QUEUED,)
+        ).fetchall()
+        return [_row_to_run(row) for row in rows]
 
     def claim_next_queued(self, backend: str | None = None, *, only_when_idle: bool = False,
                           **fields: Any) -> Run | None:

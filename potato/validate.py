@@ -15,8 +15,8 @@ from typing import Any, Mapping
 
 import click
 
-from potato.config import Issue, ProjectConfig, build_config, did_you_mean, read_config_file
-from potato.errors import ConfigError
+from potato.config import BuildResult, Issue, ProjectConfig, build_config, did_you_mean, read_config_file
+from potato.errors import ConfigError, ProjectDataError
 
 # Shorter entries would match warnings by accident ("time", "is"): SPEC §2.
 MIN_ACKNOWLEDGE_LENGTH = 12
@@ -134,18 +134,24 @@ def apply_acknowledgements(
     return tuple(left), tuple(acknowledged), tuple(problems)
 
 
-def validate_config_file(path: str | Path, *, apply_acknowledge: bool = False) -> ValidationReport:
+def validate_config_file(path: str | Path, *, apply_acknowledge: bool = False,
+                         read_items: bool = False) -> ValidationReport:
     """Check the config at *path*; never raises for a bad config.
 
     The server calls this at start-up (``report.raise_for_errors()`` then
     print ``report.warnings``). ``potato validate`` passes
-    ``apply_acknowledge=True`` to read ``validation.acknowledge``.
+    ``apply_acknowledge=True`` to read ``validation.acknowledge``, and
+    ``read_items=True`` to read every item as a run would (``item_errors``).
     """
     path = Path(path)
     raw, errors = read_config_file(path)
     if raw is None:
         return ValidationReport(path=path.absolute(), config=None, errors=errors, warnings=())
     result = build_config(raw, path)
+    if read_items and result.config is not None:
+        item_errors = items_error(result.config)
+        if item_errors:
+            result = BuildResult(None, result.errors + item_errors, result.warnings)
     if not apply_acknowledge:
         return ValidationReport(path=path.absolute(), config=result.config,
                                 errors=result.errors, warnings=result.warnings)
@@ -158,6 +164,22 @@ def validate_config_file(path: str | Path, *, apply_acknowledge: bool = False) -
         warnings=left + tuple(shape_problems) + entry_problems,
         acknowledged=acknowledged,
     )
+
+
+def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
+    """The error that would fail every run of *config* at its bundle, found by reading its items now.
+
+    A data file that does not parse, an item without an id, an id repeated,
+    an id UTF-8 cannot encode: each names the file and the line.
+    """
+    from potato.project import read_items
+
+    try:
+        for _ in read_items(config):
+            pass
+    except ProjectDataError as exc:
+        return (Issue("data_files", str(exc)),)
+    return ()
 
 
 def _count(n: int, noun: str) -> str:
@@ -186,7 +208,7 @@ def format_report(report: ValidationReport, strict: bool = False) -> str:
 
 def run_validate_command(path: str | Path, strict: bool = False, as_json: bool = False) -> int:
     """``potato validate CONFIG [--strict] [--json]``: print the report; return the exit status."""
-    report = validate_config_file(path, apply_acknowledge=True)
+    report = validate_config_file(path, apply_acknowledge=True, read_items=True)
     if as_json:
         click.echo(json.dumps(report.to_json(strict), indent=2))
     else:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from potato.config import ProjectConfig
 from potato.errors import PotatoError
+from potato.store import MAX_RUN_ID
+from potato.training.escaping import open_text, quote
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5
@@ -125,6 +128,20 @@ def writeback_path(config: ProjectConfig) -> Path:
     return config.training_dir / "predictions.jsonl"
 
 
+# How _write spells each prediction's run (json.dumps' default separators). In a JSON string a
+# quote is escaped, so '"run_id": ' followed by a digit can only be that key.
+_RUN_ID = re.compile(rb'"run_id": (\d+)')
+
+
+def live_run_ids(config: ProjectConfig) -> set[int]:
+    """The runs whose predictions the writeback file holds now (what annotators see pre-filled)."""
+    try:
+        data = writeback_path(config).read_bytes()
+    except FileNotFoundError:
+        return set()
+    return {int(found) for found in set(_RUN_ID.findall(data))}
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     # errors="replace": a stray byte is one bad line, not a crash of the whole writeback.
     with open(path, encoding="utf-8", errors="replace") as fh:
@@ -152,13 +169,13 @@ def parse_prediction(line: str, labels: dict[str, Sequence[str]]) -> tuple[str, 
     item_id, schema, label = record.get("id"), record.get("schema"), record.get("label")
     confidence = record.get("confidence")
     if not isinstance(item_id, str) or not item_id:
-        raise ValueError(f"id is {item_id!r}, not an item id")
+        raise ValueError(f"id is {quote(item_id)}, not an item id")
     if schema not in labels:
-        raise ValueError(f"schema is {schema!r}, not a schema of this run")
+        raise ValueError(f"schema is {quote(schema)}, not a schema of this run")
     if label not in labels[schema]:
-        raise ValueError(f"label is {label!r}, not a label of {schema!r}")
+        raise ValueError(f"label is {quote(label)}, not a label of {schema!r}")
     if not _is_confidence(confidence):
-        raise ValueError(f"confidence is {confidence!r}, not a number from 0 to 1")
+        raise ValueError(f"confidence is {quote(confidence)}, not a number from 0 to 1")
     return item_id, schema, label, float(confidence)
 
 
@@ -244,9 +261,18 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
             for schema, prediction in predictions.items():
                 if schema in keep and _is_confidence(prediction.get("confidence")):
                     table.put(schema, index, prediction["label"], float(prediction["confidence"]),
-                              int(prediction.get("run_id") or 0))
+                              _run_id(prediction.get("run_id")))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # an item no longer in the project, or a label the schema no longer has: dropped
+
+
+def _run_id(value: Any) -> int:
+    """The run id an earlier line names; 0 (unknown) for anything that is not one (``1e20``, ``Infinity``, text)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_RUN_ID:
+        return value
+    return 0
 
 
 def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], predictions: Path,
@@ -305,7 +331,7 @@ def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table) -> Non
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        with open_text(tmp) as out:
             for item_id, predictions in table.records(bundle.ids):
                 out.write(json.dumps({"id": item_id, field_name: predictions}, ensure_ascii=False) + "\n")
             out.flush()

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from potato.config import ProjectConfig
+from potato.follow import describe_scores
 from potato.protocol.state import display_state
 from potato.store import QUEUED, RUNNING, Event, Run, Store
 
@@ -55,6 +56,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "cancel_requested": run.cancel_requested_at is not None,
         "error": run.error,
         "scores": run.scores or {},
+        "scores_text": describe_scores(run.scores),
         "options": run.options or {},
         "artifact_uri": run.artifact_uri,
         "host_python": run.host_python,

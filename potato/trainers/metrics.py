@@ -84,8 +84,21 @@ def text(gold: Sequence[Sequence[str]], predicted: Sequence[str], labels: Sequen
     return {"exact_match": exact_match(gold, predicted), "chrf": chrf(gold, predicted)}
 
 
+# What the run log, ``potato training runs``, the Training page and the Prefect table say for a
+# schema none of whose labelled items was held out (``holdout_fraction: 0`` trains on every one).
+NO_HOLDOUT = "no holdout scores"
+
+
+def has_holdout(scores: Dict[str, Any]) -> bool:
+    """Whether *scores* were computed on held-out items (``n`` above 0)."""
+    n = scores.get("n")
+    return not (isinstance(n, int) and n == 0)
+
+
 def describe(schema: str, scores: Dict[str, Any]) -> str:
     """``Holdout sentiment: accuracy 0.950, macro-F1 0.949 (n=40)``: the run log's line for one schema."""
+    if not has_holdout(scores):
+        return "Holdout {}: {} (no labelled item was held out of training)".format(schema, NO_HOLDOUT)
 
     def number(key: str) -> str:
         value = scores.get(key)
@@ -96,3 +109,12 @@ def describe(schema: str, scores: Dict[str, Any]) -> str:
             schema, number("exact_match"), number("chrf"), scores.get("n", 0))
     return "Holdout {}: accuracy {}, macro-F1 {} (n={})".format(
         schema, number("accuracy"), number("macro_f1"), scores.get("n", 0))
+
+
+def table_row(schema: str, scores: Dict[str, Any]) -> Dict[str, Any]:
+    """One row of the Prefect table of a run's scores; ``NO_HOLDOUT`` in place of numbers nobody computed."""
+    if not has_holdout(scores):
+        return {"schema": schema, "accuracy": NO_HOLDOUT, "macro_f1": NO_HOLDOUT, "n": 0}
+    row = {"schema": schema}
+    row.update(scores)
+    return row

@@ -44,6 +44,7 @@ from potato.training.client import (
     REQUEST_TIMEOUT_S, UNREACHABLE_LIMIT_S, Client, DownloadCut, Link, Offline, ProtocolError, Unreachable, is_gone,
     is_transient,
 )
+from potato.training.escaping import open_text
 from potato.training.events import read_events
 from potato.training.safe_paths import UnsafeName, extract_tar
 
@@ -214,7 +215,7 @@ def _fetch_bundle(client: Client, claim: Dict[str, Any], job_dir: str) -> None:
     _extract(archive, bundle_dir)
     os.remove(archive)
     job = dict(claim["job"], bundle="bundle")
-    with open(os.path.join(job_dir, "job.json"), "w", encoding="utf-8") as fh:
+    with open_text(os.path.join(job_dir, "job.json")) as fh:
         json.dump(job, fh, indent=2)
 
 

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from potato.training.escaping import open_text
+
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
 
 
@@ -49,7 +51,7 @@ def write_atomic(path: str, text: str) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, ".{}.tmp-{}".format(os.path.basename(path), os.getpid()))
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open_text(tmp) as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
@@ -131,7 +133,7 @@ class EventWriter:
         existing, _ = read_events(path)
         if existing:
             self._seq = max(int(e.get("seq", 0)) for e in existing)
-        self._file = open(path, "a", encoding="utf-8")
+        self._file = open_text(path, "a")
 
     # -- writing -----------------------------------------------------------
 

@@ -17,6 +17,8 @@ import os
 import shutil
 from typing import Any, Dict, Optional, Sequence
 
+from potato.training.escaping import open_text
+
 FINAL_NAME = "predictions.jsonl"
 PART_NAME = "predictions.part"
 
@@ -41,7 +43,7 @@ class PredictionStream:
             os.makedirs(rank_dir(job_dir, rank), exist_ok=True)
             self.path = os.path.join(rank_dir(job_dir, rank), PART_NAME)
         self.count = 0
-        self._file = open(self.path, "w", encoding="utf-8")
+        self._file = open_text(self.path)
 
     def write(self, record: Dict[str, Any]) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")

@@ -77,6 +77,26 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
     assert_private(config.parent / "annotation_output/training")  # store, WAL, logs, model, predictions
 
 
+def test_holdout_fraction_0_trains_on_every_label_and_says_there_are_no_holdout_scores(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    config = tiny_project(tmp_path, n_items=20, holdout_fraction=0, trainer={"epochs": 2})
+    done = potato("training", "run", str(config))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Holdout scores:\n  sentiment: no holdout scores\n" in done.stdout
+    run = store_of(config).get_run(1)
+    assert (run.state, run.scores) == ("succeeded", {"sentiment": {"accuracy": None, "macro_f1": None, "n": 0}})
+    log = (run_dir_of(config, 1) / "run.log").read_text()
+    assert "Holdout sentiment: no holdout scores (no labelled item was held out of training)" in log
+    assert " 0 held out, " in log
+    assert potato("training", "runs", str(config)).stdout.splitlines()[1].endswith("sentiment: no holdout scores")
+    with get_client(sync_client=True) as client:
+        artifact = client.read_latest_artifacts()  # the run's scores table, as the Prefect UI shows it
+    table = next(a for a in artifact if a.key == "run-1-scores")
+    assert json.loads(table.data) == [{"schema": "sentiment", "accuracy": "no holdout scores",
+                                       "macro_f1": "no holdout scores", "n": 0}]
+
+
 def test_runs_execute_one_at_a_time_in_fifo_order(prefect_api, tmp_path):
     config = tiny_project(tmp_path, trainer={"epochs": 3}, retain_runs=1)
     cfg = load_config(config)

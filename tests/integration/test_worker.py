@@ -141,6 +141,21 @@ def test_full_fine_tune_learns_and_writes_the_job_directory(tmp_path, tiny_model
     assert logits.argmax(-1).tolist() == [0, 1]
 
 
+def test_ids_utf8_cannot_encode_or_two_megabytes_long_reach_predictions_and_events_escaped(tmp_path, tiny_model):
+    # The server never sends such ids (it refuses or ignores them), but a worker meeting one must not crash.
+    odd = ["\ud83d", "nul\x00id", "x" * 2_000_000]
+    items = easy_items(20, unlabeled=0)
+    items += [{"id": item_id, "text": "great wonderful", "labels": {}, "holdout": False} for item_id in odd]
+    job = write_job(tmp_path / "job", items=items, options=dict(TINY, model=tiny_model, epochs=1),
+                    include_unlabeled=True)
+    result = run_worker(job)
+    assert result.returncode == 0, result.stderr
+    lines = (job / "predictions.jsonl").read_bytes().splitlines()
+    assert {json.loads(line)["id"] for line in lines} == {it["id"] for it in items}
+    assert b"\\ud83d" in b"".join(lines)  # JSON's own escape for it: the file stays valid UTF-8
+    assert done_of(job)["status"] == "succeeded"
+
+
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # peft calls a deprecated transformers API
 def test_lora_without_unlabeled_items_on_a_missing_gpu(tmp_path, tiny_model, monkeypatch):
     job = write_job(

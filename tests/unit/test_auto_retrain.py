@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from potato import runs
-from potato.auto_retrain import AnnotationCounter, AutoRetrainWatcher, decide
+from potato.auto_retrain import AnnotationCounter, AutoRetrainWatcher, ProjectItems, decide
 from potato.config import AutoRetrainConfig, load_config
-from potato.labels import count_user_state_annotations
+from potato.labels import _pretty_annotated_ids, annotated_ids, count_user_state_annotations
 from tests.support.potato_project import make_project, user_state_dict, write_user_state
 
 ON = AutoRetrainConfig(enabled=True, schemas=("sentiment",), update_frequency=5, min_interval_s=600)
@@ -51,16 +52,67 @@ def test_counts_items_annotated_in_labels_spans_links_and_events_once_each(tmp_p
     assert count_user_state_annotations(path, chunk=16) == 4  # a, b, c, d
 
 
+class Ticks:
+    """A clock that moves on by *step* seconds every time it is read."""
+
+    def __init__(self, step: float, now: float = 0.0):
+        self.step, self.now = step, now
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 def test_the_counter_parses_only_files_that_changed(tmp_path):
     out = tmp_path / "annotation_output"
     write_user_state(out, "alice", {"a": {"s": "x"}, "b": {"s": "x"}})
     write_user_state(out, "bob", {"a": {"s": "x"}})
     (out / "training").mkdir()  # not a user: no user_state.json
-    counter = AnnotationCounter(out)
+    counter = AnnotationCounter(out, clock=Ticks(100))
     assert (counter.count(), counter.parses) == (3, 2)
     assert (counter.count(), counter.parses) == (3, 2)  # nothing changed: stat only
     write_user_state(out, "bob", {"a": {"s": "x"}, "c": {"s": "y"}})
     assert (counter.count(), counter.parses) == (4, 3)
+
+
+def test_a_busy_file_is_counted_again_only_once_its_last_count_is_paid_for(tmp_path):
+    out = tmp_path / "annotation_output"
+    clock = Clock(0.0)
+    counter = AnnotationCounter(out, clock=clock, cpu=Ticks(0.05))  # every count costs 50 ms of CPU
+    for n in range(1, 4):
+        write_user_state(out, "alice", {f"r{i}": {"s": "x"} for i in range(n)})
+        clock.now += 0.4
+        assert counter.count() == 1  # 50 ms / CPU_SHARE = 1 s: changes within it wait
+    clock.now += 0.6
+    assert (counter.count(), counter.parses) == (3, 2)
+
+
+def test_only_annotations_on_items_of_the_project_count(tmp_path):
+    config = _project(tmp_path)  # items r0 .. r39
+    labels = {i: {"sentiment": "positive"} for i in ["r0", "r1", "\ud83d", "x" * 200_000]
+              + [f"planted{k}" for k in range(5000)]}
+    path = config.output_annotation_dir / "mallory" / "user_state.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(user_state_dict("mallory", labels), indent=2))
+    items = ProjectItems(config)
+    counter = AnnotationCounter(config.output_annotation_dir, items.current, clock=Ticks(100))
+    assert counter.count() == 2
+    data = config.data_files[0]
+    data.write_text(data.read_text() + '{"id": "planted7", "text": "now an item"}\n')
+    assert counter.count() == 3  # the items are read again when a data file changes
+
+
+def test_the_fast_reader_finds_what_the_careful_reader_finds(tmp_path):
+    odd = ["r1", 'quo"te', "back\\slash", "new\nline", "\ud83d", "é", "    indented", "x" * 5000]
+    state = user_state_dict("alice", {i: {"sentiment": "positive"} for i in odd})
+    state["instance_id_to_span_to_value"] = {"s1": [[{"schema": "x", "name": "y", "start": 0, "end": 1}, "y"]]}
+    state["instance_id_to_link_to_value"] = None
+    state["instance_id_ordering"] = odd + ["only ordered"]
+    path = tmp_path / "user_state.json"
+    for indent in (2, None, 4):
+        path.write_text(json.dumps(state, indent=indent))
+        assert annotated_ids(path) == annotated_ids(path, chunk=16) == set(odd) | {"s1"}
+        assert (_pretty_annotated_ids(path.read_bytes()) is None) == (indent != 2)
 
 
 def test_a_file_that_cannot_be_read_keeps_its_last_count(tmp_path):
@@ -140,6 +192,23 @@ def test_a_restart_neither_loses_nor_repeats_a_trigger(tmp_path):
     assert restarted.status()["since_last_auto_run"] == 4
     _label(config, 10)
     assert AutoRetrainWatcher(config, store, clock=clock).check_once().annotation_count == 10
+
+
+def test_when_annotations_go_away_the_next_update_frequency_new_ones_trigger(tmp_path):
+    config = _project(tmp_path, update_frequency=5, min_interval_s=0)
+    store = runs.open_store(config)
+    _label(config, 5)
+    planted = {f"planted{k}": {"sentiment": "positive"} for k in range(5000)}  # ids that are no items
+    write_user_state(config.output_annotation_dir, "mallory", {"r30": {"sentiment": "negative"}, **planted})
+    first = AutoRetrainWatcher(config, store, clock=Clock()).check_once()
+    assert first.annotation_count == 6  # the 5000 planted ids count for nothing
+    store.transition(first.id, "succeeded", from_states=("queued",))
+    shutil.rmtree(config.output_annotation_dir / "mallory")  # an admin removed the annotator
+    watcher = AutoRetrainWatcher(config, store, clock=Clock(store.get_run(first.id).finished_at + 1))
+    assert watcher.check_once() is None and store.get_run(first.id).annotation_count == 5
+    assert watcher.status()["text"] == "waiting for 5 more annotation(s) (0 of 5 since the last automatic run)"
+    _label(config, 10)
+    assert AutoRetrainWatcher(config, store, clock=Clock(store.get_run(first.id).finished_at + 1)).check_once()
 
 
 def test_min_interval_counts_from_any_run_that_ended(tmp_path):

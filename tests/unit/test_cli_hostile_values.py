@@ -25,7 +25,7 @@ def test_training_runs_lists_every_run_whatever_a_run_holds_as_scores(tmp_path):
     result = CliRunner().invoke(main, ["training", "runs", str(config.path)])
     assert result.exit_code == 0, result.output
     rows = result.output.splitlines()[1:]
-    assert rows[0].endswith("  sentiment acc - F1 -")
+    assert rows[0].endswith("  sentiment: no holdout scores")
     assert rows[1].endswith("  sentiment ?")
     assert rows[2].endswith("  sentiment acc 0.900 F1 0.850")
 

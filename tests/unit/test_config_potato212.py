@@ -106,6 +106,10 @@ ERRORS = {
         {"holdout_fraction": 0.2, "split_seed": 0},
         "model_training.holdout_fraction and model_training.splits/split_seed both decide which items are "
         "held out; keep one (splits and split_seed are Potato 2.12's, holdout_fraction this project's)"),
+    "holdout_fraction of 1": (
+        {"holdout_fraction": 1},
+        "model_training.holdout_fraction is 1: every labelled item would be held out, leaving nothing to "
+        "train on; use a value below 1 (0 trains on every label)"),
     "aggregation": (
         {"aggregation": "mean"},
         "model_training.aggregation is 'mean'; use majority (most votes) or consensus (Dawid-Skene, weighs "
@@ -202,6 +206,10 @@ SOURCE_ERRORS = {
         {"data_files": [{"path": "data/reviews.json", "encoding": "klingon"}]}, "data_files[0].encoding",
         "data_files[0].encoding is 'klingon', which is not a text encoding Python knows; use e.g. utf-8 or "
         "latin-1"),
+    **{f"{codec} encoding": (  # codecs Python knows that turn bytes into bytes, or text into text
+        {"data_files": [{"path": "data/reviews.json", "encoding": codec}]}, "data_files[0].encoding",
+        f"data_files[0].encoding is {codec!r}, which is not a text encoding Python knows; use e.g. utf-8 or "
+        "latin-1") for codec in ("base64", "hex", "rot13", "zlib", "undefined")},
     "data_sources": (
         {"data_sources": [{"type": "url", "url": "https://example.org/items.jsonl"}]}, "data_sources",
         "data_sources is set, and this feature does not read data_sources (URLs, cloud storage, "

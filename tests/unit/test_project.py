@@ -365,8 +365,62 @@ def test_labels_for_items_not_in_data_are_counted_and_reported_once(tmp_path):
     config = _config(tmp_path, n_items=3, user_labels={"alice": {"r1": "positive", "gone1": "negative", "gone2": "positive"}})
     info = build_bundle(config, ["sentiment"], tmp_path / "bundle")
     assert info.unknown_item_labels == 2
-    (warning,) = info.warnings
-    assert warning.startswith("annotation_output: 2 labelled item id(s) are not in the data files and were ignored (e.g. 'gone1', 'gone2')")
+    assert info.warnings == ("annotation_output/alice/user_state.json: 2 labels by alice on 2 ids that are not items "
+                             "of this project were ignored: 'gone1', 'gone2'",)
+
+
+PLANTED = "\ud83d"  # what one POST to Potato 2.12's /submit_annotation can leave in a user_state.json
+LONG_ID = "x" * 200_000
+
+
+@pytest.mark.parametrize("aggregation", ["majority", "consensus"])
+def test_labels_an_annotator_planted_on_ids_that_are_not_items_are_ignored_and_named_short(tmp_path, aggregation):
+    config = _config(tmp_path, n_items=6, model_training={"aggregation": aggregation},
+                     user_labels={"alice": {"r0": "positive", "r1": "negative"}, "bob": {"r0": "positive"}})
+    path = config.output_annotation_dir / "mallory" / "user_state.json"
+    path.parent.mkdir()
+    pair = lambda label: [{"schema": "sentiment", "name": label}, label]  # noqa: E731
+    path.write_text(json.dumps({"instance_id_to_label_to_value": {
+        PLANTED: [pair("positive")], LONG_ID: [pair("positive"), pair("negative")], "r1": [pair("negative")]}}))
+    info = build_bundle(config, ["sentiment"], tmp_path / "bundle")
+    assert info.warnings == (
+        "annotation_output/mallory/user_state.json: 3 labels by mallory on 2 ids that are not items of this project "
+        "were ignored: 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…' (200000 "
+        "characters), '\\ud83d'",)
+    assert info.unknown_item_labels == 2 and info.users == ("alice", "bob", "carol", "mallory")
+    items = _items(tmp_path / "bundle" / "items.jsonl")
+    assert [i["id"] for i in items] == [f"r{i}" for i in range(6)]
+    assert {i["id"]: i["labels"] for i in items if i["labels"]} == {"r0": {"sentiment": "positive"},
+                                                                    "r1": {"sentiment": "negative"}}
+
+
+def test_five_two_megabyte_ids_make_one_short_warning(tmp_path):
+    config = _config(tmp_path, n_items=3, annotators=("mallory",),
+                     user_labels={"mallory": {str(k) * 2_000_000: "positive" for k in range(5)}})
+    (warning,) = build_bundle(config, ["sentiment"], tmp_path / "bundle").warnings
+    assert len(warning) < 700 and warning.endswith("'44444444444444444444444444444444444444444444444444444444444444444444"
+                                                   "444444444444…' (2000000 characters)")
+
+
+def test_one_label_on_one_id_that_is_not_an_item_is_worded_in_the_singular(tmp_path):
+    config = _config(tmp_path, n_items=3, annotators=("mallory",), user_labels={"mallory": {"gone": "negative"}})
+    assert build_bundle(config, ["sentiment"], tmp_path / "bundle").warnings == (
+        "annotation_output/mallory/user_state.json: 1 label by mallory on 1 id that is not an item of this project "
+        "was ignored: 'gone'",)
+
+
+@pytest.mark.parametrize("data_format", ["jsonl", "array"])
+def test_an_item_id_utf8_cannot_encode_is_refused_naming_file_and_line(tmp_path, data_format):
+    config = _config(tmp_path, n_items=3, data_format=data_format)
+    items = [{"id": "r0", "text": "fine"}, {"id": PLANTED, "text": "a lone surrogate for an id"}]
+    lines = [json.dumps(item) for item in items]  # the escape, \\ud83d, is what such a file holds
+    config.data_files[0].write_text("\n".join(lines) if data_format == "jsonl" else "[\n" + ",\n".join(lines) + "\n]")
+    with pytest.raises(ProjectDataError) as caught:
+        build_bundle(config, ["sentiment"], tmp_path / "bundle")
+    line = 2 if data_format == "jsonl" else 3
+    assert str(caught.value) == (
+        f"data/reviews.json line {line}: item id '\\ud83d' holds a lone surrogate (an escape such as \\ud83d "
+        "without its pair), which UTF-8 cannot encode; change the id in the data file")
 
 
 # --------------------------------------------------------------------------- aggregation

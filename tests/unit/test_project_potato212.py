@@ -98,9 +98,10 @@ def test_split_of_is_potato_212s_partition():
 def test_consensus_weighs_annotators_by_reliability(tmp_path):
     """alice and bob are right on every item; carol and dave always say positive.
 
-    On the disputed item x, majority vote follows carol and dave; Dawid-Skene
-    (as in Potato 2.12.1, whose answer on these observations is 'negative')
-    follows alice.
+    On the disputed item x only alice and carol answered, and they disagree:
+    majority vote gives the tie to the first label (positive); Dawid-Skene
+    (as Potato 2.12.1 does) follows alice, the reliable one. An item where a
+    strict majority agrees is theirs either way (potato.consensus).
     """
     make_project(tmp_path, n_items=0, annotators=("alice",), user_labels={"alice": {}})
     items = [{"id": f"i{i}", "text": "t"} for i in range(12)] + [{"id": "x", "text": "t"}]
@@ -111,12 +112,17 @@ def test_consensus_weighs_annotators_by_reliability(tmp_path):
         write_user_state(out, user, {i: {"sentiment": lab} for i, lab in truth.items()}
                          | ({"x": {"sentiment": "negative"}} if user == "alice" else {}))
     for user in ("carol", "dave"):
-        write_user_state(out, user, {i: {"sentiment": "positive"} for i in list(truth) + ["x"]})
+        write_user_state(out, user, {i: {"sentiment": "positive"} for i in list(truth) + (["x"] if user == "carol" else [])})
 
-    def label_of_x(**model_training):
+    def bundle(**model_training):
         config = project_config(tmp_path / "config.yaml", holdout_fraction=0.0, **model_training)
-        build_bundle(config, ["sentiment"], tmp_path / "bundle")
-        return next(i["labels"]["sentiment"] for i in _items(tmp_path / "bundle") if i["id"] == "x")
+        info = build_bundle(config, ["sentiment"], tmp_path / "bundle")
+        return info, next(i["labels"]["sentiment"] for i in _items(tmp_path / "bundle") if i["id"] == "x")
 
-    assert label_of_x() == "positive"
-    assert label_of_x(aggregation="consensus") == "negative"
+    assert bundle()[1] == "positive"
+    info, label = bundle(aggregation="consensus")
+    assert label == "negative"
+    # The i-items with two right and two wrong answers are 2-2 ties too: Dawid-Skene gives them to alice and bob.
+    assert describe_bundle(info) == (
+        "Bundle: 13 items from 4 annotators; sentiment: 13 labelled (positive 6, negative 7; 0 held out, 0 ties); "
+        "consensus (Dawid-Skene) labelled items otherwise than majority vote: 7 of sentiment")

@@ -98,3 +98,16 @@ def test_a_reused_process_group_id_is_left_alone(config):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_queued_run_whose_own_flow_died_before_its_turn_fails(tmp_path):
+    config = load_config(make_project(tmp_path, n_items=3))
+    store = runs.open_store(config)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    run = runs.create_run(config, store)
+    assert store.adopt(run.id, "a-flow-run", gone.pid)
+    assert [r.id for r in runs.reconcile(config, store, release_slot=False)] == [run.id]
+    run = store.get_run(run.id)
+    assert (run.state, run.error) == ("failed", f"The run's flow process is gone (pid {gone.pid} ended while the "
+                                                "run waited for its turn); Potato marked the run failed")

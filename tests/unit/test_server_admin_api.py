@@ -328,7 +328,10 @@ def test_run_json_fields(admin, store, project):
     assert r["prefect_url"] == "http://127.0.0.1:4200/runs/flow-run/abc-123"
     assert r["duration_s"] is not None and r["queue_position"] is None
     assert r["trigger"] == "manual"
+    assert r["scores_text"] == "sentiment: accuracy 0.900, macro-F1 0.880 (n=6)"  # what the page shows
     assert data["artifacts"] == [{"path": "sub/model.bin", "bytes": 10}]
+    store.update_run(run.id, scores={"sentiment": {"accuracy": None, "macro_f1": None, "n": 0}})
+    assert admin.get(f"{API}/runs/{run.id}").json["run"]["scores_text"] == "sentiment: no holdout scores"
     auto = store.create_run("hf-text-classification", ["sentiment"], "local", trigger="auto", annotation_count=30)
     assert admin.get(f"{API}/runs/{auto.id}").json["run"]["trigger"] == "auto"
 

@@ -10,10 +10,13 @@ import urllib.request
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from potato.cli import main
+from potato.labels import find_user_states
 from potato.server import commands
 from potato.store import Store
-from tests.support.potato_project import make_project
+from tests.support.potato_project import make_project, write_user_state
 from tests.unit.test_server_support import BACKENDS
 
 
@@ -130,3 +133,20 @@ def test_start_serves_and_stops_cleanly_on_sigterm(tmp_path, monkeypatch, server
     assert echo.out[0] == f"Training page: http://127.0.0.1:{port}/admin/training"
     assert "Stopping (SIGTERM)…" in echo.err
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+TRAINING_USER = ("annotation_output/training/user_state.json exists: an annotator signed in to Potato 2.12 as "
+                 "'training', the directory where this project keeps its run store and runs. Their labels are never "
+                 "read for training; give the annotator another user name (move that directory's user_state.json "
+                 "and annotation_history.jsonl to a directory named after it)")
+
+
+def test_an_annotator_named_training_is_never_read_and_validate_and_start_warn(tmp_path):
+    path = make_project(tmp_path, n_items=4, annotators=("alice",), user_labels={"alice": {"r0": "positive"}})
+    write_user_state(tmp_path / "annotation_output", "training", {"r1": {"sentiment": "negative"}})
+    assert [user for user, _ in find_user_states(tmp_path / "annotation_output")] == ["alice"]
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.output == f"warning: {TRAINING_USER}\n{path}: valid (0 errors, 1 warning, 0 acknowledged)\n"
+    echo = Echo()
+    assert commands.check_config(path, echo=echo) is not None
+    assert echo.err == [f"warning: {TRAINING_USER}"]

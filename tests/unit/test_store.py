@@ -441,3 +441,44 @@ def test_a_second_store_in_one_process_does_not_blind_the_first(tmp_path):
         assert first.count_runs() == 2
     finally:
         stays.communicate("", timeout=60)
+
+
+# -- which flow run executes a run ------------------------------------------------------------------
+
+
+def test_a_flow_run_records_itself_only_on_a_run_without_one_or_its_own(store):
+    from potato.errors import NotThisFlowRun
+
+    run = store.create_run("t", ["s"], "local")
+    store.transition(run.id, "running", from_states="queued")
+    assert store.record_flow(run.id, "owner", 1000).prefect_flow_run_id == "owner"
+    assert store.record_flow(run.id, "owner", 2000).flow_pid == 2000  # a Prefect retry, in a new process
+    before = store.get_run(run.id)
+    with pytest.raises(NotThisFlowRun) as caught:
+        store.record_flow(run.id, "intruder", 3000)
+    assert str(caught.value) == (
+        f"Run {run.id} belongs to flow run owner (run-{run.id} in the Prefect UI); this flow run (intruder) changed "
+        "nothing and stops. To train again, start a new run (the Training page, potato training run, or prefect "
+        "deployment run without run_id)")
+    assert store.get_run(run.id) == before
+
+    dispatched = store.create_run("t", ["s"], "local")  # the dispatcher's child has not recorded its flow run yet
+    store.update_run(dispatched.id, flow_pid=4000)
+    with pytest.raises(NotThisFlowRun, match=r"^Run 2 belongs to the flow process 4000; this flow run \(intruder\)"):
+        store.record_flow(dispatched.id, "intruder", 3000)
+    assert store.record_flow(dispatched.id, "child", 4000).prefect_flow_run_id == "child"
+    store.transition(run.id, "succeeded", from_states="running")
+    assert store.record_flow(run.id, "owner", 5000).flow_pid == 2000  # an ended run is not written to
+
+
+def test_a_run_its_flow_adopted_is_not_the_dispatchers_and_starts_only_when_no_run_runs(store):
+    adopted = store.create_run("t", ["s"], "local")
+    assert store.adopt(adopted.id, "flow-1", 1000, step="waiting for this project's turn")
+    assert not store.adopt(adopted.id, "flow-2", 2000)
+    plain = store.create_run("t", ["s"], "local")
+    assert store.next_queued().id == plain.id and store.waiting_flow_runs() == [store.get_run(adopted.id)]
+    assert store.claim_next_queued(only_when_idle=True).id == plain.id
+    assert store.start(adopted.id).state == "queued"  # run 2 is running
+    store.transition(plain.id, "succeeded", from_states="running")
+    started = store.start(adopted.id)
+    assert started.state == "running" and started.started_at is not None

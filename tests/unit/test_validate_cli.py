@@ -110,3 +110,14 @@ def test_console_script_exit_status(tmp_path, text, args, status):
     proc = subprocess.run([_potato_script(), "validate", str(path), *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == status, proc.stdout + proc.stderr
+
+
+def test_an_item_id_utf8_cannot_encode_is_an_error_naming_file_and_line(tmp_path):
+    path = write_project(tmp_path)
+    (tmp_path / "data" / "reviews.json").write_text('{"id": "r1", "text": "Great!"}\n{"id": "\\ud83d", "text": "?"}\n')
+    result = invoke(path)
+    assert result.exit_code == 1
+    assert result.output == (
+        "error: data/reviews.json line 2: item id '\\ud83d' holds a lone surrogate (an escape such as \\ud83d without "
+        "its pair), which UTF-8 cannot encode; change the id in the data file\n"
+        f"{path}: invalid (1 error, 0 warnings, 0 acknowledged)\n")

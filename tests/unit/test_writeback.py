@@ -161,3 +161,28 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_file(tmp_path):
         write_back(config, 1, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r9"])),
                    tmp_path / "bundle")
     assert writeback_path(config).is_dir() and not list(writeback_path(config).parent.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("run_id", ["10**20", "Infinity", "-Infinity", "NaN", "1e300", "-3", "7.0", '"seven"', "true"])
+def test_an_earlier_line_with_any_number_for_run_id_is_carried_over(tmp_path, run_id):
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment", "topic"), include_unlabeled=True)
+    value = str(10**20) if run_id == "10**20" else run_id
+    _write(writeback_path(config), [
+        '{"id": "r9", "predictions": {"topic": {"label": "books", "confidence": 0.9, "run_id": %s}}}' % value])
+    write_back(config, 2, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["r8"])), tmp_path / "bundle")
+    assert _written(config) == {
+        "r9": {"topic": {"label": "books", "confidence": 0.9, "run_id": 7 if run_id == "7.0" else 0}},
+        "r8": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 2}}}
+
+
+def test_an_id_utf8_cannot_encode_is_written_back_as_its_json_escape(tmp_path):
+    config = _project(tmp_path, ("sentiment",), schemas=("sentiment",), include_unlabeled=True)
+    # A bundle no server builds today (data ids like this are refused), as a worker elsewhere might hold one.
+    items = tmp_path / "bundle" / "items.jsonl"
+    items.write_text(items.read_text() + json.dumps({"id": "\ud83d", "text": "t", "labels": {}, "holdout": False}) + "\n")
+    summary = write_back(config, 2, ["sentiment"], _write(tmp_path / "p.jsonl", _predict(tmp_path, ["\ud83d"])),
+                         tmp_path / "bundle")
+    assert summary.written == {"sentiment": 1}
+    assert writeback_path(config).read_bytes() == (
+        b'{"id": "\\ud83d", "predictions": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 2}}}\n')
+    assert _written(config) == {"\ud83d": {"sentiment": {"label": "positive", "confidence": 0.9, "run_id": 2}}}

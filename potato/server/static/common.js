@@ -30,20 +30,6 @@ var Potato = (function () {
     if (m < 60) return m + " min " + pad(s) + " s";
     return Math.floor(m / 60) + " h " + pad(m % 60) + " min";
   }
-  function scores(sc) {
-    var names = Object.keys(sc || {}).sort();
-    if (!names.length) return "–";
-    return names.map(function (n) {
-      var s = sc[n] || {};
-      if (typeof s.ece_before === "number") {  // decision-calibrate's scores
-        return n + ": ECE " + s.ece_before.toFixed(3) + (typeof s.ece_after === "number" ? " → " + s.ece_after.toFixed(3) : "") +
-          (s.kept ? " (kept)" : " (backed out)");
-      }
-      var acc = typeof s.accuracy === "number" ? s.accuracy.toFixed(3) : "?";
-      var f1 = typeof s.macro_f1 === "number" ? s.macro_f1.toFixed(3) : "?";
-      return n + ": accuracy " + acc + ", macro-F1 " + f1 + (s.n !== undefined ? " (n=" + s.n + ")" : "");
-    }).join("; ");
-  }
   function el(tag, attrs, text) {
     var e = document.createElement(tag);
     Object.keys(attrs || {}).forEach(function (k) { e.setAttribute(k, attrs[k]); });
@@ -61,5 +47,5 @@ var Potato = (function () {
     }
     tick();
   }
-  return { request: request, time: time, duration: duration, scores: scores, el: el, poll: poll };
+  return { request: request, time: time, duration: duration, el: el, poll: poll };
 })();

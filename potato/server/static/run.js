@@ -87,7 +87,7 @@
     document.getElementById("run-ran-on").textContent = run.ran_on.description;
     document.getElementById("run-started").textContent = Potato.time(run.started_at);
     document.getElementById("run-duration").textContent = Potato.duration(run.duration_s);
-    document.getElementById("run-scores").textContent = Potato.scores(run.scores);
+    document.getElementById("run-scores").textContent = run.scores_text;
     document.getElementById("run-device").textContent = run.gpu || "–";
     if (run.artifact_uri) document.getElementById("run-artifact-uri").textContent = run.artifact_uri;
     var prefect = document.getElementById("run-prefect");

@@ -97,7 +97,7 @@
     set(r.main, "queue", run.queue_position ? "#" + run.queue_position : "");
     set(r.main, "started", Potato.time(run.started_at));
     set(r.main, "duration", Potato.duration(run.duration_s));
-    set(r.main, "scores", run.error && run.state === "failed" ? run.error : Potato.scores(run.scores));
+    set(r.main, "scores", run.error && run.state === "failed" ? run.error : run.scores_text);
     var open = run.state === "queued" || run.state === "running";
     var button = r.main.querySelector("button.cancel");
     button.hidden = !open;
