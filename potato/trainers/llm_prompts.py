@@ -26,6 +26,8 @@ Part of the remote half: standard library only; the tokenizer is passed in.
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from potato.training.escaping import escaped
+
 PLACEHOLDERS = ("text", "labels", "description")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -102,7 +104,7 @@ class PromptFormat:
 
     def encode(self, text: str) -> List[int]:
         """``text``'s ids with no special tokens added."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(escaped(text), add_special_tokens=False)["input_ids"])
 
     def prompt(self, content: str) -> List[int]:
         """The ids of a prompt whose user content is ``content``, up to where the answer starts."""
@@ -110,6 +112,9 @@ class PromptFormat:
 
     def prompts(self, contents: Sequence[str]) -> List[List[int]]:
         """:meth:`prompt` of each of ``contents``, tokenized in one call (a prediction batch's)."""
+        # An item's text may hold what UTF-8 cannot encode (a lone surrogate from a JSON file), which the
+        # tokenizer refuses: such characters are tokenized as their escapes.
+        contents = [escaped(c) for c in contents]
         if self.chat:
             texts = [self._render([{"role": "user", "content": c}], True) for c in contents]
             return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]

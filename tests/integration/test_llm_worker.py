@@ -257,3 +257,20 @@ def test_generation_stops_at_a_cancel_between_tokens():
     with pytest.raises(Cancelled):
         decoder.generate(40, frozenset(), check)
     assert len(asked) == 3
+
+
+def test_texts_and_ids_json_can_carry_but_utf8_cannot_are_trained_and_predicted(tmp_path, tiny_llama, monkeypatch):
+    """A lone surrogate or a NUL in an item's text or id (a data file is not ours to trust) neither stops the
+    tokenizer nor the predictions file; the id comes back as it went in."""
+    from potato.training.events import EventWriter
+    from potato.training.worker import read_job
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    items = easy_items(12, unlabeled=2)
+    items[0]["text"] += " \ud83d and \x00"
+    items[-1]["id"] = "odd \udc80 id"
+    items[-1]["text"] = "\ud800" * 3
+    job = llm_job(tmp_path / "job", tiny_llama, items, options={"epochs": 1})
+    llm.train(read_job(str(job)), EventWriter(str(job / "events.jsonl")))
+    predictions = predictions_of(job)
+    assert sorted(p["id"] for p in predictions) == sorted(it["id"] for it in items)
