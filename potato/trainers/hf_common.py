@@ -16,14 +16,13 @@ library; torch and transformers are passed in or imported inside functions.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from potato.trainers.answers import Answers, answers_of
-from potato.trainers.options import check_keys, is_int, is_number
+from potato.trainers.options import check_keys, is_int, learning_rate_problems, lora_problems, positive_int_problems
 from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
 
@@ -67,35 +66,15 @@ def check_fine_tune_options(options: Optional[Any], defaults: Dict[str, Any],
     model = options.get("model")
     if model is not None and not (isinstance(model, str) and model.strip()):
         problems.append("model must be a local directory or a hub id, got {!r}".format(model))
-    for key in ("epochs", "batch_size", "max_length"):
-        if key in options and not (is_int(options[key]) and options[key] > 0):
-            problems.append("{} must be a positive integer, got {!r}".format(key, options[key]))
-    lr = options.get("learning_rate")
-    if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
-        problems.append("learning_rate must be a positive number, got {!r}".format(lr))
+    problems += positive_int_problems(options, ("epochs", "batch_size", "max_length"))
+    problems += learning_rate_problems(options)
     if "seed" in options and not is_int(options["seed"]):
         problems.append("seed must be an integer, got {!r}".format(options["seed"]))
     if "predict_precision" in options and options["predict_precision"] not in PREDICT_PRECISIONS:
         problems.append("predict_precision must be auto or fp32, got {!r}".format(options["predict_precision"]))
     lora = options.get("lora", False)
     if isinstance(lora, dict):
-        for key, value in lora.items():
-            if key not in DEFAULT_LORA:
-                problems.append(
-                    "lora.{} is not a LoRA option; valid: {}".format(key, ", ".join(DEFAULT_LORA))
-                )
-        if "r" in lora and not (is_int(lora["r"]) and lora["r"] > 0):
-            problems.append("lora.r must be a positive integer, got {!r}".format(lora["r"]))
-        if "alpha" in lora and not (is_number(lora["alpha"]) and lora["alpha"] > 0):
-            problems.append("lora.alpha must be a positive number, got {!r}".format(lora["alpha"]))
-        if "dropout" in lora and not (is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
-            problems.append("lora.dropout must be a number from 0 to below 1, got {!r}".format(lora["dropout"]))
-        targets = lora.get("target_modules")
-        if targets is not None and not (
-            isinstance(targets, str)
-            or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))
-        ):
-            problems.append("lora.target_modules must be a list of module names, got {!r}".format(targets))
+        problems += lora_problems(lora, list(DEFAULT_LORA))
     elif lora not in (None, False, True):
         problems.append("lora must be false or a mapping with r, alpha, dropout, target_modules, got {!r}".format(lora))
     return options, problems
@@ -478,7 +457,7 @@ class FineTune:
         """``one_schema(schema, stream)`` for each schema, in order: it trains, writes its predictions to
         ``stream`` (a :class:`PredictionStream`) and returns the schema's scores. Then publishes
         ``predictions.jsonl`` and writes ``scores.json`` (nothing of either when a schema fails)."""
-        from potato.training.predictions import PredictionStream, publish_parts
+        from potato.training.predictions import PredictionStream, finish_run
 
         group, scores = self.group, {}  # type: Any, Dict[str, Any]
         stream = PredictionStream(self.job.dir, None if group.size == 1 else group.rank)
@@ -492,16 +471,7 @@ class FineTune:
             raise
         finally:
             items.close()
-        if group.size == 1:
-            stream.publish()
-        else:
-            stream.close()
-            group.barrier()  # every part is complete
-            if group.is_main:
-                publish_parts(self.job.dir, range(group.size))
-        if group.is_main:
-            self.job.write_scores(scores)
-            self.events.metrics(scores)
+        finish_run(self.job, self.events, stream, group, scores)
 
 
 def start_fine_tune(job: Any, events: Any, opts: Dict[str, Any], trainer: str) -> FineTune:

@@ -169,6 +169,41 @@ def span(gold: Sequence[Iterable[Span]], predicted: Sequence[Iterable[Span]], la
     return dict(prf(*total), per_label=per_label)
 
 
+# -- free text -------------------------------------------------------------------------
+
+
+def _normal_text(text: str) -> str:
+    return " ".join(text.split())
+
+
+def exact_match(gold: Sequence[Sequence[str]], predicted: Sequence[str]) -> Optional[float]:
+    """The share of ``predicted`` texts equal to one of their item's ``gold`` answers (every annotator's
+    answer counts), whitespace collapsed, case kept; None when there is nothing to score."""
+    if not gold:
+        return None
+    return sum(1 for answers, p in zip(gold, predicted)
+               if _normal_text(p) in {_normal_text(a) for a in answers}) / len(gold)
+
+
+def chrf(gold: Sequence[Sequence[str]], predicted: Sequence[str]) -> Optional[float]:
+    """Corpus chrF (0-100) of ``predicted`` against each item's ``gold`` answers, as sacrebleu computes it:
+    character n-gram F-score (n up to 6, recall weighted twice), each item against its best-matching answer."""
+    if not gold:
+        return None
+    from sacrebleu.metrics import CHRF
+
+    most = max(len(answers) for answers in gold)
+    # Items with fewer answers than the most have None in the streams they lack (sacrebleu skips those).
+    streams = [[answers[k] if k < len(answers) else None for answers in gold]
+               for k in range(most)]  # type: List[List[Optional[str]]]
+    return float(CHRF().corpus_score(list(predicted), streams).score)
+
+
+def text(gold: Sequence[Sequence[str]], predicted: Sequence[str], labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """Free text (each item's gold: every annotator's answer): exact match and chrF."""
+    return {"exact_match": exact_match(gold, predicted), "chrf": chrf(gold, predicted)}
+
+
 # -- each kind's line in the run log ---------------------------------------------------
 
 
@@ -202,6 +237,7 @@ KINDS = {
     "multilabel": Kind(multilabel, _listed(("exact_match", "exact-set accuracy"), ("micro_f1", "micro-F1"),
                                            ("macro_f1", "macro-F1"))),
     "span": Kind(span, _span_words),
+    "text": Kind(text, _listed(("exact_match", "exact match"), ("chrf", "chrF"))),
 }  # type: Dict[str, Kind]
 
 

@@ -5,7 +5,8 @@ trainer then checks its own values (``is_int``/``is_number`` refuse
 booleans, which Python counts as integers).
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 def is_int(value: Any) -> bool:
@@ -24,3 +25,35 @@ def check_keys(options: Optional[Any], defaults: Dict[str, Any], trainer: str) -
         return {}, ["options must be a mapping, got {!r}".format(options)]
     return options, ["{!r} is not an option of {}; valid options: {}".format(key, trainer, ", ".join(sorted(defaults)))
                      for key in options if key not in defaults]
+
+
+def lora_problems(lora: Dict[str, Any], valid: Sequence[str]) -> List[str]:
+    """What is wrong with a ``lora`` mapping (``r``, ``alpha``, ``dropout``, ``target_modules``), naming each key."""
+    problems = ["lora.{} is not a LoRA option; valid: {}".format(key, ", ".join(valid)) for key in lora if key not in valid]
+    if "r" in lora and not (is_int(lora["r"]) and lora["r"] > 0):
+        problems.append("lora.r must be a positive integer, got {!r}".format(lora["r"]))
+    if "alpha" in lora and not (is_number(lora["alpha"]) and lora["alpha"] > 0):
+        problems.append("lora.alpha must be a positive number, got {!r}".format(lora["alpha"]))
+    if "dropout" in lora and not (is_number(lora["dropout"]) and 0 <= lora["dropout"] < 1):
+        problems.append("lora.dropout must be a number from 0 to below 1, got {!r}".format(lora["dropout"]))
+    targets = lora.get("target_modules")
+    if targets is not None and not (
+        isinstance(targets, str)
+        or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))
+    ):
+        problems.append("lora.target_modules must be a list of module names, got {!r}".format(targets))
+    return problems
+
+
+def positive_int_problems(options: Dict[str, Any], keys: Sequence[str]) -> List[str]:
+    """``<key> must be a positive integer, got …`` for each of ``keys`` set to anything else."""
+    return ["{} must be a positive integer, got {!r}".format(key, options[key])
+            for key in keys if key in options and not (is_int(options[key]) and options[key] > 0)]
+
+
+def learning_rate_problems(options: Dict[str, Any]) -> List[str]:
+    """A ``learning_rate`` that is set but not a positive finite number."""
+    lr = options.get("learning_rate")
+    if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
+        return ["learning_rate must be a positive number, got {!r}".format(lr)]
+    return []

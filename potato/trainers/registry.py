@@ -29,7 +29,7 @@ declaration imports nothing; each takes the run's context
 - ``record``: at record-results, in place of the usual holdout evaluation
   and writeback (decision-calibrate rewrites an earlier run's instead).
 - ``gpu_memory_mb``: ``f(options) -> MB or None``, how much GPU memory a run
-  with these options needs, for choosing GPUs; no trainer declares it yet.
+  with these options needs, for choosing GPUs (hf-llm-finetune declares it; nothing calls it yet).
 
 Part of the remote half: Python 3.8, standard library only.
 """
@@ -44,6 +44,7 @@ from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, 
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
 SKLEARN_EXTRA = "pip install 'potato-annotation[train-sklearn]'"
+LLM_EXTRA = "pip install 'potato-annotation[train-llm]'"
 
 # Import names whose pip package is named otherwise: what a message about a missing module names too,
 # since the backend's ``packages`` and pip take the package's name (``pip install sklearn`` fails).
@@ -96,6 +97,13 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         "hf-span-tagging", "potato.trainers.hf_span_tagging", (SPAN,),
         "Fine-tunes a Hugging Face encoder to tag labelled spans of the item text (BIO tags, full or LoRA)",
         required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
+    # bitsandbytes is not required: load_in_4bit auto loads 16-bit weights where it is missing (with a
+    # warning), and true names it in its failure; sacrebleu is asked for only when a schema is text.
+    TrainerInfo(
+        "hf-llm-finetune", "potato.trainers.hf_llm_finetune", (NOMINAL, ORDINAL, MULTILABEL, TEXT),
+        "Fine-tunes a LoRA adapter on a causal language model (4-bit base weights where bitsandbytes works)",
+        required_modules=("torch", "transformers", "peft"), install_hint=LLM_EXTRA,
+        gpu_memory_mb="potato.trainers.hf_llm_finetune:gpu_memory_mb"),
 )}
 
 

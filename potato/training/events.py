@@ -40,6 +40,10 @@ class TrainerFailure(Exception):
     """
 
 
+class OutOfGpuMemory(TrainerFailure):
+    """A trainer's GPU ran out of memory; the message says which options to lower. The worker exits 5."""
+
+
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` under a temporary name, then rename it into place.
 

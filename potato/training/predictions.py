@@ -72,6 +72,22 @@ class PredictionStream:
             pass
 
 
+def finish_run(job: Any, events: Any, stream: PredictionStream, group: Any, scores: Dict[str, Any]) -> None:
+    """The end of a trainer's run, once every schema is done: ``predictions.jsonl`` published whole (a
+    data-parallel run's parts joined by rank 0 once all are written), then rank 0's ``scores.json`` and
+    ``metrics`` event."""
+    if group.size == 1:
+        stream.publish()
+    else:
+        stream.close()
+        group.barrier()  # every part is complete
+        if group.is_main:
+            publish_parts(job.dir, range(group.size))
+    if group.is_main:
+        job.write_scores(scores)
+        events.metrics(scores)
+
+
 def publish_parts(job_dir: str, ranks: Sequence[int]) -> str:
     """Join the ranks' parts, in rank order, into ``predictions.jsonl`` (temp name, then rename)."""
     final = os.path.join(job_dir, FINAL_NAME)

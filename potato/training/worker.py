@@ -8,7 +8,7 @@ the run bundle, runs the trainer, and writes into ``JOB_DIR``:
 docs/architecture.md, "The job directory".
 
 Exit codes: 0 succeeded, 1 failed, 3 the trainer could not be imported,
-4 over ``max_ram_mb``, 143 stopped by SIGTERM.
+4 over ``max_ram_mb``, 5 the GPU ran out of memory, 143 stopped by SIGTERM.
 
 SIGTERM asks the trainer to stop at its next step; the worker then writes
 ``done`` with status ``cancelled`` and exits 143. A one-device run starts no
@@ -36,13 +36,14 @@ from potato.answer_kinds import NOMINAL
 from potato.trainers import registry
 from potato.trainers.registry import import_failure_message
 from potato.training.device import THREAD_VARIABLES
-from potato.training.events import Cancelled, EventWriter, TrainerFailure, write_atomic
+from potato.training.events import Cancelled, EventWriter, OutOfGpuMemory, TrainerFailure, write_atomic
 from potato.training.job_paths import BUNDLE, JobPaths
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_IMPORT = 3
 EXIT_MEMORY = 4
+EXIT_GPU_MEMORY = 5
 EXIT_CANCELLED = 143
 
 RAM_CHECK_INTERVAL_S = 0.2
@@ -463,7 +464,8 @@ def _guarded(exit_dir: str, events: EventWriter, body: Callable[[], Outcome]) ->
     except TrainerFailure as exc:
         if events.cancelled:
             return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")
-        return _finish(exit_dir, events, EXIT_FAILED, "failed", _one_line(exc))
+        code = EXIT_GPU_MEMORY if isinstance(exc, OutOfGpuMemory) else EXIT_FAILED
+        return _finish(exit_dir, events, code, "failed", _one_line(exc))
     except Exception as exc:
         if events.cancelled:
             return _finish(exit_dir, events, EXIT_CANCELLED, "cancelled", "Cancelled")

@@ -38,6 +38,10 @@ def test_the_gpu_check_runs_end_to_end_dry():
         assert "320 predictions (45 with probs)" in line and "holdout {'accuracy': " in line
     # 4, 5 and 6: the benches against Trainer and pipeline printed their ratios.
     assert "lora " in out and "x (range " in out
+    # 6: hf-llm-finetune with 4-bit base weights (bitsandbytes on the CPU here).
+    assert "4-bit on cpu: bitsandbytes 0." in out
+    assert "base weights in 4-bit NF4 (bitsandbytes), LoRA r=8 on 14 modules" in out
+    assert "  hf-llm-finetune: " in out and " 320 predictions" in out
     assert "peak RSS: ours " in out
     assert "windows/s, holdout span F1 " in out
     assert out.rstrip().endswith("all steps OK")

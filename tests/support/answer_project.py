@@ -24,7 +24,7 @@ QUALITY = Scheme("quality", "likert", ("bad", "ok", "good"), size=3)
 AGREE = Scheme("agree", "likert", ("1", "2", "3", "4", "5"), size=5)
 SCORE = Scheme("score", "slider", (), min_value=0.0, max_value=100.0, step=5.0)
 ENTITIES = Scheme("entities", "span", ("PER", "LOC"))
-SUMMARY = Scheme("summary", "text", ())
+SUMMARY = Scheme("summary", "text", (), description="Summarize the item in one sentence.")
 ALL = (SENTIMENT, TOPICS, QUALITY, AGREE, SCORE, ENTITIES, SUMMARY)
 
 

@@ -165,7 +165,7 @@ def test_the_bundle_holds_each_kinds_answer_in_its_documented_shape(tmp_path):
         "agree": {"type": "likert", "kind": "ordinal", "values": [1, 2, 3, 4, 5]},
         "score": {"type": "slider", "kind": "continuous", "min": 0, "max": 100, "step": 5},
         "entities": {"type": "span", "kind": "span"},
-        "summary": {"type": "text", "kind": "text"},
+        "summary": {"type": "text", "kind": "text", "description": "Summarize the item in one sentence."},
     }
     assert info.labeled == {"sentiment": 1, "topics": 2, "quality": 0, "agree": 1, "score": 1, "entities": 2,
                             "summary": 1}

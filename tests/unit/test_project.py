@@ -525,7 +525,7 @@ def test_bundle_contents(tmp_path):
     assert manifest == {
         "format": 1,
         "schemas": {"sentiment": ["positive", "negative"]},
-        "answers": {"sentiment": {"type": "radio", "kind": "nominal"}},
+        "answers": {"sentiment": {"type": "radio", "kind": "nominal", "description": "Is this review positive or negative?"}},
         "id_key": "id",
         "text_key": "text",
         "holdout_fraction": 0.0,

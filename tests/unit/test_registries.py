@@ -127,7 +127,8 @@ def test_potato_validate_checks_a_toy_by_its_own_declaration(tmp_path, toys):
         f"error: {b}.flavor is not a key of a toy backend; did you mean `flavour`? Accepted keys: type, "
         "description, host, flavour, heartbeat_timeout_s",
         "error: model_training.auto_retrain.trainer is 'toy-trainer': Trainer 'toy-trainer' cannot train schema "
-        "'sentiment' (radio); the trainers that can: hf-text-classification, decision-calibrate, sklearn-text",
+        "'sentiment' (radio); the trainers that can: hf-text-classification, decision-calibrate, sklearn-text, "
+            "hf-llm-finetune",
         "error: model_training.trainers.toy-trainer: rounds must be a positive integer, got 0",
     ]
 
@@ -152,10 +153,11 @@ def test_the_runs_on_menu_and_the_trainers_api_show_the_toys(tmp_path, toys):
     schemas = client.get("/admin/training/api/schemas", headers=ADMIN).json["schemas"]
     assert schemas == [
         {"name": "sentiment", "annotation_type": "radio", "kind": "nominal",
-         "trainers": ["hf-text-classification", "decision-calibrate", "sklearn-text"], "trainable": True,
+         "trainers": ["hf-text-classification", "decision-calibrate", "sklearn-text", "hf-llm-finetune"],
+         "trainable": True,
          "default_trainer": "hf-text-classification"},
         {"name": "mood", "annotation_type": "likert", "kind": "ordinal",
-         "trainers": ["hf-text-classification", "sklearn-text", "toy-trainer"], "trainable": True,
+         "trainers": ["hf-text-classification", "sklearn-text", "hf-llm-finetune", "toy-trainer"], "trainable": True,
          "default_trainer": "hf-text-classification"},
     ]
 
