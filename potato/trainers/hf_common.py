@@ -18,6 +18,7 @@ import random
 import re
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from potato.trainers.predict_precision import cpu_has_bf16, int8_unavailable
 from potato.training.events import TrainerFailure
 
 # Training batches are sorted by length within random groups of this many batches. transformers'
@@ -188,11 +189,25 @@ class ComputeDevice:
                 self.dtype = torch.float16
                 self.scaler = torch.amp.GradScaler("cuda")
         self.predict_dtype = None  # prediction's autocast dtype
+        # int8 linear layers on the CPU (potato/trainers/predict_precision.py): "checked" against fp32
+        # item by item (auto, on a CPU without bf16), "always" (predict_precision: int8), or None.
+        self.predict_int8 = None  # type: Optional[str]
+        self._asked = predict_precision
+        self._no_int8 = None  # type: Optional[str]
         if predict_precision != "fp32":
             if self.cuda:
                 self.predict_dtype = self.dtype
-            elif self.device.type == "cpu" and cpu_has_bf16(torch):
-                self.predict_dtype = torch.bfloat16
+            elif self.device.type == "cpu":
+                if predict_precision == "int8":
+                    self.predict_int8 = "always"
+                elif cpu_has_bf16(torch):
+                    self.predict_dtype = torch.bfloat16
+                else:
+                    self.predict_int8 = "checked"
+        if self.predict_int8:
+            self._no_int8 = int8_unavailable(torch)
+            if self._no_int8:
+                self.predict_int8 = None
         # Tensor cores take matrices in multiples of 8; the CPU gains nothing from it.
         self.pad_multiple = 8 if self.cuda else 1
         # oneDNN's bf16 kernels are built and cached per matrix shape: batches of every width and row
@@ -222,10 +237,16 @@ class ComputeDevice:
     @property
     def predict_precision(self) -> str:
         """How prediction computes, for the log."""
+        if self.predict_int8 == "always":
+            return "int8 (its linear layers quantized, as predict_precision asks)"
+        if self.predict_int8 == "checked":
+            return "int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)"
         if self.predict_dtype is None:
-            return "fp32"
+            return "fp32" + (" ({})".format(self._no_int8) if self._no_int8 else "")
         name = "bf16" if self.predict_dtype == self.torch.bfloat16 else "fp16"
-        return name + (" autocast" if self.cuda else " autocast (the CPU has bf16 instructions)")
+        if not self.cuda:
+            return name + " autocast (the CPU has bf16 instructions)"
+        return name + " autocast" + (" (int8 is for CPUs)" if self._asked == "int8" else "")
 
     def autocast(self):
         """Training's mixed precision (none on the CPU)."""
@@ -251,22 +272,6 @@ class ComputeDevice:
         if self.cuda:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
-
-
-def cpu_has_bf16(torch: Any) -> bool:
-    """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX), as torch's oneDNN kernels see it.
-
-    The checks are private to torch (``torch.cpu``, 2.3 and later); an older
-    torch, or a CPU it cannot tell about (ARM), counts as without.
-    """
-    cpu = getattr(torch, "cpu", None)
-    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        try:
-            if getattr(cpu, check)():
-                return True
-        except (AttributeError, RuntimeError, TypeError):
-            continue
-    return False
 
 
 def _malloc_trim() -> Optional[Callable[[int], int]]:

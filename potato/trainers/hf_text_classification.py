@@ -28,8 +28,11 @@ measures it). Here:
   measured with bench/predict_precision.py (MiniLM trained on 400 reviews,
   2 000 predicted): 1 label of 2 000 differs from fp32's, confidences move by
   0.0003 on average (0.0026 at most), accuracy 0.9100 against 0.9095. A CPU
-  without them would emulate bf16, slower than fp32, so it predicts in fp32;
-  ``predict_precision: fp32`` asks for fp32 everywhere.
+  without them would emulate bf16, slower than fp32; there prediction runs
+  the linear layers in int8 where a check against fp32 on a sample of the
+  schema's items allows it (potato/trainers/predict_precision.py says how),
+  else in fp32; ``predict_precision: fp32`` asks for fp32 everywhere, and
+  ``int8`` for int8 on every item, unchecked.
 
 Data-parallel runs (several GPUs; ``potato/training/data_parallel.py``) call
 :func:`train` in every process with ``job.group``; the code path is the same.
@@ -44,7 +47,7 @@ import json
 import math
 import os
 import random
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.trainers.hf_common import (
     ComputeDevice,
@@ -61,6 +64,8 @@ from potato.trainers.hf_common import (
     token_budget_batches,
 )
 from potato.trainers.metrics import holdout_scores
+from potato.trainers.predict_precision import PREDICT_PRECISIONS, Int8Check, Int8Linears, check_sample, \
+    checked_predictions
 from potato.trainers.options import check_keys, is_int, is_number
 from potato.training.events import Cancelled, TrainerFailure
 
@@ -75,9 +80,10 @@ DEFAULT_OPTIONS = {
     "max_length": 128,
     "seed": 42,
     "lora": False,  # False: full fine-tune; a mapping (keys below) or true: LoRA
-    "predict_precision": "auto",  # "auto": bf16 autocast where the device computes bf16 natively; "fp32"
+    # "auto": bf16 autocast where the device computes bf16 natively, else on a CPU int8 checked against fp32;
+    # "fp32"; "int8": int8 linear layers on the CPU, unchecked
+    "predict_precision": "auto",
 }  # type: Dict[str, Any]
-PREDICT_PRECISIONS = ("auto", "fp32")
 
 DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
 FULL_LEARNING_RATE = 5e-5
@@ -108,7 +114,7 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     if "seed" in options and not is_int(options["seed"]):
         problems.append("seed must be an integer, got {!r}".format(options["seed"]))
     if "predict_precision" in options and options["predict_precision"] not in PREDICT_PRECISIONS:
-        problems.append("predict_precision must be auto or fp32, got {!r}".format(options["predict_precision"]))
+        problems.append("predict_precision must be auto, fp32 or int8, got {!r}".format(options["predict_precision"]))
     lora = options.get("lora", False)
     if isinstance(lora, dict):
         for key, value in lora.items():
@@ -250,12 +256,15 @@ def train(job: Any, events: Any) -> None:
             is_holdout = set(holdout_idx)
             held = {}  # type: Dict[int, str]
             mine = shard(sorted(predict_idx, key=lambda i: items.text_lengths[i], reverse=True), group)
-            batches = token_budget_batches(
-                mine, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"],
-                                                 dev.predict_pad_multiple),
-                dev.predict_budget, dev.predict_rows)
-            rows = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
-            predicted = predict(model, tokenizer, rows, len(batches), opts["max_length"], dev, events, schema)
+            check = Int8Check() if dev.predict_int8 == "checked" else None
+            sample, mine = check_sample(mine) if check else ([], mine)
+            sample, batches = [token_budget_batches(
+                order, lambda i: estimated_tokens(items.text_lengths[i], opts["max_length"],
+                                                  dev.predict_pad_multiple),
+                dev.predict_budget, dev.predict_rows) for order in (sample, mine)]
+            dev.release()  # what training freed goes back to the system before prediction starts
+            predicted = predict(model, tokenizer, _read_rows(items, batches), len(sample) + len(batches),
+                                opts["max_length"], dev, events, schema, _read_rows(items, sample), check)
             for (i, (item_id, _)), label_i, confidence, probs in predicted:
                 record = {"id": item_id, "schema": schema, "label": labels[label_i], "confidence": round(confidence, 5)}
                 if i in is_holdout:
@@ -263,6 +272,8 @@ def train(job: Any, events: Any) -> None:
                     record["probs"] = [round(p, 5) for p in probs]
                     held[i] = labels[label_i]
                 stream.write(record)
+            if check:
+                say("Schema {!r}: {}".format(schema, check.describe()))
             for part in group.gather(held) if group.size > 1 else []:
                 held.update(part)
             scores[schema] = holdout_scores(
@@ -393,35 +404,64 @@ def _train_loop(model, train_ids, targets, tokenizer, opts, dev, group, events, 
     return model
 
 
+def _read_rows(items: Any, batches: List[List[int]]) -> Iterator[List[Tuple[int, Tuple[Any, str]]]]:
+    """Each batch's ``(position, (id, text))`` rows, read from the bundle when the batch's turn comes."""
+    return ([(i, items.read(i)) for i in batch] for batch in batches)
+
+
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,
-            max_length: int, dev: ComputeDevice, events: Any,
-            schema: str) -> Iterator[Tuple[Any, int, float, List[float]]]:
+            max_length: int, dev: ComputeDevice, events: Any, schema: str,
+            sample: Iterable[List[Tuple[Any, Tuple[Any, str]]]] = (),
+            check: Optional[Int8Check] = None) -> Iterator[Tuple[Any, int, float, List[float]]]:
     """``(key, label index, confidence, probabilities)`` for each ``(key, (id, text))`` of ``batches``.
 
     The caller makes the batches (longest texts first, a budget of padded
     tokens each: see :func:`token_budget_batches`) and may read their texts
     only as they are needed; each batch is tokenized here when its turn comes,
     so memory does not grow with the number of items. ``total``: the number
-    of batches, for the progress events.
+    of batches, for the progress events. With ``check`` (int8 checked against
+    fp32: ``dev.predict_int8 == "checked"``), ``sample``'s batches come first,
+    predicted both ways (see :func:`checked_predictions`).
     """
+    import contextlib
+
     import torch
 
     model.eval()
-    with torch.inference_mode():
-        for step, batch in enumerate(batches, 1):
-            events.check_cancelled()
-            enc = tokenizer([text for _, (_, text) in batch], truncation=True, max_length=max_length, padding=True,
-                            pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
-                            return_tensors="pt")
-            with dev.predict_autocast():
-                ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
-                logits = model(input_ids=ids, attention_mask=mask).logits
-            probs = torch.softmax(logits.float(), dim=-1).cpu()
-            conf, label = probs.max(dim=-1)
-            for row, c, l, p in zip(batch, conf.tolist(), label.tolist(), probs.tolist()):
-                yield row, l, c, p
-            events.progress("predict", step, total, schema=schema)
-            dev.release()
+    step = [0]
+
+    def forward(rows: List[Any], int8: bool) -> Any:
+        events.check_cancelled()
+        enc = tokenizer([text for _, (_, text) in rows], truncation=True, max_length=max_length, padding=True,
+                        pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
+                        return_tensors="pt")
+        with linears.on() if int8 else contextlib.nullcontext(), dev.predict_autocast():
+            ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        return torch.softmax(logits.float(), dim=-1).cpu()
+
+    def after_batch() -> None:
+        step[0] += 1
+        events.progress("predict", step[0], total, schema=schema)
+        dev.release()
+
+    int8_twins = Int8Linears(torch, model) if dev.predict_int8 else contextlib.nullcontext()
+    with torch.inference_mode(), int8_twins as linears:
+        if check is not None:
+            predicted = checked_predictions(forward, sample, batches, check, after_batch)
+        else:
+            predicted = _unchecked(forward, batches, dev.predict_int8 == "always", after_batch)
+        for row, probs in predicted:
+            label = max(range(len(probs)), key=probs.__getitem__)
+            yield row, label, probs[label], probs
+
+
+def _unchecked(forward: Callable[[List[Any], bool], Any], batches: Iterable[List[Any]], int8: bool,
+               after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
+    for rows in batches:
+        for row, probs in zip(rows, forward(rows, int8).tolist()):
+            yield row, probs
+        after_batch()
 
 
 def _save(model, tokenizer, out_dir: str, schema: str, labels: List[str], opts: Dict[str, Any], base_dir: str) -> None:
