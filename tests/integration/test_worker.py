@@ -323,3 +323,38 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     assert auto.keys() == fp32.keys() and len(auto) == 80
     assert all(auto[i]["label"] == fp32[i]["label"] for i in auto)  # a trained model: no item near 0.5
     assert max(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) < (0.01 if bf16 else 1e-9)
+
+
+# What holds torch's kernels to AVX2 with no bf16, as on most laptops and small VMs (bench/predict_throughput.py).
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_predict_precision_auto_on_a_cpu_without_bf16_predicts_in_checked_int8(tmp_path, tiny_model):
+    """The real worker with its kernels held to AVX2: auto predicts in int8 where the check against fp32
+    allows it, and its labels are fp32's on all but at most 0.5 % of the items; the log names the path."""
+    from potato.trainers.predict_precision import CHECK_ITEMS
+
+    items = easy_items(60, unlabeled=3 * CHECK_ITEMS)  # more than twice the sample: int8 can pay
+    runs = {}
+    for precision in ("auto", "fp32"):
+        job = write_job(tmp_path / precision, items=items, include_unlabeled=True,
+                        options=dict(TINY, model=tiny_model, predict_precision=precision))
+        result = run_worker(job, dict(worker_env(), **AVX2_ONLY))
+        assert result.returncode == 0, result.stderr
+        logs = [e["message"] for e in events_of(job) if e["type"] == "log"]
+        predictions = [json.loads(line) for line in (job / "predictions.jsonl").read_text().splitlines()]
+        runs[precision] = (logs, {p["id"]: p for p in predictions})
+    logs = runs["auto"][0]
+    assert next(m for m in logs if m.startswith("Model ")).endswith(
+        ", predicts in int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
+    assert next(m for m in runs["fp32"][0] if m.startswith("Model ")).endswith(", predicts in fp32")
+    predicted = [m for m in logs if m.startswith("Schema 'sentiment': predicted ")]
+    assert len(predicted) == 1 and predicted[0].startswith("Schema 'sentiment': predicted ")
+    assert " in int8 and " in predicted[0] and "({} predicted both ways to check int8".format(CHECK_ITEMS) in predicted[0]
+    assert not [m for m in runs["fp32"][0] if m.startswith("Schema 'sentiment': predicted ")]
+    auto, fp32 = runs["auto"][1], runs["fp32"][1]
+    assert auto.keys() == fp32.keys() and len(auto) == len(items)
+    assert sum(auto[i]["label"] != fp32[i]["label"] for i in auto) <= 0.005 * len(auto)
+    assert sum(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) / len(auto) < 0.01
+    assert auto != fp32  # int8 ran: some confidence differs
