@@ -424,6 +424,7 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     predicted both ways (see :func:`checked_predictions`).
     """
     import contextlib
+    import itertools
 
     import torch
 
@@ -445,12 +446,22 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
         events.progress("predict", step[0], total, schema=schema)
         dev.release()
 
-    int8_twins = Int8Linears(torch, model) if dev.predict_int8 else contextlib.nullcontext()
+    int8_twins, int8 = contextlib.nullcontext(), dev.predict_int8
+    if int8:
+        try:
+            int8_twins = Int8Linears(torch, model)
+        except Exception as exc:  # a torch whose int8 kernels changed: fp32 rather than a failed run
+            int8 = None
+            reason = "int8 could not be set up here: {}".format(str(exc).strip() or type(exc).__name__)
+            if check is not None:
+                check.refuse(reason)
+            else:
+                events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
     with torch.inference_mode(), int8_twins as linears:
-        if check is not None:
+        if int8 == "checked":
             predicted = checked_predictions(forward, sample, batches, check, after_batch)
         else:
-            predicted = _unchecked(forward, batches, dev.predict_int8 == "always", after_batch)
+            predicted = _unchecked(forward, itertools.chain(sample, batches), int8 == "always", after_batch)
         for row, probs in predicted:
             label = max(range(len(probs)), key=probs.__getitem__)
             yield row, label, probs[label], probs

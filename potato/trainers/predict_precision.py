@@ -3,16 +3,16 @@
 A CPU with AVX512-BF16 or AMX predicts in bf16 autocast (hf_common.ComputeDevice).
 Most CPUs of the small VMs and laptops that run an annotation server have
 neither — AVX2 at best — and there fp32 prediction is bound by the linear
-layers' matrix products (80 % of the time of a MiniLM). Their int8 twins
-(weights quantized per output channel, activations per batch, fbgemm's
-kernels) compute those products about twice as fast, but int8 moves a
-model's outputs more than bf16 does, and by how much depends on the model:
-measured with bench/predict_precision.py under ``--isa avx2`` (MiniLM trained
-on 400 reviews, 300 predicted), int8 changed 1.7 % of the labels and
+layers' matrix products (80 % of a MiniLM's time). With int8 twins of those
+layers (weights quantized per output channel, activations per batch,
+fbgemm's kernels) the model predicted 1.75x as many items per CPU second,
+but int8 moves a model's outputs more than bf16 does, by how much depends on
+the model, and it moved this one's a lot: on AVX2 kernels (MiniLM trained on
+400 reviews, 300 predicted), int8 changed 1.7 % of the labels and
 confidences by 0.013 on average, where bf16 changed none and 0.0005.
-(Activations quantized per token cost as much accuracy and gained a third
-of the speed, through ``torch._int_mm`` and eager quantization; 7-bit
-activations, torch's default for these kernels, changed 2.3 %.)
+(Activations quantized per token, through ``torch._int_mm``, changed 0.7 %
+and 0.008 and ran at only 1.2x fp32's speed; 7-bit activations, torch's
+default for these kernels, changed 2.3 % and 0.019.)
 
 So ``predict_precision: auto`` does not trust int8 blindly. It predicts a
 sample of each schema's items (``CHECK_ITEMS``, spread over short and long
@@ -118,7 +118,7 @@ class Int8Linears:
             raise RuntimeError(reason)
         with warnings.catch_warnings():
             # torch marks its quantized tensors deprecated in favour of torchao; the kernels are the
-            # ones it has, and a torch without them fails here, which the caller turns into fp32.
+            # ones it has, and a torch without them fails here, which predict() turns into fp32.
             warnings.simplefilter("ignore")
             for layer in model.modules():
                 if (isinstance(layer, torch.nn.Linear) and layer.out_features >= MIN_INT8_OUTPUTS
@@ -215,6 +215,10 @@ class Int8Check:
 
     def add(self, fp32: Sequence[float], int8: Sequence[float]) -> None:
         self.pairs.append((list(fp32), list(int8)))
+
+    def refuse(self, reason: str) -> None:
+        """No int8 for this schema, for ``reason`` (the run log's words)."""
+        self.use_int8, self.reason = False, reason
 
     def decide(self) -> bool:
         """Whether the other items may predict in int8 (also sets :attr:`use_int8`)."""

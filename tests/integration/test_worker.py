@@ -358,3 +358,36 @@ def test_predict_precision_auto_on_a_cpu_without_bf16_predicts_in_checked_int8(t
     assert sum(auto[i]["label"] != fp32[i]["label"] for i in auto) <= 0.005 * len(auto)
     assert sum(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) / len(auto) < 0.01
     assert auto != fp32  # int8 ran: some confidence differs
+
+
+def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, monkeypatch):
+    """A torch whose int8 kernels fail (a later release may drop them): every item still comes out, in fp32."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from potato.trainers import hf_text_classification as hf
+    from potato.trainers.hf_common import ComputeDevice
+    from potato.trainers.predict_precision import Int8Check
+
+    class Events:
+        def check_cancelled(self):
+            pass
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    def broken(torch, model):
+        raise RuntimeError("quantized::linear_prepack is gone")
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 3)))] for k in range(6)]
+    fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "s"))
+    dev = ComputeDevice(torch, "cpu", "auto")
+    assert dev.predict_int8 == "checked"
+    monkeypatch.setattr(hf, "Int8Linears", broken)
+    check = Int8Check()
+    predicted = list(hf.predict(model, tokenizer, iter(rows[2:]), 6, 32, dev, Events(), "s", iter(rows[:2]), check))
+    assert predicted == fp32
+    assert check.describe() == "predicted in fp32: int8 could not be set up here: quantized::linear_prepack is gone"
