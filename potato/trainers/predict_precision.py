@@ -248,9 +248,9 @@ class Int8Check:
         n = len(self.pairs)
         if not self.use_int8:
             return "predicted in fp32: " + self.reason
-        return ("predicted {} items in int8 and {} in fp32 ({} predicted both ways to check int8, which moved "
-                "their confidences by {:.4f} on average; {} close to a tie, their two likeliest labels within "
-                "{:.3f} in int8)".format(
+        return ("predicted {} items in int8 and {} in fp32: {} both ways to check int8, which, with the items "
+                "close to a tie predicted in fp32, moved confidences by {:.4f} on average; {} more close to a tie "
+                "(their two likeliest labels within {:.3f} in int8)".format(
                     self.int8_items - self.redone, n + self.redone, n, self.mean_change, self.redone,
                     self.redo_gap))
 

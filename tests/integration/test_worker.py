@@ -351,7 +351,7 @@ def test_predict_precision_auto_on_a_cpu_without_bf16_predicts_in_checked_int8(t
     assert next(m for m in runs["fp32"][0] if m.startswith("Model ")).endswith(", predicts in fp32")
     predicted = [m for m in logs if m.startswith("Schema 'sentiment': predicted ")]
     assert len(predicted) == 1 and predicted[0].startswith("Schema 'sentiment': predicted ")
-    assert " in int8 and " in predicted[0] and "({} predicted both ways to check int8".format(CHECK_ITEMS) in predicted[0]
+    assert " in int8 and " in predicted[0] and " in fp32: {} both ways to check int8, which, ".format(CHECK_ITEMS) in predicted[0]
     assert not [m for m in runs["fp32"][0] if m.startswith("Schema 'sentiment': predicted ")]
     auto, fp32 = runs["auto"][1], runs["fp32"][1]
     assert auto.keys() == fp32.keys() and len(auto) == len(items)

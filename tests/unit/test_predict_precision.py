@@ -40,8 +40,9 @@ def test_int8_is_kept_when_it_moves_little_and_ties_go_back_to_fp32():
     assert check.mean_change == pytest.approx(66 * 0.004 / 99)
     check.int8_items, check.redone = 900, 40
     assert check.describe() == (
-        "predicted 860 items in int8 and 139 in fp32 (99 predicted both ways to check int8, which moved their "
-        "confidences by 0.0027 on average; 40 close to a tie, their two likeliest labels within 0.012 in int8)")
+        "predicted 860 items in int8 and 139 in fp32: 99 both ways to check int8, which, with the items close to a "
+        "tie predicted in fp32, moved confidences by 0.0027 on average; 40 more close to a tie (their two likeliest "
+        "labels within 0.012 in int8)")
 
 
 def test_int8_is_refused_when_it_moves_confidences_too_far():
