@@ -34,7 +34,7 @@ def test_int8_is_kept_when_it_moves_little_and_ties_go_back_to_fp32():
     for k in range(99):
         p = (0.9, 0.52, 0.505)[k % 3]
         check.add([p, 1 - p], [p - 0.004, 1 - p + 0.004])  # int8 moves each probability by 0.004
-    assert check.decide() and check.use_int8
+    assert check.decide(1.0, 0.5) and check.use_int8
     assert check.redo_gap == pytest.approx(0.012)  # 1.5 x twice the largest change
     # The items at 0.505 (0.002 apart in int8) go back to fp32; the others keep int8's change.
     assert check.mean_change == pytest.approx(66 * 0.004 / 99)
@@ -49,25 +49,27 @@ def test_int8_is_refused_when_it_moves_confidences_too_far():
     check = Int8Check()
     for _ in range(50):
         check.add([0.99, 0.01], [0.96, 0.04])
-    assert not check.decide()
+    assert not check.decide(1.0, 0.5)
     assert check.describe() == ("predicted in fp32: on 50 items predicted both ways int8 moved confidences by "
                                 "0.0300 on average (give or take 0.0000), too close to 0.01")
     check = Int8Check()
     for k in range(50):  # 0.008 on average, but so unevenly that the sample cannot tell it from 0.01
         check.add([0.99, 0.01], [0.95, 0.05] if k % 5 == 0 else [0.99, 0.01])
-    assert not check.decide() and check.reason == ("on 50 items predicted both ways int8 moved confidences "
+    assert not check.decide(1.0, 0.5) and check.reason == ("on 50 items predicted both ways int8 moved confidences "
                                                           "by 0.0080 on average (give or take 0.0023), too close to 0.01")
 
 
-def test_int8_is_refused_when_most_items_would_need_fp32_again():
+def test_int8_is_refused_when_the_items_it_predicts_twice_would_eat_its_gain():
     check = Int8Check()
-    for _ in range(50):
-        check.add([0.51, 0.49], [0.5, 0.5])
-    assert not check.decide()
-    assert check.describe() == ("predicted in fp32: on 50 items predicted both ways 100% were close enough to a "
-                                "tie to need fp32 again, so int8 would not be faster")
+    for k in range(50):
+        check.add([0.51, 0.49], [0.5, 0.5]) if k % 5 == 0 else check.add([0.9, 0.1], [0.9, 0.1])
+    assert check.decide(1.0, 0.5)  # a fifth predicted twice: 1 / (0.5 + 0.2) = 1.43x
+    assert not check.decide(1.0, 0.7)  # 1 / (0.7 + 0.2) = 1.11x
+    assert check.describe() == ("predicted in fp32: on 50 items predicted both ways int8 took 70% of fp32's time "
+                                "and 20% of them were close enough to a tie to need fp32 again, so it would be only "
+                                "1.11x as fast")
     empty = Int8Check()
-    assert not empty.decide()
+    assert not empty.decide(0.0, 0.0)
     assert empty.describe() == "predicted in fp32: too few items for int8 to pay for its check"
 
 
