@@ -421,7 +421,8 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     so memory does not grow with the number of items. ``total``: the number
     of batches, for the progress events. With ``check`` (int8 checked against
     fp32: ``dev.predict_int8 == "checked"``), ``sample``'s batches come first,
-    predicted both ways (see :func:`checked_predictions`).
+    predicted both ways (see :func:`checked_predictions`); without one, such a
+    device predicts in fp32.
     """
     import contextlib
     import itertools
@@ -458,9 +459,9 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
             else:
                 events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
     with torch.inference_mode(), int8_twins as linears:
-        if int8 == "checked":
+        if int8 == "checked" and check is not None:
             predicted = checked_predictions(forward, sample, batches, check, after_batch)
-        else:
+        else:  # fp32 (or bf16) unless int8 was asked for; a caller with no check gets no unchecked int8
             predicted = _unchecked(forward, itertools.chain(sample, batches), int8 == "always", after_batch)
         for row, probs in predicted:
             label = max(range(len(probs)), key=probs.__getitem__)
