@@ -30,6 +30,14 @@ predicted twice (timed on the sample);
 otherwise the schema predicts in fp32, and the run log says why either way.
 ``predict_precision: int8`` asks for int8 on every item, unchecked.
 
+What that buys depends on how sure the model is. bench/predict_throughput.py's
+MiniLM, trained on 400 short reviews, is unsure of many long ones: its check
+(3 000 reviews, AVX2 kernels) found int8 taking 67 % of fp32's time but 23 %
+of the items close enough to a tie to need fp32 again, 1.12x in all, so it
+predicts in fp32 — not the 2x over ``transformers.pipeline`` that int8 alone
+reaches (2.09x per CPU second, at 1.4 % of labels changed). A model sure of
+most items keeps int8 for them.
+
 To measure this path on a CPU that has bf16, set ``ONEDNN_MAX_CPU_ISA=AVX2``
 (oneDNN then uses no bf16 instruction, and :func:`cpu_has_bf16` agrees);
 ``bench/predict_throughput.py --isa avx2`` also sets the variables that hold
