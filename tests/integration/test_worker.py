@@ -338,3 +338,99 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     assert auto.keys() == fp32.keys() and len(auto) == 80
     assert all(auto[i]["label"] == fp32[i]["label"] for i in auto)  # a trained model: no item near 0.5
     assert max(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) < (0.01 if bf16 else 1e-9)
+
+
+# What holds torch's kernels to AVX2 with no bf16, as on most laptops and small VMs (bench/predict_throughput.py).
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_predict_precision_auto_on_a_cpu_without_bf16_checks_int8_against_fp32(tmp_path, tiny_model):
+    """The real worker with its kernels held to AVX2: auto checks int8 against fp32 on a sample and predicts
+    in whichever the check allows; its labels are fp32's on all but at most 0.5 % of the items, and the log
+    names the path and why."""
+    from potato.trainers.predict_precision import CHECK_ITEMS
+
+    items = easy_items(60, unlabeled=3 * CHECK_ITEMS)  # more than twice the sample: int8 can pay
+    runs = {}
+    for precision in ("auto", "fp32"):
+        job = write_job(tmp_path / precision, items=items, include_unlabeled=True,
+                        options=dict(TINY, model=tiny_model, predict_precision=precision))
+        result = run_worker(job, dict(worker_env(), **AVX2_ONLY))
+        assert result.returncode == 0, result.stderr
+        logs = [e["message"] for e in events_of(job) if e["type"] == "log"]
+        predictions = [json.loads(line) for line in (job / "predictions.jsonl").read_text().splitlines()]
+        runs[precision] = (logs, {p["id"]: p for p in predictions})
+    logs = runs["auto"][0]
+    assert next(m for m in logs if m.startswith("Model ")).endswith(
+        ", predicts in int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
+    assert next(m for m in runs["fp32"][0] if m.startswith("Model ")).endswith(", predicts in fp32")
+    # The schema's line says which path ran: int8 for most items, or fp32 and why (the tiny model's
+    # matrices are too small for int8 to be faster).
+    predicted = [m for m in logs if m.startswith("Schema 'sentiment': predicted ")]
+    assert len(predicted) == 1, logs
+    line = predicted[0]
+    int8_kept = " in int8 and " in line
+    if int8_kept:
+        assert " in fp32: {} both ways to check int8, which, ".format(CHECK_ITEMS) in line
+    else:
+        assert line.startswith("Schema 'sentiment': predicted in fp32: on {} items predicted both ways int8 ".format(
+            CHECK_ITEMS))
+    assert not [m for m in runs["fp32"][0] if m.startswith("Schema 'sentiment': predicted ")]
+    auto, fp32 = runs["auto"][1], runs["fp32"][1]
+    assert auto.keys() == fp32.keys() and len(auto) == len(items)
+    assert sum(auto[i]["label"] != fp32[i]["label"] for i in auto) <= 0.005 * len(auto)
+    assert sum(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) / len(auto) < 0.01
+    assert (auto != fp32) == int8_kept  # int8 ran exactly when the log says so
+
+
+def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, monkeypatch):
+    """A torch whose int8 kernels fail (a later release may drop them): every item still comes out, in fp32."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from potato.trainers import hf_text_classification as hf
+    from potato.trainers.answers import Answers
+    from potato.trainers.hf_common import ComputeDevice
+    from potato.trainers.hf_heads import make_head
+    from potato.trainers.predict_precision import Int8Check
+
+    class Events:
+        def check_cancelled(self):
+            pass
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    def broken(torch, model):
+        raise RuntimeError("quantized::linear_prepack is gone")
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 3)))] for k in range(6)]
+    head = make_head(Answers("s", ["positive", "negative"]))
+    fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", int8=True), Events(),
+                           "s", head))
+    asked = ComputeDevice(torch, "cpu", "int8", int8=True)  # int8 as asked: every item, the model left as it was
+    assert asked.predict_int8 == "always"
+    int8 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "s", head))
+    assert [r[0] for r in int8] == [r[0] for r in fp32] and [r[1] for r in int8] != [r[1] for r in fp32]
+    assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", int8=True),
+                           Events(), "s", head)) == fp32
+    assert ComputeDevice(torch, "cpu", "auto").predict_int8 is None  # a trainer that cannot predict in int8
+    # int8's check is a softmax's: another head predicts in fp32 even where int8 is asked for, and says so.
+    logs = []
+    Events.log = lambda self, message, level="info": logs.append(message)
+    multilabel = make_head(Answers("m", ["positive", "negative"], {"kind": "multilabel"}))
+    assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "m", multilabel)) == list(
+        hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "m", multilabel))
+    assert logs == ["Schema 'm': predicts in fp32: int8 is for nominal schemas only"]
+    dev = ComputeDevice(torch, "cpu", "auto", int8=True)
+    assert dev.predict_int8 == "checked"
+    monkeypatch.setattr(hf, "Int8Linears", broken)
+    check = Int8Check()
+    predicted = list(hf.predict(model, tokenizer, iter(rows[2:]), 6, 32, dev, Events(), "s", head, iter(rows[:2]),
+                                check))
+    assert predicted == fp32
+    assert check.describe() == "predicted in fp32: int8 could not be set up here: quantized::linear_prepack is gone"

@@ -1,0 +1,310 @@
+"""How a Hugging Face trainer predicts on a CPU without bf16 instructions: int8, checked against fp32.
+
+A CPU with AVX512-BF16 or AMX predicts in bf16 autocast (hf_common.ComputeDevice).
+Most CPUs of the small VMs and laptops that run an annotation server have
+neither — AVX2 at best — and there fp32 prediction is bound by the linear
+layers' matrix products (80 % of a MiniLM's time). With int8 twins of those
+layers (weights quantized per output channel, activations per batch,
+fbgemm's kernels) the model predicted 1.75x as many items per CPU second,
+but int8 moves a model's outputs more than bf16 does, by how much depends on
+the model, and it moved this one's a lot: on AVX2 kernels (MiniLM trained on
+400 reviews, 300 predicted), int8 changed 1.7 % of the labels and
+confidences by 0.013 on average, where bf16 changed none and 0.0005.
+(Activations quantized per token, through ``torch._int_mm``, changed 0.7 %
+and 0.008 and ran at only 1.2x fp32's speed; 7-bit activations, torch's
+default for these kernels, changed 2.3 % and 0.019.)
+
+So ``predict_precision: auto`` does not trust int8 blindly. It predicts a
+sample of each schema's items (``CHECK_ITEMS``, spread over short and long
+texts) both ways and writes fp32's predictions for them; from the sample it
+takes the largest change int8 made to any probability and, for the other
+items, predicts in int8 and predicts again in fp32 every item whose two
+likeliest labels int8 puts closer than ``SAFETY`` times twice that change —
+the only items whose label int8 could have flipped. Where an item is close
+to a tie, its confidence is also where int8 moves it most, so the items that
+stay in int8 are the ones it changes least. int8 is kept only when, on the
+sample, those rules leave confidences within ``MAX_MEAN_CHANGE`` of fp32's on
+average, with two standard errors to spare, and would still predict
+``MIN_SPEEDUP`` times as fast as fp32 once the items close to a tie are
+predicted twice (timed on the sample);
+otherwise the schema predicts in fp32, and the run log says why either way.
+``predict_precision: int8`` asks for int8 on every item, unchecked.
+
+What that buys depends on how sure the model is. bench/predict_throughput.py's
+MiniLM, trained on 400 short reviews, is unsure of many long ones: its check
+(3 000 reviews, AVX2 kernels) found int8 taking 67 % of fp32's time but 23 %
+of the items close enough to a tie to need fp32 again, 1.12x in all, so it
+predicts in fp32 — not the 2x over ``transformers.pipeline`` that int8 alone
+reaches (2.09x per CPU second, at 1.4 % of labels changed). A model sure of
+most items keeps int8 for them.
+
+To measure this path on a CPU that has bf16, set ``ONEDNN_MAX_CPU_ISA=AVX2``
+(oneDNN then uses no bf16 instruction, and :func:`cpu_has_bf16` agrees);
+``bench/predict_throughput.py --isa avx2`` also sets the variables that hold
+torch's other kernels (ATen, MKL, fbgemm) to AVX2, for both sides of the bench.
+
+Part of the remote half: importing this module loads only the standard
+library; torch is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+PREDICT_PRECISIONS = ("auto", "fp32", "int8")
+
+CHECK_ITEMS = 256  # items of each schema predicted both ways before int8 is trusted with the others
+SAFETY = 1.5  # how much more than the sample's largest change a tie must be apart to stay in int8
+MAX_MEAN_CHANGE = 0.01  # the bound on confidences' change, on average, that int8 must hold
+# int8 is kept only if, by the sample's timings and its share of items to predict again in fp32, it
+# would predict at least this much faster than fp32: on a model with many items near a tie, the items
+# predicted twice eat the gain (MiniLM trained on 400 reviews, 1 000 predicted on AVX2 kernels, per CPU
+# second: fp32 54.7, int8 93.9, int8 checked with 27 % predicted again 48.9).
+MIN_SPEEDUP = 1.2
+# A layer with fewer outputs than this stays in fp32: a classification head, whose few products cost
+# nothing and whose outputs are the logits themselves.
+MIN_INT8_OUTPUTS = 16
+
+# oneDNN's names for instruction sets without bf16 arithmetic (ONEDNN_MAX_CPU_ISA caps it at one of these).
+_ISAS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                                "AVX512_CORE_VNNI"})
+
+
+# -- what the CPU computes -------------------------------------------------------
+
+
+def cpu_has_bf16(torch: Any) -> bool:
+    """Whether this CPU computes bf16 in hardware (AVX512-BF16 or AMX), as torch's oneDNN kernels see it.
+
+    ``ONEDNN_MAX_CPU_ISA`` (or its old name ``DNNL_MAX_CPU_ISA``) set to an
+    instruction set without bf16 keeps oneDNN off them, so this answers no.
+    The hardware checks are private to torch (``torch.cpu``, 2.3 and later);
+    an older torch, or a CPU it cannot tell about (ARM), counts as without.
+    """
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        if os.environ.get(name, "").strip().upper() in _ISAS_WITHOUT_BF16:
+            return False
+    cpu = getattr(torch, "cpu", None)
+    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        try:
+            if getattr(cpu, check)():
+                return True
+        except (AttributeError, RuntimeError, TypeError):
+            continue
+    return False
+
+
+def int8_unavailable(torch: Any) -> Optional[str]:
+    """Why this torch cannot predict in int8 here (None: it can)."""
+    engines = getattr(getattr(torch.backends, "quantized", None), "supported_engines", [])
+    if not any(engine in engines for engine in ("x86", "fbgemm")):
+        return "torch {} has no int8 kernels for this CPU".format(torch.__version__)
+    if not (hasattr(torch, "quantize_per_channel") and hasattr(torch.ops.quantized, "linear_dynamic")):
+        return "torch {} has no dynamic int8 linear layers".format(torch.__version__)
+    return None
+
+
+# -- the int8 twins of a model's linear layers -------------------------------------
+
+
+class Int8Linears:
+    """int8 twins of ``model``'s linear layers, switched on with :meth:`on`.
+
+    Each ``torch.nn.Linear`` (with at least ``MIN_INT8_OUTPUTS`` outputs)
+    gets a forward of its own that computes in int8 while :attr:`active` is
+    set and in fp32 otherwise; its fp32 weights stay as they are, so the
+    model predicts both ways, saves as before, and the twins add a quarter
+    of the linear weights' size. :meth:`remove` (or leaving the ``with``
+    block) takes them away. Raises ``RuntimeError`` where the kernels are
+    missing (see :func:`int8_unavailable`).
+    """
+
+    def __init__(self, torch: Any, model: Any):
+        self.torch = torch
+        self.active = False
+        self._layers = []  # type: List[Any]
+        reason = int8_unavailable(torch)
+        if reason:
+            raise RuntimeError(reason)
+        with warnings.catch_warnings():
+            # torch marks its quantized tensors deprecated in favour of torchao; the kernels are the
+            # ones it has, and a torch without them fails here, which predict() turns into fp32.
+            warnings.simplefilter("ignore")
+            for layer in model.modules():
+                if (isinstance(layer, torch.nn.Linear) and layer.out_features >= MIN_INT8_OUTPUTS
+                        and layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu"):
+                    layer.forward = self._twin(layer, _pack(torch, layer))
+                    self._layers.append(layer)
+
+    def _twin(self, layer: Any, packed: Any) -> Callable[[Any], Any]:
+        fp32 = type(layer).forward
+        linear_dynamic = self.torch.ops.quantized.linear_dynamic
+
+        def forward(x: Any, *args: Any, **kwargs: Any) -> Any:  # peft's LoRA layers pass their arguments on
+            if self.active:
+                # 8-bit activations (reduce_range False): torch's default 7 bits moved confidences 1.5x as far.
+                return linear_dynamic(x.contiguous(), packed, False)
+            return fp32(layer, x, *args, **kwargs)
+
+        return forward
+
+    def on(self) -> "_Switch":
+        """A ``with`` block in which the model computes its linear layers in int8."""
+        return _Switch(self)
+
+    def remove(self) -> None:
+        for layer in self._layers:
+            del layer.forward  # the class's forward again
+        self._layers = []
+
+    def __enter__(self) -> "Int8Linears":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+class _Switch:
+    def __init__(self, linears: Int8Linears):
+        self.linears = linears
+
+    def __enter__(self) -> None:
+        self.linears.active = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.linears.active = False
+
+
+def _pack(torch: Any, layer: Any) -> Any:
+    """fbgemm's packed int8 weights of ``layer``: symmetric, one scale per output channel."""
+    weight = layer.weight.detach()
+    scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127).double()
+    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
+    qweight = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
+    bias = layer.bias.detach() if layer.bias is not None else None
+    return torch.ops.quantized.linear_prepack(qweight, bias)
+
+
+# -- the check against fp32 ------------------------------------------------------
+
+
+def check_sample(order: Sequence[int], want: int = CHECK_ITEMS) -> Tuple[List[int], List[int]]:
+    """``(sample, rest)`` of ``order`` (longest texts first): every k-th item, about ``want`` of them,
+    so the sample has long and short texts alike. Empty sample when the items are too few for int8
+    to pay for predicting the sample twice (at most twice ``want``)."""
+    if len(order) <= 2 * want:
+        return [], list(order)
+    stride = len(order) / float(want)
+    picked = {int(k * stride) for k in range(want)}
+    return ([i for n, i in enumerate(order) if n in picked], [i for n, i in enumerate(order) if n not in picked])
+
+
+def tie_gap(probs: Sequence[float]) -> float:
+    """How far apart a prediction's two likeliest labels are (1.0 with a single label)."""
+    top = sorted(probs, reverse=True)[:2]
+    return top[0] - (top[1] if len(top) > 1 else 0.0)
+
+
+class Int8Check:
+    """What int8 does to one schema's sample, and the decision it leads to.
+
+    Feed it each sample item's fp32 and int8 probabilities with :meth:`add`;
+    :meth:`decide` sets :attr:`use_int8` and :attr:`redo_gap` (an item whose
+    :func:`tie_gap` in int8 is at most this is predicted again in fp32). The
+    counts of what ran are kept for :meth:`describe`.
+    """
+
+    def __init__(self) -> None:
+        self.pairs = []  # type: List[Tuple[List[float], List[float]]]
+        self.use_int8 = False
+        self.redo_gap = 0.0
+        self.reason = ""
+        self.mean_change = 0.0
+        self.int8_items = 0
+        self.redone = 0
+
+    def add(self, fp32: Sequence[float], int8: Sequence[float]) -> None:
+        self.pairs.append((list(fp32), list(int8)))
+
+    def refuse(self, reason: str) -> None:
+        """No int8 for this schema, for ``reason`` (the run log's words)."""
+        self.use_int8, self.reason = False, reason
+
+    def decide(self, fp32_seconds: float, int8_seconds: float) -> bool:
+        """Whether the other items may predict in int8 (also sets :attr:`use_int8`); the seconds are what
+        the sample took each way."""
+        n = len(self.pairs)
+        self.use_int8 = False
+        if not n:
+            self.reason = "too few items for int8 to pay for its check"
+            return False
+        largest = max(max(abs(a - b) for a, b in zip(p, q)) for p, q in self.pairs)
+        self.redo_gap = min(1.0, SAFETY * 2 * largest)
+        # What each sample item's confidence would be off by: nothing where fp32 predicts it again.
+        changes = [abs(max(p) - max(q)) if tie_gap(q) > self.redo_gap else 0.0 for p, q in self.pairs]
+        self.mean_change = sum(changes) / n
+        spread = math.sqrt(sum((c - self.mean_change) ** 2 for c in changes) / max(1, n - 1) / n)
+        redo_share = sum(1 for p, q in self.pairs if tie_gap(q) <= self.redo_gap) / float(n)
+        speedup = fp32_seconds / max(1e-9, int8_seconds + redo_share * fp32_seconds)
+        if self.mean_change + 2 * spread > MAX_MEAN_CHANGE:
+            self.reason = "on {} items predicted both ways int8 moved confidences by {:.4f} on average " \
+                          "(give or take {:.4f}), too close to {}".format(n, self.mean_change, spread, MAX_MEAN_CHANGE)
+        elif speedup < MIN_SPEEDUP:
+            self.reason = "on {} items predicted both ways int8 took {:.0%} of fp32's time and {:.0%} of them were " \
+                          "close enough to a tie to need fp32 again, so it would be only {:.2f}x as fast".format(
+                              n, int8_seconds / max(1e-9, fp32_seconds), redo_share, speedup)
+        else:
+            self.use_int8 = True
+        return self.use_int8
+
+    def describe(self) -> str:
+        """The run log's words for what ran, after prediction."""
+        n = len(self.pairs)
+        if not self.use_int8:
+            return "predicted in fp32: " + self.reason
+        return ("predicted {} items in int8 and {} in fp32: {} both ways to check int8, which, with the items "
+                "close to a tie predicted in fp32, moved confidences by {:.4f} on average; {} more close to a tie "
+                "(their two likeliest labels within {:.3f} in int8)".format(
+                    self.int8_items - self.redone, n + self.redone, n, self.mean_change, self.redone,
+                    self.redo_gap))
+
+
+def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Iterable[List[Any]],
+                        batches: Iterable[List[Any]], check: Int8Check,
+                        after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
+    """``(row, probabilities)`` for every row of ``sample``'s and then ``batches``' batches.
+
+    ``forward(rows, int8)`` returns the rows' probabilities (a CPU tensor, one
+    row each); ``after_batch`` runs after each batch (progress, cancel). The
+    sample's rows come out in fp32, as :class:`Int8Check` decides; the rest in
+    int8, but in fp32 for the rows int8 puts close to a tie.
+    """
+    seconds = [0.0, 0.0]  # the sample's time in fp32, in int8
+    for rows in sample:
+        started = time.perf_counter()
+        fp32 = forward(rows, False)
+        middle = time.perf_counter()
+        int8 = forward(rows, True)
+        seconds[0] += middle - started
+        seconds[1] += time.perf_counter() - middle
+        for row, p, q in zip(rows, fp32.tolist(), int8.tolist()):
+            check.add(p, q)
+            yield row, p
+        after_batch()
+    check.decide(*seconds)
+    for rows in batches:
+        probs = forward(rows, check.use_int8).tolist()
+        if check.use_int8:
+            check.int8_items += len(rows)
+            close = [k for k, p in enumerate(probs) if tie_gap(p) <= check.redo_gap]
+            if close:
+                check.redone += len(close)
+                for k, p in zip(close, forward([rows[k] for k in close], False).tolist()):
+                    probs[k] = p
+        for row, p in zip(rows, probs):
+            yield row, p
+        after_batch()
