@@ -47,8 +47,10 @@ from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
 from potato.evaluation import record_evaluation
 from potato.prefect_api import ensure_concurrency_limit
+from potato.jobs import make_job
 from potato.prefect_runs import CancelWatch
-from potato.project import build_bundle, describe_bundle
+from potato.project import build_bundle, describe_bundle, read_manifest
+from potato.publish.facts import record_training_data
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
 from potato.store import MANUAL, SCHEDULE, Store
@@ -78,6 +80,9 @@ def build_bundle_task(ctx: RunContext) -> dict:
     for warning in info.warnings:
         ctx.log.warning(warning)
     ctx.log.info(describe_bundle(info))
+    # The model card's counts (the bundle itself is deleted at clean-up).
+    record_training_data(ctx.run_dir, read_manifest(ctx.bundle_dir), len(info.users),
+                         make_job(ctx.config, ctx.run, bundle="")["options"])
     if ctx.run.trainer == calibration.NAME:
         calibration.prepare(ctx)
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}

@@ -2,6 +2,7 @@
 
     cli ─► server ─► protocol ─► run_events, jobs, jsonapi, store, config, …
     flows ─► tasks ─┘
+    cli, server, flows ─► publish ─► runs, store, config, trainers (names only), artifact_uri
     remote half (potato.training, potato.trainers): nothing of ours above it
 
 The agent protocol has one home (potato/protocol) that both the annotation
@@ -63,6 +64,7 @@ def test_the_scan_sees_lazy_imports():
     (("potato.tasks",), ("potato.server",)),
     (("potato.protocol", "potato.jsonapi", "potato.run_events", "potato.jobs"),
      ("potato.server", "potato.tasks", "flows", "potato.cli")),
+    (("potato.publish", "potato.artifact_uri"), ("potato.server", "potato.tasks", "potato.protocol", "flows", "potato.cli")),
     (("potato.training", "potato.trainers"),
      ("potato.server", "potato.tasks", "potato.protocol", "potato.store", "potato.config", "potato.runs", "flows")),
 ])
