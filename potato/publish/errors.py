@@ -48,8 +48,13 @@ class RunNotSucceeded(PublishRefused):
         super().__init__(why)
 
 
-def _copy_back(host: str, remote_dir: str, local_dir: str) -> str:
-    return f"scp -r {shlex.quote(f'{host}:{remote_dir}')}/. {shlex.quote(local_dir)}/"
+def _copy_back(host: str, remote_dir: str, local_dir: str, *, partly: bool = False) -> str:
+    """The scp that brings *remote_dir* back as *local_dir* (which does not exist), or, *partly*, its files into it."""
+    if partly:
+        return f"scp -r {shlex.quote(f'{host}:{remote_dir}/*')} {shlex.quote(local_dir)}/"
+    parent, _, name = local_dir.rpartition("/")
+    target = shlex.quote(parent) + "/" if remote_dir.rstrip("/").endswith("/" + name) else shlex.quote(local_dir)
+    return f"scp -r {shlex.quote(f'{host}:{remote_dir}')} {target}"
 
 
 class ModelOnHost(PublishRefused):
@@ -62,7 +67,7 @@ class ModelOnHost(PublishRefused):
             what = f"Run {run_id}'s model stayed on {host} in {remote_dir} (fetch_artifacts is false for {backend})"
         super().__init__(
             f"{what}, and publishing needs the model files on this server. Fix: copy them back "
-            f"(`{_copy_back(host, remote_dir, local_dir)}`) and publish again, or publish from {host} "
+            f"(`{_copy_back(host, remote_dir, local_dir, partly=partly)}`) and publish again, or publish from {host} "
             f"(`{HF_UPLOAD} <owner/name> {shlex.quote(remote_dir)}`)")
 
 

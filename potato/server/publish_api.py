@@ -1,7 +1,7 @@
 """The admin API's publishing routes (``/admin/training/api/runs/<id>/…``): publish to the Hub, download.
 
 - ``GET  …/publish`` — could this run be published, and how its last publish went:
-  ``{"ready", "refusal", "files", "bytes", "kind", "base_model", "hub", "publication"}``;
+  ``{"run_state", "ready", "refusal", "files", "bytes", "kind", "base_model", "hub", "publication"}``;
 - ``POST …/publish`` — JSON ``{"repo": "owner/name", "private": true, "revision": "main",
   "message", "base_model", "license"}``: checked and claimed now (400 for a bad field,
   409 for a run that cannot be published, with the reason and the fix), uploaded by
@@ -38,8 +38,8 @@ def _refused(exc: errors.PublishRefused) -> ApiError:
 def publish_status(run_id: int):
     config, store = get_config(), get_store()
     run = store.get_run(run_id)
-    answer = {"ready": False, "refusal": None, "files": 0, "bytes": 0, "kind": None, "base_model": None,
-              "hub": shown(hub_endpoint()), "publication": record.view(run.publication)}
+    answer = {"run_state": run.state, "ready": False, "refusal": None, "files": 0, "bytes": 0, "kind": None,
+              "base_model": None, "hub": shown(hub_endpoint()), "publication": record.view(run.publication)}
     try:
         plan = make_plan(config, store, run_id, for_hub=False)
         hub_token()
