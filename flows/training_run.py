@@ -46,8 +46,8 @@ from potato import calibration, prefect_runs, runs
 from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
 from potato.evaluation import record_evaluation
-from potato.prefect_api import ensure_concurrency_limit
 from potato.jobs import make_job
+from potato.prefect_api import ensure_concurrency_limit
 from potato.prefect_runs import CancelWatch
 from potato.project import build_bundle, describe_bundle, read_manifest
 from potato.publish.facts import record_training_data

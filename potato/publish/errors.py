@@ -17,7 +17,7 @@ Importable without I/O. The tree::
     └── HubError                 the Hub said no, or could not be reached (the upload ran)
         ├── HubTokenRefused      401: the token is wrong, expired or revoked
         ├── HubForbidden         403: the repo or its namespace belongs to someone else
-        ├── HubUnreachable       the connection failed: nothing was committed
+        ├── HubUnreachable       the connection failed (the Hub commits whole or not at all)
         └── HubRefused           any other refusal, with the Hub's own words
 """
 
@@ -135,14 +135,20 @@ class BadPublishRequest(PublishRefused):
     """Raised for a request field that is not valid; the message names the field and what it takes."""
 
 
+def quoted(value: object, limit: int = 100) -> str:
+    """*value*'s repr for a message, cut to *limit* characters (a request may carry megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def bad_repo_name(name: object) -> BadPublishRequest:
     return BadPublishRequest(
-        f"{name!r} is not a Hugging Face Hub repo name: give owner/name, the owner being your user or an "
+        f"{quoted(name)} is not a Hugging Face Hub repo name: give owner/name, the owner being your user or an "
         f"organization (letters, digits, '-', '_' and '.'), e.g. my-lab/review-sentiment")
 
 
 class HubError(PublishError):
-    """Raised when the Hub refuses the upload or cannot be reached; nothing was committed."""
+    """Raised when the Hub refuses the upload or cannot be reached."""
 
 
 class HubTokenRefused(HubError):
@@ -166,11 +172,12 @@ class HubForbidden(HubError):
 class HubUnreachable(HubError):
     def __init__(self, endpoint: str, repo: str, run_id: int, cause: str):
         super().__init__(
-            f"The upload to {endpoint} failed: {cause}. Nothing was committed: {repo} and run {run_id} are as "
-            f"they were. Fix: check that this server reaches {endpoint} (HF_ENDPOINT names the Hub), then publish "
-            f"again; what already reached the Hub is not sent twice")
+            f"The upload to {endpoint} failed: {cause}. Run {run_id} and its files are as they were, and the Hub "
+            f"takes a commit whole or not at all: {repo} has all of this publish or none of it. Fix: check that this "
+            f"server reaches {endpoint} (HF_ENDPOINT names the Hub), then publish again; what already reached the "
+            f"Hub is not sent twice")
 
 
 class HubRefused(HubError):
     def __init__(self, endpoint: str, repo: str, status: int, said: str):
-        super().__init__(f"{endpoint} refused to publish {repo} ({status}): {said}")
+        super().__init__(f"{endpoint} answered {status} to the publish of {repo}: {said}")

@@ -86,13 +86,22 @@ def _counts_from_labels(run_dir: Path, schemas: Sequence[str]) -> dict[str, dict
 
 
 def effective_options(config: ProjectConfig, run: Run, run_dir: Path) -> dict[str, Any]:
-    """The trainer's options as the worker got them (``DATA_FILE``), else as the config gives them now."""
+    """The trainer's options as the worker got them (``DATA_FILE``, else as the config gives them now),
+    over the trainer's defaults."""
+    import importlib
+
+    from potato.trainers import TRAINERS
+
     data = read_training_data(run_dir)
     if data is not None and isinstance(data.get("options"), dict):
-        return data["options"]
-    from potato.jobs import make_job
+        given = data["options"]
+    else:
+        from potato.jobs import make_job
 
-    return make_job(config, run, bundle="")["options"]
+        given = make_job(config, run, bundle="")["options"]
+    module = TRAINERS.get(run.trainer)
+    defaults = getattr(importlib.import_module(module), "DEFAULT_OPTIONS", {}) if module else {}
+    return {**defaults, **given}
 
 
 def card_facts(config: ProjectConfig, run: Run, run_dir: Path, schemas: Sequence[tuple[str, Sequence[str], str]], *,

@@ -51,11 +51,10 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def shown(endpoint: str) -> str:
+def without_credentials(endpoint: str) -> str:
     """*endpoint* without any user:password in it, for messages and the store."""
     parts = urlsplit(endpoint)
-    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))) \
-        if parts.hostname else endpoint
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def hub_token() -> tuple[str, bool]:
@@ -213,7 +212,7 @@ def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_env
 
 def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool, message: str, description: str,
            run_id: int, progress: Progress, endpoint: str | None = None) -> Published:
-    """Publish *files* to *repo* in one commit on *revision*; raises ``HubError`` (nothing committed) or a refusal."""
+    """Publish *files* to *repo* in one commit on *revision*; raises ``HubError`` or a refusal."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     from huggingface_hub.utils import disable_progress_bars
@@ -222,7 +221,7 @@ def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool,
     disable_progress_bars()  # the bytes counted here are the progress; the client's bars would go to stderr
     token, from_environment = hub_token()
     endpoint = endpoint or hub_endpoint()
-    where = shown(endpoint)
+    where = without_credentials(endpoint)
     user: list[str] = []
     with _translated(where, repo, run_id, user, from_environment):
         api = HfApi(endpoint=endpoint, token=token, library_name="potato-annotation")

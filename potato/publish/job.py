@@ -19,7 +19,7 @@ from typing import Callable
 
 from potato.config import ProjectConfig
 from potato.publish import errors, record
-from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, shown, upload
+from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
 from potato.publish.plan import Plan, Request, default_message, make_plan
 from potato.store import Store
 
@@ -46,12 +46,11 @@ def prepare(config: ProjectConfig, store: Store, run_id: int, request: Request, 
     plan = make_plan(config, store, run_id, request)
     endpoint = hub_endpoint()
     total = sum(f.size for f in plan.files(request.repo))
-    record.claim(store, run_id, request, endpoint=shown(endpoint), via=via, total=total)
+    record.claim(store, run_id, request, endpoint=without_credentials(endpoint), via=via, total=total)
     return Prepared(run_id, plan, request, endpoint, via)
 
 
-def execute(config: ProjectConfig, store: Store, prepared: Prepared,
-            on_progress: Callable[[str, int, int], None] | None = None) -> Published:
+def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, int], None] | None = None) -> Published:
     """Upload what *prepared* plans; record the outcome in the run's publication; raise ``PublishError`` on failure."""
     run = store.get_run(prepared.run_id)
     last = [0.0, ""]
@@ -77,6 +76,9 @@ def execute(config: ProjectConfig, store: Store, prepared: Prepared,
             progress=Progress(sum(f.size for f in files), changed), endpoint=prepared.endpoint)
     except errors.PublishError as exc:
         record.failed(store, prepared.run_id, str(exc))
+        raise
+    except KeyboardInterrupt:  # the CLI's Ctrl-C: the upload is over
+        record.interrupted(store, prepared.run_id, stale_only=False)
         raise
     except Exception as exc:
         log.exception("Publishing run %s failed", prepared.run_id)
@@ -110,8 +112,8 @@ def _description(plan: Plan) -> str:
 class Publisher:
     """``potato start``'s uploads: one daemon thread each, so a request never waits on the Hub."""
 
-    def __init__(self, config: ProjectConfig, store: Store):
-        self.config, self.store = config, store
+    def __init__(self, store: Store):
+        self.store = store
         self._threads: dict[int, threading.Thread] = {}
         self._lock = threading.Lock()
 
@@ -130,19 +132,13 @@ class Publisher:
 
     def _run(self, prepared: Prepared) -> None:
         try:
-            published = execute(self.config, self.store, prepared)
+            published = execute(self.store, prepared)
             log.info("Published run %s to %s (commit %s)", prepared.run_id, published.url, published.commit)
         except errors.PublishError as exc:
             log.warning("Publishing run %s failed: %s", prepared.run_id, exc)
         finally:
             with self._lock:
                 self._threads.pop(prepared.run_id, None)
-
-    def wait(self, timeout: float | None = None) -> None:
-        with self._lock:
-            threads = list(self._threads.values())
-        for thread in threads:
-            thread.join(timeout)
 
     def stop(self) -> None:
         """Record every upload still running as interrupted (its thread dies with the process)."""
@@ -182,9 +178,9 @@ def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Cal
 
         request = request_from(body, default_license=config.model_training.license)
         prepared = prepare(config, store, run_id, request, via="cli")
-        echo(f"Publishing run {run_id} to {request.repo} on {shown(prepared.endpoint)} "
+        echo(f"Publishing run {run_id} to {request.repo} on {without_credentials(prepared.endpoint)} "
              f"({'private' if request.private else 'public'} if new, revision {request.revision})")
-        published = execute(config, store, prepared, progress)
+        published = execute(store, prepared, progress)
     except (errors.PublishError, StoreError) as exc:
         echo(str(exc), err=True)
         return 1

@@ -94,10 +94,6 @@ class Plan:
         card = render_card(self.facts, repo).encode("utf-8")
         return [*self.model_files, OutFile(CARD_FILE, len(card), data=card)]
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.model_files)
-
 
 def _hub_id(value: Any) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -126,7 +122,7 @@ def request_from(body: dict[str, Any], *, default_license: str | None = None) ->
     revision = body.get("revision") or "main"
     if not (isinstance(revision, str) and len(revision) <= 200 and _REVISION.fullmatch(revision)
             and ".." not in revision and not revision.endswith(".lock")):
-        raise errors.BadPublishRequest(f"revision {revision!r} is not a branch name: use letters, digits, '.', '_', "
+        raise errors.BadPublishRequest(f"revision {errors.quoted(revision)} is not a branch name: use letters, digits, '.', '_', "
                                        f"'-' and '/', e.g. main")
     message = body.get("message")
     if message is not None and not (isinstance(message, str) and message.strip() and len(message) <= MAX_MESSAGE
@@ -134,12 +130,13 @@ def request_from(body: dict[str, Any], *, default_license: str | None = None) ->
         raise errors.BadPublishRequest(f"message must be one line of text of at most {MAX_MESSAGE} characters")
     base_model = body.get("base_model") or None
     if base_model is not None and not _hub_id(base_model):
-        raise errors.BadPublishRequest(f"base_model {base_model!r} is not a Hugging Face Hub model id: give owner/name, "
+        raise errors.BadPublishRequest(f"base_model {errors.quoted(base_model)} is not a Hugging Face Hub model id: give owner/name, "
                                        f"e.g. sentence-transformers/all-MiniLM-L6-v2")
-    license_ = body.get("license") or default_license
+    given = body.get("license")
+    license_ = given or default_license
     if license_ is not None and not (isinstance(license_, str) and _LICENSE.fullmatch(license_)):
-        raise errors.BadPublishRequest(f"license {license_!r} is not a license identifier of the Hub, e.g. apache-2.0, "
-                                       f"mit, cc-by-4.0")
+        raise errors.BadPublishRequest(f"{'license' if given else 'model_training.license'} {errors.quoted(license_)} "
+                                       f"is not a license identifier of the Hub, e.g. apache-2.0, mit, cc-by-4.0")
     return Request(repo=repo, private=private, revision=revision, message=message and message.strip(),
                    base_model=base_model, license=license_)
 

@@ -33,8 +33,7 @@ BEAT_S = 5.0
 STALE_S = 60.0
 HISTORY = 50
 INTERRUPTED = ("The upload stopped when the process publishing it ended (the server stopped, or the command "
-               "was interrupted); nothing was committed. Publish again: what already reached the Hub is not "
-               "sent twice")
+               "was interrupted). Publish again: what already reached the Hub is not sent twice")
 
 
 def _alive(pid: Any) -> bool:

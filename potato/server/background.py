@@ -25,7 +25,7 @@ class Background:
         self.dispatcher = None
         # Built now (it is cheap), so the admin API can show its status; it watches from start().
         self.watcher = AutoRetrainWatcher(config, store)
-        self.publisher = Publisher(config, store)
+        self.publisher = Publisher(store)
         self.prefect_ui_url: str | None = None
         self._stopped = threading.Event()
 

@@ -18,7 +18,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from potato.jsonapi import ApiError, json_body
 from potato.publish import errors, record
 from potato.publish.archive import archive_name, stream_tar_gz
-from potato.publish.hub import hub_endpoint, hub_token, shown
+from potato.publish.hub import hub_endpoint, hub_token, without_credentials
 from potato.publish.job import prepare
 from potato.publish.plan import make_plan, request_from
 from potato.server import get_config, get_store
@@ -39,7 +39,7 @@ def publish_status(run_id: int):
     config, store = get_config(), get_store()
     run = store.get_run(run_id)
     answer = {"run_state": run.state, "ready": False, "refusal": None, "files": 0, "bytes": 0, "kind": None,
-              "base_model": None, "hub": shown(hub_endpoint()), "publication": record.view(run.publication)}
+              "base_model": None, "hub": without_credentials(hub_endpoint()), "publication": record.view(run.publication)}
     try:
         plan = make_plan(config, store, run_id, for_hub=False)
         hub_token()

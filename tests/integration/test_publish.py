@@ -26,7 +26,6 @@ import yaml
 
 from potato.config import load_config
 from potato.publish import errors
-from potato.publish.hub import shown
 from tests.support.hub import CHECKED_WITH, StandInHub, quiet_werkzeug
 from tests.support.potato_project import DEFAULT_ANNOTATORS, item_text, true_label
 from tests.support.runs import POTATO, potato, run_dir_of, store_of, tiny_project, wait_for
@@ -290,9 +289,9 @@ def test_a_cut_connection_commits_nothing_and_publishing_again_sends_only_what_i
         message = done.stderr.strip()
         assert message.startswith(f"The upload to {endpoint} failed: ")
         assert message.endswith(
-            f". Nothing was committed: lab/cut and run 1 are as they were. Fix: check that this server reaches "
-            f"{endpoint} (HF_ENDPOINT names the Hub), then publish again; what already reached the Hub is not sent "
-            f"twice")
+            f". Run 1 and its files are as they were, and the Hub takes a commit whole or not at all: lab/cut has all "
+            f"of this publish or none of it. Fix: check that this server reaches {endpoint} (HF_ENDPOINT names the "
+            f"Hub), then publish again; what already reached the Hub is not sent twice")
         assert hub.paths("lab/cut") == [".gitattributes"]  # no commit
         run = store.get_run(1)
         assert (run.state, run.publication["state"], run.publication["error"]) == (state, "failed", message)

@@ -16,7 +16,7 @@ from potato import artifact_uri
 from potato.publish import errors, record
 from potato.publish.archive import CHUNK, stream_tar_gz
 from potato.publish.card import CardFacts, SchemaFacts, render_card
-from potato.publish.hub import Progress, _Counted, shown
+from potato.publish.hub import Progress, _Counted, without_credentials
 from potato.publish.plan import OutFile, Request, base_model_id, request_from
 from potato.store import Store
 
@@ -89,8 +89,8 @@ def test_refusals_that_real_runs_here_do_not_reach_read_word_for_word():
         "Run 9 kept no calibration (for no schema did it lower both the holdout log-loss and the calibration error), "
         "so it adds nothing to run 7's model. Fix: publish run 7 instead")
     assert str(errors.HubRefused("https://hub.example.org", "lab/m", 400, "Invalid metadata in README.md")) == (
-        "https://hub.example.org refused to publish lab/m (400): Invalid metadata in README.md")
-    assert shown("https://user:secret@hub.example.org:8443/") == "https://hub.example.org:8443/"
+        "https://hub.example.org answered 400 to the publish of lab/m: Invalid metadata in README.md")
+    assert without_credentials("https://user:secret@hub.example.org:8443/") == "https://hub.example.org:8443/"
 
 
 def _facts(**over) -> CardFacts:
