@@ -4,6 +4,7 @@ archive, byte counting, the publication record, and the refusals no real run in 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import tarfile
@@ -163,3 +164,50 @@ def test_a_publication_is_claimed_once_until_its_upload_ends_or_its_process_dies
     assert record.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=1)["repo"] == "lab/b"
     store.change_json(run.id, "publication", lambda p: {**p, "beat": time.time() - record.STALE_S - 1})
     assert record.is_stale(store.get_run(run.id).publication)
+
+
+def _saved(directory, kind: str, labels, base: str) -> None:
+    """What hf-text-classification saves for one schema (the weights as stand-in bytes)."""
+    directory.mkdir(parents=True)
+    names = ("config.json", "model.safetensors") if kind == "full" else ("adapter_config.json", "adapter_model.safetensors")
+    (directory / names[0]).write_text(json.dumps({"base_model_name_or_path": base}))
+    (directory / names[1]).write_bytes(b"\0weights")
+    (directory / "README.md").write_text(f"---\nbase_model: {base}\n---\n")
+    (directory / "labels.json").write_text(json.dumps({"kind": kind, "labels": labels, "base_model": base}))
+
+
+def test_a_plan_puts_each_schema_in_its_folder_and_refuses_a_model_partly_left_on_the_host(tmp_path):
+    from potato.config import load_config
+    from potato.publish.plan import make_plan
+    from potato.runs import open_store, run_dir
+    from tests.support.potato_project import make_project
+
+    config = load_config(make_project(tmp_path, n_items=4, model_training={"backends": {
+        "gpu-server": {"type": "ssh", "host": "gpu.example.org"}}}))
+    store = open_store(config)
+    cache = "/home/me/.cache/huggingface/hub/models--FacebookAI--roberta-base/snapshots/e2da8e2f"
+    run = store.create_run("hf-text-classification", ["sentiment", "topic / area"], "gpu-server",
+                           {"model": cache, "lora": True})
+    store.transition(run.id, "running", from_states=("queued",))
+    store.transition(run.id, "succeeded", from_states=("running",), artifact_uri=artifact_uri.partly_on_host(
+        str(run_dir(config, run.id) / "artifacts"), "gpu.example.org", "/scratch/jobs/1/artifacts"))
+    artifacts = run_dir(config, run.id) / "artifacts"
+    _saved(artifacts / "sentiment", "lora", ["positive", "negative"], cache)
+    (artifacts / "topic_area").mkdir(parents=True)  # its weights stayed on the host
+    with pytest.raises(errors.ModelOnHost) as caught:
+        make_plan(config, store, run.id)
+    assert (caught.value.host, caught.value.remote_dir) == ("gpu.example.org", "/scratch/jobs/1/artifacts")
+    assert str(caught.value).startswith(f"Some of run {run.id}'s model files stayed on gpu.example.org in "
+                                        "/scratch/jobs/1/artifacts (larger than max_artifact_mb")
+
+    (artifacts / "topic_area").rmdir()  # copied back by hand, as the refusal says
+    _saved(artifacts / "topic_area", "lora", ["a", "b", "c"], cache)
+    plan = make_plan(config, store, run.id)
+    files = {f.path: f for f in plan.files("lab/m")}
+    assert sorted(files) == ["README.md", *(f"{d}/{n}" for d in ("sentiment", "topic_area") for n in (
+        "adapter_config.json", "adapter_model.safetensors", "labels.json"))]
+    adapter = json.loads(files["topic_area/adapter_config.json"].data)
+    assert adapter == {"base_model_name_or_path": "FacebookAI/roberta-base"}  # the cache path became its Hub id
+    card = files["README.md"].data.decode()
+    assert 'PeftModel.from_pretrained(base, "lab/m", subfolder="topic_area")' in card
+    assert cache not in card and all(cache.encode() not in (f.data or b"") for f in files.values())
