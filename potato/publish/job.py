@@ -20,7 +20,7 @@ from typing import Callable
 from potato.config import ProjectConfig
 from potato.publish import errors, record
 from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
-from potato.publish.plan import Plan, Request, default_message, make_plan
+from potato.publish.plan import Plan, Request, default_message, make_plan, request_from
 from potato.store import Store
 
 log = logging.getLogger(__name__)
@@ -151,14 +151,6 @@ class Publisher:
                 log.exception("Could not record that publishing run %s was interrupted", run_id)
 
 
-def size_text(size: int) -> str:
-    """``512 B``, ``120.1 kB``, ``3.4 MB``, ``1.2 GB`` (decimal units, as the Hub shows sizes)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
-
-
 def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Callable[..., None]) -> int:
     """``potato training publish``: publish in this process, printing progress; the exit status (0 or 1)."""
     from potato.errors import StoreError
@@ -171,11 +163,9 @@ def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Cal
         step = 4 * done // total if total else 4
         if (phase, step) != tuple(shown_at):
             shown_at[:] = [phase, step]
-            echo(f"{phase}: {size_text(done)} of {size_text(total)}")
+            echo(record.progress_text(request.repo, phase, done, total))
 
     try:
-        from potato.publish.plan import request_from
-
         request = request_from(body, default_license=config.model_training.license)
         prepared = prepare(config, store, run_id, request, via="cli")
         echo(f"Publishing run {run_id} to {request.repo} on {without_credentials(prepared.endpoint)} "

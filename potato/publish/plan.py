@@ -190,8 +190,8 @@ def _schema_dirs(config: ProjectConfig, run: Run) -> list[tuple[str, Path, dict[
         missing += gaps
         if not gaps:
             found.append((schema, model_dir, info))
-    if missing:
-        raise _refuse_missing(config, run, directory, missing)
+    if missing or not found:
+        raise _refuse_missing(config, run, directory, missing or ["a model"])
     return found
 
 
@@ -212,9 +212,14 @@ def base_model_id(options: dict[str, Any], given: str | None, base_dir: str | No
     return f"{cached[1]}/{cached[2]}" if cached else None
 
 
-def _rewritten(path: Path, key: str, base_model: str | None) -> bytes:
+def _rewritten(path: Path, key: str, base_model: str | None, run_id: int) -> bytes:
     """The JSON file at *path* with its *key* (a local path of the base model) set to its Hub id."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} is not a JSON object")
     data[key] = base_model
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
@@ -222,7 +227,7 @@ def _rewritten(path: Path, key: str, base_model: str | None) -> bytes:
 REWRITES = {INFO_FILE: "base_model", "adapter_config.json": "base_model_name_or_path"}
 
 
-def _model_files(model_dir: Path, folder: str, base_model: str | None) -> list[OutFile]:
+def _model_files(model_dir: Path, folder: str, base_model: str | None, run_id: int) -> list[OutFile]:
     out = []
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file() and not p.is_symlink()):
         name = path.relative_to(model_dir).as_posix()
@@ -230,7 +235,7 @@ def _model_files(model_dir: Path, folder: str, base_model: str | None) -> list[O
             continue
         target = f"{folder}/{name}" if folder else name
         if name in REWRITES:
-            data = _rewritten(path, REWRITES[name], base_model)
+            data = _rewritten(path, REWRITES[name], base_model, run_id)
             out.append(OutFile(target, len(data), data=data))
         else:
             out.append(OutFile(target, path.stat().st_size, source=path))
@@ -287,7 +292,7 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     schemas = []
     for schema, model_dir, info in dirs:
         folder = safe_dirname(schema) if folders else ""
-        files += _model_files(model_dir, folder, base_model)
+        files += _model_files(model_dir, folder, base_model, model_run.id)
         schemas.append((schema, info["labels"], folder))
     shown = dict(options, model=base_model or "a local model directory")
     note = None if base_model else f"a local model directory ({Path(str(base_dir or options.get('model'))).name})"

@@ -36,6 +36,24 @@ INTERRUPTED = ("The upload stopped when the process publishing it ended (the ser
                "was interrupted). Publish again: what already reached the Hub is not sent twice")
 
 
+PHASES = {"waiting": "Starting the upload to {repo}", "checking": "Checking the files for {repo}: {done} of {total}",
+          "uploading": "Uploading to {repo}: {done} of {total}"}
+
+
+def size_text(size: int) -> str:
+    """``512 B``, ``120.1 kB``, ``3.4 MB``, ``1.2 GB`` (decimal units, as the Hub shows sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def progress_text(repo: str, phase: str | None, done: int, total: int) -> str:
+    """How far an upload is, for the page (``view``'s ``text``) and the CLI."""
+    return PHASES.get(phase or "uploading", PHASES["uploading"]).format(
+        repo=repo, done=size_text(done), total=size_text(total))
+
+
 def _alive(pid: Any) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -122,12 +140,16 @@ def reconcile(store: Store) -> list[int]:
 
 
 def view(publication: dict[str, Any]) -> dict[str, Any] | None:
-    """The publication as the page and the API show it (no pid or beat; an interrupted upload as failed)."""
+    """The publication as the page and the API show it (no pid or beat; an interrupted upload as failed;
+    ``text`` says how far an upload is, ``latest`` is the newest publish that succeeded)."""
     if not publication:
         return None
     shown = {k: v for k, v in publication.items() if k not in ("pid", "beat")}
     if is_stale(publication):
         shown.update(state=FAILED, phase=None, error=INTERRUPTED)
+    if shown.get("state") == UPLOADING:
+        shown["text"] = progress_text(shown.get("repo", ""), shown.get("phase"), shown.get("bytes") or 0,
+                                      shown.get("total") or 0)
     last = (publication.get("published") or [None])[-1]
     shown["latest"] = last
     return shown

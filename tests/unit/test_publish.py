@@ -211,3 +211,12 @@ def test_a_plan_puts_each_schema_in_its_folder_and_refuses_a_model_partly_left_o
     card = files["README.md"].data.decode()
     assert 'PeftModel.from_pretrained(base, "lab/m", subfolder="topic_area")' in card
     assert cache not in card and all(cache.encode() not in (f.data or b"") for f in files.values())
+
+
+def test_how_far_an_upload_is_reads_the_same_on_the_page_and_in_the_cli():
+    assert record.progress_text("lab/m", "waiting", 0, 10) == "Starting the upload to lab/m"
+    assert record.progress_text("lab/m", "checking", 999, 2_500_000) == "Checking the files for lab/m: 999 B of 2.5 MB"
+    assert record.progress_text("lab/m", "uploading", 12_000, 3_400_000_000) == "Uploading to lab/m: 12.0 kB of 3.4 GB"
+    shown = record.view({"state": "uploading", "repo": "lab/m", "phase": "uploading", "bytes": 5, "total": 10,
+                         "pid": os.getpid(), "beat": time.time()})
+    assert (shown["text"], "pid" in shown, shown["latest"]) == ("Uploading to lab/m: 5 B of 10 B", False, None)

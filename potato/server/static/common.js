@@ -61,11 +61,5 @@ var Potato = (function () {
     }
     tick();
   }
-  // Bytes in decimal units, as the Hub shows sizes.
-  function size(n) {
-    var units = [["GB", 1e9], ["MB", 1e6], ["kB", 1e3]];
-    for (var i = 0; i < units.length; i++) if (n >= units[i][1]) return (n / units[i][1]).toFixed(1) + " " + units[i][0];
-    return n + " B";
-  }
-  return { request: request, time: time, duration: duration, scores: scores, el: el, poll: poll, size: size };
+  return { request: request, time: time, duration: duration, scores: scores, el: el, poll: poll };
 })();

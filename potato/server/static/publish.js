@@ -11,7 +11,6 @@
   var bar = document.getElementById("publish-progress");
   var error = document.getElementById("publish-error");
   var base = document.getElementById("publish-base");
-  var PHASES = { waiting: "Starting the upload to ", checking: "Checking the files for ", uploading: "Uploading to " };
 
   function showError(text) { error.hidden = !text; error.textContent = text || ""; }
 
@@ -20,8 +19,7 @@
     bar.hidden = true;
     if (!p) return false;
     if (p.state === "uploading") {
-      status.textContent = (PHASES[p.phase] || "Uploading to ") + p.repo + ": " + Potato.size(p.bytes || 0) +
-        " of " + Potato.size(p.total || 0);
+      status.textContent = p.text;
       bar.hidden = false;
       bar.value = p.total ? (p.bytes || 0) / p.total : 0;
       button.disabled = true;

@@ -94,7 +94,7 @@
     if (td.dataset.key === key) return;
     td.dataset.key = key;
     td.textContent = "";
-    if (p && p.state === "uploading") td.textContent = "uploading to " + p.repo + " (" + Potato.size(p.bytes || 0) + " of " + Potato.size(p.total || 0) + ")";
+    if (p && p.state === "uploading") td.textContent = p.text;
     else if (last) td.appendChild(Potato.el("a", { href: last.url, title: "commit " + last.commit + " by " + last.by }, last.repo));
   }
 
