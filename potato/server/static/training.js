@@ -70,7 +70,7 @@
     actions.appendChild(button);
     main.appendChild(actions);
     var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
-    var cell = Potato.el("td", { colspan: "10" });
+    var cell = Potato.el("td", { colspan: "11" });
     var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
     var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
     var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
