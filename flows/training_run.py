@@ -51,9 +51,11 @@ from potato.backends.relay import check_limits, describe_worker_failure, watch
 from potato.backends.ssh.openssh import is_transient
 from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
+from potato.jobs import make_job
 from potato.prefect_api import ensure_concurrency_limit
 from potato.prefect_runs import CancelWatch
-from potato.project import build_bundle, describe_bundle
+from potato.project import build_bundle, describe_bundle, read_manifest
+from potato.publish.facts import record_training_data
 from potato.results import record_results
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
@@ -63,7 +65,7 @@ from potato.runs.queue import create_run
 from potato.store import MANUAL, SCHEDULE, Store
 from potato.score_text import table_rows
 from potato.trainer_choice import describe_plan
-from potato.trainers.registry import TRAINERS, hook
+from potato.trainers.registry import hooks
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (measured).
@@ -90,8 +92,10 @@ def build_bundle_task(ctx: RunContext) -> dict:
     for warning in info.warnings:
         ctx.log.warning(warning)
     ctx.log.info(describe_bundle(info))
-    prepare = hook(TRAINERS[ctx.run.trainer], "prepare")
-    if prepare is not None:
+    # The model card's counts (the bundle itself is deleted at clean-up).
+    record_training_data(ctx.run_dir, read_manifest(ctx.bundle_dir), len(info.users),
+                         make_job(ctx.config, ctx.run, bundle="")["options"])
+    for prepare in hooks(ctx.run.trainers, "prepare"):
         prepare(ctx)
     return {"items": info.items, "labeled": info.labeled, "holdout": info.holdout}
 

@@ -199,6 +199,24 @@ def training_cancel(config, run_id) -> None:
         click.echo(f"Run {run_id}: cancel requested; the worker gets SIGTERM, then SIGKILL after {grace:g} s")
 
 
+@training.command("publish")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+@click.option("--repo", required=True, metavar="OWNER/NAME", help="The Hub repo to publish to (made if missing).")
+@click.option("--public", is_flag=True, help="Make a new repo public (default: private; a repo that exists keeps its visibility).")
+@click.option("--revision", default="main", show_default=True, help="The branch to commit to (made from main if missing).")
+@click.option("--message", help="The commit message (default: Potato run N: trainer on schemas).")
+@click.option("--base-model", metavar="OWNER/NAME", help="The base model's Hub id, when Potato cannot tell it (a LoRA adapter trained on a local directory).")
+@click.option("--license", "license_", help="The card's license, e.g. apache-2.0 (default: model_training.license).")
+def training_publish(config, run_id, repo, public, revision, message, base_model, license_) -> None:
+    """Publish run RUN_ID's model with its model card to the Hugging Face Hub (HF_ENDPOINT; token: HF_TOKEN or `hf auth login`)."""
+    from potato.publish.job import publish_command
+
+    body = {"repo": repo, "private": not public, "revision": revision, "message": message,
+            "base_model": base_model, "license": license_}
+    sys.exit(publish_command(_load(config), run_id, body, echo=click.echo))
+
+
 @training.command("register")
 @click.argument("name")
 @click.argument("config", type=click.Path(dir_okay=False))

@@ -172,6 +172,7 @@ class ModelTrainingConfig:
     auto_retrain: AutoRetrainConfig = field(default_factory=AutoRetrainConfig)
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     prefect_deployment: str | None = None
+    license: str | None = None
     backends: Mapping[str, BackendConfig] = field(
         default_factory=lambda: {"local": LOCAL_BACKEND}
     )
@@ -378,6 +379,8 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("trainers", "mapping", "trainer name -> that trainer's options", default={}),
     Key("prefect_deployment", "str", "start runs through this Prefect deployment (e.g. `training-run/potato`) "
         "instead of a child process of the server", default_text="— (child process)"),
+    Key("license", "str", "the license of models published to the Hugging Face Hub (their card's `license`), "
+        "e.g. `apache-2.0`; a publish request's own `license` wins", default_text="— (none stated)"),
 )
 
 WRITEBACK_KEYS: tuple[Key, ...] = (
@@ -911,6 +914,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
         auto_retrain=auto_retrain,
         trainers=trainers,
         prefect_deployment=mt["prefect_deployment"],
+        license=mt["license"],
         backends=backends,
     )
 
@@ -1205,7 +1209,7 @@ def render_backends_doc() -> str:
         *(f"| `{key}` | {meaning} |" for key, meaning in POTATO_212_KEYS),
         "",
         "Keys that only this project has: `backend`, `heartbeat_timeout_s`, `max_predictions_mb`,",
-        "`holdout_fraction`, `backends`, `trainers`, `prefect_deployment`, `auto_retrain.backend`.",
+        "`holdout_fraction`, `backends`, `trainers`, `prefect_deployment`, `license`, `auto_retrain.backend`.",
         "Potato 2.12 ignores them with one warning each at its start.",
         "",
     ]

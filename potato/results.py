@@ -15,7 +15,7 @@ from typing import Any
 from potato.backends.base import RunContext
 from potato.evaluation import record_evaluation
 from potato.trainers import metrics
-from potato.trainers.registry import TRAINERS, hook
+from potato.trainers.registry import hooks
 from potato.writeback import write_back
 
 
@@ -23,9 +23,10 @@ def record_results(ctx: RunContext) -> dict[str, Any]:
     """Store and log the run's holdout scores, then evaluate and write back (or the trainer's hook); return them."""
     scores = ctx.paths.read_scores()
     ctx.store.update_run(ctx.run_id, scores=scores)
-    record = hook(TRAINERS[ctx.run.trainer], "record")
-    if record is not None:  # its worker logged its own line per schema
-        record(ctx)
+    records = hooks(ctx.run.trainers, "record")
+    if records:  # in place of the evaluation and writeback; its worker logged its own line per schema
+        for record in records:
+            record(ctx)
         return scores
     for schema, s in scores.items():
         ctx.log.info(metrics.describe(schema, s))

@@ -38,7 +38,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from potato.errors import NotThisFlowRun, RunEnded, StoreBusy, StoreError, UnknownRun
 from potato.training.escaping import escaped
@@ -68,7 +68,7 @@ BUSY_TIMEOUT_S = 30.0
 MAX_RUN_ID = 2**63 - 1
 
 # Columns holding JSON, with the value an absent one decodes to.
-_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict, "plan": dict}
+_JSON_COLUMNS = {"schemas": list, "options": dict, "scores": dict, "ending": dict, "plan": dict, "publication": dict}
 
 # The order of Run's fields and of the runs table's columns.
 RUN_COLUMNS = (
@@ -77,7 +77,7 @@ RUN_COLUMNS = (
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
     "flow_pid", "worker_pid", "trigger", "annotation_count", "last_seq",
-    "remote_job_dir", "remote_socket", "slurm_job_id", "ending", "plan",
+    "remote_job_dir", "remote_socket", "slurm_job_id", "ending", "plan", "publication",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -162,6 +162,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN plan TEXT;
     """,
+    # 8: the run's model on the Hugging Face Hub: the latest publish (repo, progress, commit, who,
+    # or why it failed) and the earlier ones that succeeded (potato/publish/record.py). JSON.
+    """
+    ALTER TABLE runs ADD COLUMN publication TEXT;
+    """,
 )
 
 
@@ -200,6 +205,7 @@ class Run:
     slurm_job_id: str | None = None
     ending: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
+    publication: dict = field(default_factory=dict)
 
     @property
     def is_finished(self) -> bool:
@@ -675,6 +681,22 @@ class Store:
             changes.update(fields)
             self._set(conn, run_id, changes)
             return True
+
+    def change_json(self, run_id: int, column: str, change: Callable[[Any], Any]) -> Run:
+        """Replace the JSON column *column* of run *run_id* by ``change(its value)``, atomically; return the run.
+
+        Read and written in one transaction, so two writers (a request thread
+        and an upload's progress, a CLI and a server) never lose each other's
+        change. ``change`` returning None leaves the value as it is.
+        """
+        if column not in _JSON_COLUMNS:
+            raise StoreError(f"{column!r} is not a JSON column; JSON columns: {', '.join(_JSON_COLUMNS)}")
+        with self._write() as conn:
+            run = self._get(conn, run_id)
+            value = change(getattr(run, column))
+            if value is not None:
+                self._set(conn, run_id, {column: value})
+            return self._get(conn, run_id)
 
     def request_cancel(self, run_id: int) -> Run:
         """Ask for run *run_id* to be cancelled; return the run afterwards.

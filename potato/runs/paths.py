@@ -80,6 +80,7 @@ class RunPaths:
     agent_log = _File("agent.log")  # an ssh or slurm run's agent's stderr
     artifacts_partial = _File("artifacts.partial")  # a remote run's model files, until all have arrived
     evaluation = _File("evaluation.json")  # the holdout evaluation the run page draws (potato.evaluation)
+    training_data = _File("training-data.json")  # the counts a model card states (potato.publish.facts)
     uncalibrated_predictions = _File("predictions.uncalibrated.jsonl")  # the worker's, once decision-calibrate rewrote them
 
     def partial_upload_prefix(self) -> str:

@@ -4,7 +4,8 @@
 builds its own). Three blueprints, one per audience:
 
 - ``page``      ``/admin/training``            the Training page and run pages (HTML, admin)
-- ``admin_api`` ``/admin/training/api``        JSON for the page and for scripts (``X-API-Key``)
+- ``admin_api`` ``/admin/training/api``        JSON for the page and for scripts (``X-API-Key``);
+  ``publish_api`` adds its routes for publishing to the Hugging Face Hub and downloading a model
 - the agent protocol ``/training/agent/v1`` (bearer tokens), from its own home ``potato.protocol``,
   which an ssh run's socket serves too
 
@@ -58,7 +59,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     from potato.protocol.app import install as install_protocol
     from potato.prefect_api import ui_url_for
     from potato.runs.paths import open_store
-    from potato.server import admin_api, page
+    from potato.server import admin_api, page, publish_api
     from potato.server.background import Background
 
     app = Flask(__name__)
@@ -81,6 +82,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     jsonapi.init_app(app)
     app.register_blueprint(page.bp)
     app.register_blueprint(admin_api.bp)
+    app.register_blueprint(publish_api.bp)
     install_protocol(app)
 
     background = Background(config, app.extensions["potato.store"])

@@ -1,5 +1,5 @@
-"""What runs beside the web server for its lifetime: the embedded Prefect API, the dispatcher and
-the auto-retrain watcher."""
+"""What runs beside the web server for its lifetime: the embedded Prefect API, the dispatcher, the
+auto-retrain watcher and the uploads to the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import threading
 
 from potato.auto_retrain import AutoRetrainWatcher
 from potato.config import ProjectConfig
+from potato.publish.job import Publisher
 from potato.store import Store
 
 log = logging.getLogger(__name__)
 
 
 class Background:
-    """Starts the Prefect API (``prefect_api.start_embedded``), the run ``Dispatcher`` and
-    ``auto_retrain.AutoRetrainWatcher``; stops them."""
+    """Starts the Prefect API (``prefect_api.start_embedded``), the run ``Dispatcher``,
+    ``auto_retrain.AutoRetrainWatcher`` and ``publish.job.Publisher``; stops them."""
 
     def __init__(self, config: ProjectConfig, store: Store):
         self.config = config
@@ -24,6 +25,7 @@ class Background:
         self.dispatcher = None
         # Built now (it is cheap), so the admin API can show its status; it watches from start().
         self.watcher = AutoRetrainWatcher(config, store)
+        self.publisher = Publisher(store)
         self.prefect_ui_url: str | None = None
         self._stopped = threading.Event()
 
@@ -38,6 +40,7 @@ class Background:
             self.dispatcher = Dispatcher(self.config, self.store)
             self.dispatcher.start()
             self.watcher.start()
+            self.publisher.start()
         except BaseException:
             self.prefect.stop()
             raise
@@ -48,6 +51,7 @@ class Background:
             return
         self._stopped.set()
         self.watcher.stop()
+        self.publisher.stop()
         if self.dispatcher is not None:
             try:
                 self.dispatcher.stop()

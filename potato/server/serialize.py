@@ -8,6 +8,7 @@ from typing import Any
 from potato.config import ProjectConfig
 from potato.protocol.state import display_state
 from potato.score_text import score_lines
+from potato.publish.record import view as publication_view
 from potato.store import QUEUED, RUNNING, Event, Run, Store
 from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
@@ -67,6 +68,7 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "gpu": run.gpu,
         "prefect_flow_run_id": run.prefect_flow_run_id,
         "prefect_url": prefect_url(ui_url, run),
+        "publication": publication_view(run.publication),
     }
 
 

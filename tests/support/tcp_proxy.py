@@ -5,7 +5,8 @@ until told to misbehave, as home networks and VPNs do:
 
 - ``cut()`` closes every open connection now (a dropped link);
 - ``cut_after(n, when=…)`` closes the next connection that ``when`` picks
-  once *n* bytes of its answer have passed (a download cut part-way);
+  once *n* bytes of its answer have passed (a download cut part-way), or of
+  its request with ``direction="up"`` (an upload cut part-way);
   ``times`` says how many connections in a row;
 - ``blackhole()`` stops forwarding and holds every connection open, new ones
   too, so requests hang as they do when packets are dropped; ``heal()`` ends
@@ -45,6 +46,7 @@ class _CutRule:
     after: int
     times: int
     when: Callable[[bytes], bool]
+    direction: str = "down"
 
 
 class _Link:
@@ -54,6 +56,7 @@ class _Link:
         self.proxy, self.client, self.server = proxy, client, server
         self.first = b""          # the first bytes the client sent
         self.down = 0             # bytes passed server -> client
+        self.up = 0               # bytes passed client -> server
         self.rule: _CutRule | None = None
         self.closed = threading.Event()
 
@@ -103,10 +106,13 @@ class TcpProxy:
             link.close()
         return len(links)
 
-    def cut_after(self, nbytes: int, *, times: int = 1, when: Callable[[bytes], bool] = lambda first: True) -> None:
-        """Close the next *times* connections that *when* picks once *nbytes* of their answers passed."""
+    def cut_after(self, nbytes: int, *, times: int = 1, when: Callable[[bytes], bool] = lambda first: True,
+                  direction: str = "down") -> None:
+        """Close the next *times* connections that *when* picks once *nbytes* of their answers passed
+        (or of their requests, with *direction* ``"up"``: the server never gets the whole request)."""
+        assert direction in ("up", "down")
         with self._lock:
-            self._rules.append(_CutRule(nbytes, times, when))
+            self._rules.append(_CutRule(nbytes, times, when, direction))
 
     def carrying(self, when: Callable[[bytes], bool]) -> int:
         """How many open connections *when* picks (by the first bytes their client sent)."""
@@ -204,8 +210,8 @@ class TcpProxy:
                     self._pick_rule(link)
                 if self._delay:
                     time.sleep(self._delay)
-                if direction == "down" and link.rule is not None:
-                    room = link.rule.after - link.down
+                if link.rule is not None and link.rule.direction == direction:
+                    room = link.rule.after - (link.down if direction == "down" else link.up)
                     if len(data) >= room:
                         sink.sendall(data[:max(room, 0)])
                         with self._lock:
@@ -219,6 +225,8 @@ class TcpProxy:
                         time.sleep(len(piece) / rate)
                 if direction == "down":
                     link.down += len(data)
+                else:
+                    link.up += len(data)
                 self.passed += len(data)
         except OSError:
             pass

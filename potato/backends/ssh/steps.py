@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from potato import training
+from potato import artifact_uri, training
 from potato.backends.base import RunContext
 from potato.backends.ssh import fetch, leftovers
 from potato.backends.ssh.code import code_archive
@@ -375,7 +375,7 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
     remote_artifacts = JobPaths(session.job_dir).artifacts
     if not ctx.backend.get("fetch_artifacts", True):
         session.left_on_host = True
-        ctx.store.update_run(ctx.run_id, artifact_uri=f"{session.host}:{remote_artifacts}")
+        ctx.store.update_run(ctx.run_id, artifact_uri=artifact_uri.on_host(session.host, remote_artifacts))
         ctx.log.info(f"fetch_artifacts is false: the model stays on {session.host} in {remote_artifacts}")
         return
     files, refused = fetch.list_remote_files(session, remote_artifacts)
@@ -393,7 +393,7 @@ def fetch_artifacts(ctx: RunContext, session: SshSession, agent: RemoteAgent) ->
     _refused(ctx, session, fetch.copy_artifacts(ctx, session, take))
     uri = str(ctx.artifacts_dir)
     if session.left_on_host:
-        uri += f" (and {session.host}:{remote_artifacts})"
+        uri = artifact_uri.partly_on_host(uri, session.host, remote_artifacts)
     ctx.store.update_run(ctx.run_id, artifact_uri=uri)
 
 

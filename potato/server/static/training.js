@@ -61,7 +61,7 @@
     var main = Potato.el("tr", { "data-run": run.id, "id": "run-" + run.id });
     var link = Potato.el("a", { href: table.dataset.runPage + run.id }, "Run " + run.id);
     var first = Potato.el("td"); first.appendChild(link); main.appendChild(first);
-    ["state", "trigger", "trainer", "ran-on", "queue", "started", "duration", "scores"].forEach(function (k) {
+    ["state", "trigger", "trainer", "ran-on", "queue", "started", "duration", "scores", "published"].forEach(function (k) {
       main.appendChild(Potato.el("td", { "class": "col-" + k }));
     });
     var actions = Potato.el("td", { "class": "col-actions" });
@@ -70,7 +70,7 @@
     actions.appendChild(button);
     main.appendChild(actions);
     var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
-    var cell = Potato.el("td", { colspan: "10" });
+    var cell = Potato.el("td", { colspan: "11" });
     var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
     var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
     var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
@@ -82,6 +82,17 @@
   function set(row, cls, text) {
     var td = row.querySelector(".col-" + cls);
     if (td.textContent !== text) td.textContent = text;
+  }
+
+  // The repo the run's model was last published to, as a link; or how far an upload is.
+  function published(td, p) {
+    var last = p && p.latest;
+    var key = p ? [p.state, p.bytes, last && last.commit].join("|") : "";
+    if (td.dataset.key === key) return;
+    td.dataset.key = key;
+    td.textContent = "";
+    if (p && p.state === "uploading") td.textContent = p.text;
+    else if (last) td.appendChild(Potato.el("a", { href: last.url, title: "commit " + last.commit + " by " + last.by }, last.repo));
   }
 
   function update(r, run) {
@@ -96,6 +107,7 @@
     set(r.main, "started", Potato.time(run.started_at));
     set(r.main, "duration", Potato.duration(run.duration_s));
     set(r.main, "scores", run.error && run.state === "failed" ? run.error : Potato.scores(run.scores_text));
+    published(r.main.querySelector(".col-published"), run.publication);
     var open = run.state === "queued" || run.state === "running";
     var button = r.main.querySelector("button.cancel");
     button.hidden = !open;

@@ -1,0 +1,302 @@
+"""What publishing (or downloading) a run would send: its model's files and the card, or why nothing can be.
+
+``make_plan`` reads only this server's files. A run's model is publishable
+when ``runs/<id>/artifacts/`` holds a complete model for each of its schemas
+— wherever it trained, and however the files got there (a model left on a
+GPU host and copied back by hand counts). Otherwise the refusal says where
+the model is (``potato.artifact_uri``, the backend's type) and how to get it
+here.
+
+The repo's layout: a one-schema run's model at the repo's root (so
+``from_pretrained("owner/name")`` loads it); one folder per schema otherwise
+(``subfolder=``). Per schema, every regular file the trainer saved goes, but:
+
+- ``README.md`` (peft writes a template naming the base model's local path):
+  the card replaces it;
+- ``labels.json`` and ``adapter_config.json`` name the base model by its
+  absolute path on the machine that trained: that becomes its Hub id
+  (``PeftModel``/``AutoPeftModel`` read ``base_model_name_or_path``), so no
+  path of this server or of a GPU host is published.
+
+A ``decision-calibrate`` run publishes the model it calibrated with its
+``calibration.json`` beside it, and the card says what the calibration did.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from potato import artifact_uri
+from potato.config import ProjectConfig
+from potato.publish import errors
+from potato.publish.card import CALIBRATION_FILE, CARD_FILE, CardFacts, render_card
+from potato.publish.facts import card_facts, effective_options
+from potato.runs.paths import run_paths
+from potato.store import SUCCEEDED, Run, Store
+from potato.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
+from potato.trainers.hf_common import safe_dirname
+from potato.trainers.hf_common import DEFAULT_MODEL_HUB_ID
+from potato.training.safe_paths import name_problem
+
+INFO_FILE = "labels.json"   # what hf-text-classification saves beside each schema's model
+# What a complete model of each kind holds: every group needs one of its files.
+NEEDS = {
+    "full": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+    "lora": (("adapter_config.json",), ("adapter_model.safetensors", "adapter_model.bin")),
+}
+NEVER_PUBLISHED = frozenset({CARD_FILE})
+_HUB_CACHE_DIR = re.compile(r"models--([^/]+)--([^/]+)/snapshots/")
+_LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
+_REVISION = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+MAX_MESSAGE = 1000
+
+
+@dataclass(frozen=True)
+class OutFile:
+    """One file of the upload: a file on this server sent as it is, or bytes made here."""
+
+    path: str
+    size: int
+    source: Path | None = None
+    data: bytes | None = None
+
+    def open(self) -> BinaryIO:
+        return open(self.source, "rb") if self.source is not None else io.BytesIO(self.data or b"")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to publish to: checked by ``request_from``."""
+
+    repo: str
+    private: bool = True
+    revision: str = "main"
+    message: str | None = None
+    base_model: str | None = None
+    license: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What publishing run ``run_id`` sends: ``files(repo)`` (the card last)."""
+
+    run_id: int
+    model_run_id: int
+    model_files: tuple[OutFile, ...]
+    facts: CardFacts
+
+    def files(self, repo: str | None) -> list[OutFile]:
+        card = render_card(self.facts, repo).encode("utf-8")
+        return [*self.model_files, OutFile(CARD_FILE, len(card), data=card)]
+
+
+def _hub_id(value: Any) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(value, str):
+        return False
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
+def request_from(body: dict[str, Any], *, default_license: str | None = None) -> Request:
+    """A ``Request`` from *body* (API JSON, or the CLI's options); ``BadPublishRequest`` naming the field."""
+    unknown = sorted(set(body) - {"repo", "private", "revision", "message", "base_model", "license"})
+    if unknown:
+        raise errors.BadPublishRequest(f"Unknown field(s) {', '.join(map(repr, unknown))}; a publish request has "
+                                       "repo, private, revision, message, base_model and license")
+    repo = body.get("repo")
+    if not (_hub_id(repo) and repo.count("/") == 1):
+        raise errors.bad_repo_name(repo)
+    private = body.get("private", True)
+    if not isinstance(private, bool):
+        raise errors.BadPublishRequest("private must be true (the default) or false")
+    revision = body.get("revision") or "main"
+    if not (isinstance(revision, str) and len(revision) <= 200 and _REVISION.fullmatch(revision)
+            and ".." not in revision and not revision.endswith(".lock")):
+        raise errors.BadPublishRequest(f"revision {errors.quoted(revision)} is not a branch name: use letters, digits, '.', '_', "
+                                       f"'-' and '/', e.g. main")
+    message = body.get("message")
+    if message is not None and not (isinstance(message, str) and message.strip() and len(message) <= MAX_MESSAGE
+                                    and message.isprintable()):
+        raise errors.BadPublishRequest(f"message must be one line of text of at most {MAX_MESSAGE} characters")
+    base_model = body.get("base_model") or None
+    if base_model is not None and not _hub_id(base_model):
+        raise errors.BadPublishRequest(f"base_model {errors.quoted(base_model)} is not a Hugging Face Hub model id: give owner/name, "
+                                       f"e.g. sentence-transformers/all-MiniLM-L6-v2")
+    given = body.get("license")
+    license_ = given or default_license
+    if license_ is not None and not (isinstance(license_, str) and _LICENSE.fullmatch(license_)):
+        raise errors.BadPublishRequest(f"{'license' if given else 'model_training.license'} {errors.quoted(license_)} "
+                                       f"is not a license identifier of the Hub, e.g. apache-2.0, mit, cc-by-4.0")
+    return Request(repo=repo, private=private, revision=revision, message=message and message.strip(),
+                   base_model=base_model, license=license_)
+
+
+def default_message(run: Run) -> str:
+    return f"Potato run {run.id}: {run.trainer} on {', '.join(run.schemas)}"
+
+
+# -- where the model is ------------------------------------------------------------------
+
+
+def _read_info(directory: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(info, dict) and info.get("kind") in NEEDS and isinstance(info.get("labels"), list)
+    return info if ok else None
+
+
+def _missing(directory: Path, info: dict[str, Any] | None) -> list[str]:
+    if info is None:
+        return [f"{directory.name}/{INFO_FILE}"]
+    return [f"{directory.name}/{' or '.join(group)}" for group in NEEDS[info["kind"]]
+            if not any((directory / name).is_file() for name in group)]
+
+
+def _refuse_missing(config: ProjectConfig, run: Run, directory: Path, missing: list[str]) -> errors.PublishRefused:
+    """Why *run*'s model is not all here: on a host, on an agent's machine, or just missing."""
+    local = str(directory / "artifacts")
+    backend = config.model_training.backends.get(run.backend)
+    place = artifact_uri.parse(run.artifact_uri)
+    if backend is not None and backend.type == "agent":
+        return errors.ModelOnAgent(run.id, run.backend, run.artifact_uri, local)
+    if place.host is not None:
+        return errors.ModelOnHost(run.id, run.backend, place.host, place.remote_dir or "", local,
+                                  partly=not place.all_on_host)
+    return errors.ModelFilesMissing(run.id, local, "missing " + ", ".join(missing))
+
+
+def _schema_dirs(config: ProjectConfig, run: Run) -> list[tuple[str, Path, dict[str, Any]]]:
+    """``(schema, its model directory, its labels.json)`` for each schema of *run*; refuses an incomplete model."""
+    directory = run_paths(config, run.id).dir
+    if not directory.is_dir():
+        raise errors.ModelFilesMissing(run.id, str(directory), "", retained=True)
+    found, missing = [], []
+    for schema in run.schemas:
+        model_dir = directory / "artifacts" / safe_dirname(schema)
+        info = _read_info(model_dir)
+        gaps = _missing(model_dir, info)
+        missing += gaps
+        if not gaps:
+            found.append((schema, model_dir, info))
+    if missing or not found:
+        raise _refuse_missing(config, run, directory, missing or ["a model"])
+    return found
+
+
+# -- the base model's Hub id -------------------------------------------------------------
+
+
+def base_model_id(options: dict[str, Any], given: str | None, base_dir: str | None) -> str | None:
+    """The base model's Hub id: *given*, else the trainer's default model's, else ``model`` when it is an
+    id, else the id of a Hub cache directory (``…/models--owner--name/snapshots/…``); None when unknown."""
+    if given:
+        return given
+    model = options.get("model")
+    if model is None:
+        return DEFAULT_MODEL_HUB_ID
+    if isinstance(model, str) and not model.startswith(("/", ".", "~")) and _hub_id(model):
+        return model
+    cached = _HUB_CACHE_DIR.search(str(base_dir or model))
+    return f"{cached[1]}/{cached[2]}" if cached else None
+
+
+def _rewritten(path: Path, key: str, base_model: str | None, run_id: int) -> bytes:
+    """The JSON file at *path* with its *key* (a local path of the base model) set to its Hub id."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} cannot be read ({exc})") from None
+    if not isinstance(data, dict):
+        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} is not a JSON object")
+    data[key] = base_model
+    return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+REWRITES = {INFO_FILE: "base_model", "adapter_config.json": "base_model_name_or_path"}
+
+
+def _model_files(model_dir: Path, folder: str, base_model: str | None, run_id: int) -> list[OutFile]:
+    out = []
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file() and not p.is_symlink()):
+        name = path.relative_to(model_dir).as_posix()
+        if name in NEVER_PUBLISHED or name_problem(name):
+            continue
+        target = f"{folder}/{name}" if folder else name
+        if name in REWRITES:
+            data = _rewritten(path, REWRITES[name], base_model, run_id)
+            out.append(OutFile(target, len(data), data=data))
+        else:
+            out.append(OutFile(target, path.stat().st_size, source=path))
+    return out
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+def _calibration_of(config: ProjectConfig, run: Run) -> tuple[int, dict[str, Any], Path]:
+    """(the run a decision-calibrate *run* calibrated, its scores, its calibration.json); refuses one kept nowhere."""
+    path = run_paths(config, run.id).dir / "artifacts" / CALIBRATION_FILE
+    try:
+        calibration = json.loads(path.read_text(encoding="utf-8"))
+        calibrated = int(calibration["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise errors.ModelFilesMissing(run.id, str(path.parent), f"missing {CALIBRATION_FILE}") from None
+    if not any(s.get("kept") for s in run.scores.values() if isinstance(s, dict)):
+        raise errors.CalibrationNotKept(run.id, calibrated)
+    return calibrated, run.scores, path
+
+
+def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request | None = None, *,
+              for_hub: bool = True) -> Plan:
+    """What publishing run *run_id* sends, as *request* asks; raises a ``PublishRefused`` saying why not.
+
+    Without *for_hub* (a download, or the page asking whether it could publish) a LoRA adapter whose base
+    model has no Hub id is no refusal: the card then names the base as a local directory.
+    """
+    request = request or Request(repo="")
+    run = store.get_run(run_id)
+    if run.state != SUCCEEDED:
+        raise errors.RunNotSucceeded(run.id, run.state)
+    calibration = None
+    extra: list[OutFile] = []
+    model_run = run
+    if run.trainer == DECISION_CALIBRATE:
+        calibrated, scores, path = _calibration_of(config, run)
+        model_run = store.get_run(calibrated)
+        if model_run.state != SUCCEEDED:
+            raise errors.RunNotSucceeded(model_run.id, model_run.state)
+        calibration = (run.id, scores)
+        extra.append(OutFile(CALIBRATION_FILE, path.stat().st_size, source=path))
+    directory = run_paths(config, model_run.id).dir
+    dirs = _schema_dirs(config, model_run)
+    options = effective_options(config, model_run, directory)
+    kind = dirs[0][2]["kind"]
+    base_dir = dirs[0][2].get("base_model")
+    base_model = base_model_id(options, request.base_model, base_dir)
+    if base_model is None and kind == "lora" and for_hub:
+        raise errors.BaseModelUnknown(model_run.id, str(base_dir or options.get("model")))
+    folders = len(dirs) > 1
+    files: list[OutFile] = []
+    schemas = []
+    for schema, model_dir, info in dirs:
+        folder = safe_dirname(schema) if folders else ""
+        files += _model_files(model_dir, folder, base_model, model_run.id)
+        schemas.append((schema, info["labels"], folder))
+    shown = dict(options, model=base_model or "a local model directory")
+    note = None if base_model else f"a local model directory ({Path(str(base_dir or options.get('model'))).name})"
+    facts = card_facts(config, model_run, directory, schemas, kind=kind, base_model=base_model,
+                       base_model_note=note, license=request.license or config.model_training.license,
+                       options=shown, calibration=calibration)
+    return Plan(run_id=run.id, model_run_id=model_run.id, model_files=tuple(files + extra), facts=facts)
