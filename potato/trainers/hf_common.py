@@ -567,28 +567,35 @@ def build_model(auto_cls: Any, task_type: str, ft: FineTune, labels: List[str], 
     return model
 
 
-# batch_loss(model, mine, batch, weight) -> this process's share of the batch's mean loss (a tensor)
+# batch_loss(model, mine, step, weight) -> this process's share of the step's loss (a tensor)
 BatchLoss = Callable[[Any, List[int], List[int], float], Any]
 
 
-def train_loop(model: Any, lengths: Sequence[int], batch_loss: BatchLoss, ft: FineTune, schema: str):
+def train_loop(model: Any, lengths: Sequence[int], batch_loss: BatchLoss, ft: FineTune, schema: str,
+               accumulate: int = 1):
     """Train ``model`` on examples of ``lengths`` tokens; returns the model.
 
     The settings of transformers' ``Trainer`` (AdamW, linear decay from the
-    learning rate to 0, gradient clipping at 1.0), on length-grouped batches.
-    ``batch_loss(model, mine, batch, weight)`` runs the model on the examples
-    ``mine`` (positions into ``lengths``) and returns their loss as a share of
-    the whole ``batch``'s mean, times ``weight``. In a data-parallel group
-    ``batch_size`` stays the batch of the whole run: each process takes every
-    ``size``-th example of it, and the loss is scaled so the averaged gradient
-    is the whole batch's mean — the same optimisation as one process, on more
-    devices.
+    learning rate to 0, gradient clipping at 1.0), on length-grouped batches
+    of ``batch_size``, ``accumulate`` batches per optimizer step (gradient
+    accumulation). ``batch_loss(model, mine, step, weight)`` runs the model
+    on the examples ``mine`` (positions into ``lengths``) and returns their
+    loss as a share of the loss of the whole ``step`` (every example of the
+    step's batches), times ``weight``: a mean over the step's examples, or
+    over their tokens, so splitting a step into batches or processes changes
+    nothing of the optimisation. In a data-parallel group ``batch_size``
+    stays the batch of the whole run: each process takes every ``size``-th
+    example of it, and the loss is scaled so the averaged gradient is the
+    whole step's — the same optimisation as one process, on more devices.
     """
+    import contextlib
+
     import torch
 
     opts, dev, group, events = ft.opts, ft.dev, ft.group, ft.events
     batch_size, epochs = opts["batch_size"], opts["epochs"]
-    steps_per_epoch = (len(lengths) + batch_size - 1) // batch_size
+    batches_per_epoch = (len(lengths) + batch_size - 1) // batch_size
+    steps_per_epoch = (batches_per_epoch + accumulate - 1) // accumulate
     total = steps_per_epoch * epochs
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = adamw(params, opts["learning_rate"])
@@ -602,29 +609,40 @@ def train_loop(model: Any, lengths: Sequence[int], batch_loss: BatchLoss, ft: Fi
         events.check_cancelled()
     loss_sum, loss_n = None, 0
     for _ in range(epochs):
-        for batch in length_grouped_batches(lengths, batch_size, rng):
-            mine = batch[group.rank::group.size]
-            # A process with no example in a small last batch still takes part in the step (the
-            # gradient all-reduce needs it), on one example that counts zero.
-            weight = 1.0 if mine else 0.0
-            share = batch_loss(model, mine or batch[:1], batch, weight)
-            loss = share * group.size  # DDP averages gradients over processes; undo that
+        batches = length_grouped_batches(lengths, batch_size, rng)
+        for start in range(0, len(batches), accumulate):
+            chunk = batches[start:start + accumulate]
+            examples = [k for batch in chunk for k in batch]
+            step_loss = None
+            for m, batch in enumerate(chunk):
+                mine = batch[group.rank::group.size]
+                # A process with no example in a small last batch still takes part in the step (the
+                # gradient all-reduce needs it), on one example that counts zero.
+                weight = 1.0 if mine else 0.0
+                # Gradients are averaged over the processes once a step, after its last batch.
+                last = m == len(chunk) - 1
+                with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+                    share = batch_loss(model, mine or batch[:1], examples, weight)
+                    loss = share * group.size  # DDP averages gradients over processes; undo that
+                    if dev.scaler is not None:
+                        dev.scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                voted, stop = group.vote(share, events.cancelled)
+                if stop:
+                    raise Cancelled("Cancelled")
+                step_loss = voted if step_loss is None else step_loss + voted
             if dev.scaler is not None:
-                dev.scaler.scale(loss).backward()
                 dev.scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 dev.scaler.step(optimizer)
                 dev.scaler.update()
             else:
-                loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            step_loss, stop = group.vote(share, events.cancelled)
-            if stop:
-                raise Cancelled("Cancelled")
             loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
             loss_n += 1
             if group.is_main and events.progress_due(step, total):

@@ -47,10 +47,8 @@ library; torch, transformers, peft and bitsandbytes are imported inside
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import socket
 import sys
 from typing import Any, Dict, List, Optional, Tuple
@@ -59,16 +57,17 @@ from potato.answer_kinds import MULTILABEL, TEXT
 from potato.trainers.answers import Answers, answers_of, gold_answers
 from potato.trainers.hf_common import (
     ComputeDevice,
-    adamw,
+    FineTune,
     dtype_keyword,
     estimated_tokens,
     hub_offline,
-    length_grouped_batches,
     resolve_model,
     safe_dirname,
     shard,
     token_budget_batches,
+    train_loop,
 )
+from potato.trainers.llm_decoding import logits_keyword
 from potato.trainers.llm_memory import (
     bitsandbytes_missing_message,
     estimate_training_memory,
@@ -95,7 +94,7 @@ from potato.trainers.options import (
     positive_int_problems,
 )
 from potato.trainers.registry import TRAINERS
-from potato.training.events import Cancelled, OutOfGpuMemory, TrainerFailure
+from potato.training.events import OutOfGpuMemory, TrainerFailure
 
 NAME = "hf-llm-finetune"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
@@ -226,6 +225,8 @@ def train(job: Any, events: Any) -> None:
     except ValueError as exc:
         raise TrainerFailure("The tokenizer of {} cannot end an answer: {}".format(opts["model"], exc))
 
+    loop = FineTune(job, events, opts, group)  # what hf_common's training loop reads: options, device, group
+    loop.dev = dev
     items = job.index_items()
     scores = {}  # type: Dict[str, Any]
     stream = PredictionStream(job.dir, None if group.size == 1 else group.rank)
@@ -251,7 +252,10 @@ def train(job: Any, events: Any) -> None:
                 say(_model_line(opts, model, dev, job, len(items)))
                 described = True
             try:
-                model = _train_loop(group.wrap(model), examples, pad_id, opts, dev, group, events, schema.schema)
+                wrapped = group.wrap(model)
+                model = train_loop(wrapped, [len(p) + len(a) for p, a in examples],
+                                   _batch_loss(examples, pad_id, dev, logits_keyword(wrapped)), loop, schema.schema,
+                                   opts["gradient_accumulation_steps"])
             except Exception as exc:
                 _raise_if_out_of_memory(torch, exc, job.device_name, "train", opts)
                 raise
@@ -527,92 +531,25 @@ class _Prompter:
         return self.overhead + self.longest_answer + estimated_tokens(text_length, self.max_length)
 
 
-def _train_loop(model: Any, examples: List[Tuple[List[int], List[int]]], pad_id: int, opts: Dict[str, Any],
-                dev: ComputeDevice, group: Any, events: Any, schema: str) -> Any:
-    """Train the adapter of ``model`` on ``examples`` (prompt ids, answer ids); returns the model.
-
-    transformers' ``Trainer``'s optimisation (AdamW, linear decay to 0,
-    gradient clipping at 1.0), with ``gradient_accumulation_steps``
-    micro-batches of ``batch_size`` per step. The loss is the mean
-    cross-entropy over every answer token of the step (all micro-batches,
-    all processes), so splitting a step into micro-batches or processes
-    changes nothing of the optimisation. In a data-parallel group each
-    process takes every ``size``-th example of each micro-batch.
-    """
-    import torch
+def _batch_loss(examples: List[Tuple[List[int], List[int]]], pad_id: int, dev: ComputeDevice, keep: Optional[str]):
+    """hf_common's ``batch_loss``: the cross-entropy of the answer tokens of the examples ``mine`` (their
+    prompts are context, never targets), a share of the mean over every answer token of the step; the
+    model's logits only where answers are (``keep``: its ``logits_to_keep`` keyword, when it has one)."""
     import torch.nn.functional as F
 
-    from potato.trainers.llm_decoding import logits_keyword
+    def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
+        answer_tokens = sum(len(examples[k][1]) for k in step)
+        ids, mask, targets, target_mask, width = _training_batch([examples[k] for k in mine], pad_id)
+        ids, mask, targets, target_mask = dev.put(ids), dev.put(mask), dev.put(targets), dev.put(target_mask)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with dev.autocast():
+            kwargs = {keep: width + 1} if keep else {}
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                           **kwargs).logits
+        logits = logits[:, -(width + 1):-1].float()
+        return F.cross_entropy(logits[target_mask], targets[target_mask], reduction="sum") * (weight / answer_tokens)
 
-    batch_size, accumulate = opts["batch_size"], opts["gradient_accumulation_steps"]
-    micro_per_epoch = (len(examples) + batch_size - 1) // batch_size
-    steps_per_epoch = (micro_per_epoch + accumulate - 1) // accumulate
-    total = steps_per_epoch * opts["epochs"]
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = adamw(params, opts["learning_rate"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / total))
-    rng = random.Random(opts["seed"])  # the same in every process: they must agree on the batches
-    lengths = [len(p) + len(a) for p, a in examples]
-    keep_name = logits_keyword(model)
-    model.train()
-    step = 0
-    if group.is_main:
-        events.progress("train", 0, total, epoch=0, force=True, schema=schema)
-    if group.size == 1:
-        events.check_cancelled()
-    loss_sum, loss_n = None, 0
-    for _ in range(opts["epochs"]):
-        micro = length_grouped_batches(lengths, batch_size, rng)
-        for start in range(0, len(micro), accumulate):
-            chunk = micro[start:start + accumulate]
-            answer_tokens = sum(len(examples[k][1]) for batch in chunk for k in batch)
-            step_loss = None
-            for m, batch in enumerate(chunk):
-                mine = batch[group.rank::group.size]
-                # A process with no example in a small last batch still takes part (the gradient
-                # all-reduce needs it), on one example that counts zero.
-                weight = 1.0 if mine else 0.0
-                mine = mine or batch[:1]
-                ids, mask, targets, target_mask, width = _training_batch([examples[k] for k in mine], pad_id)
-                ids, mask, targets, target_mask = dev.put(ids), dev.put(mask), dev.put(targets), dev.put(target_mask)
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                last = m == len(chunk) - 1
-                sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-                with sync:
-                    with dev.autocast():
-                        kwargs = {keep_name: width + 1} if keep_name else {}
-                        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                                       **kwargs).logits
-                    logits = logits[:, -(width + 1):-1].float()
-                    share = F.cross_entropy(logits[target_mask], targets[target_mask], reduction="sum") \
-                        * (weight / answer_tokens)
-                    loss = share * group.size  # DDP averages gradients over processes; undo that
-                    if dev.scaler is not None:
-                        dev.scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-                voted, stop = group.vote(share, events.cancelled)
-                if stop:
-                    raise Cancelled("Cancelled")
-                step_loss = voted if step_loss is None else step_loss + voted
-            if dev.scaler is not None:
-                dev.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                dev.scaler.step(optimizer)
-                dev.scaler.update()
-            else:
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
-            loss_n += 1
-            if group.is_main and events.progress_due(step, total):
-                events.progress("train", step, total, epoch=round(step / steps_per_epoch, 2),
-                                loss=float(loss_sum) / loss_n, force=True, schema=schema)
-                loss_sum, loss_n = None, 0
-    return model
+    return batch_loss
 
 
 def _training_batch(rows: List[Tuple[List[int], List[int]]], pad_id: int):

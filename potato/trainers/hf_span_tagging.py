@@ -413,17 +413,17 @@ def _say_what_tags_cannot(ft: FineTune, schema: str, malformed: int, overlapping
 
 def _batch_loss(train_ids: List[List[int]], train_tags: List[List[int]], ft: FineTune):
     """The loop's ``batch_loss``: cross-entropy of the windows ``mine``' tagged tokens, a share of the mean
-    over every tagged token of the batch (transformers' token-classification loss)."""
+    over every tagged token of the step (transformers' token-classification loss)."""
     import torch.nn.functional as F
 
     tagged = [sum(1 for t in tags if t != IGNORE) for tags in train_tags]
 
-    def batch_loss(model: Any, mine: List[int], batch: List[int], weight: float) -> Any:
+    def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
         logits = ft.logits(model, [train_ids[k] for k in mine])
         y = ft.dev.put(pad_rows([train_tags[k] for k in mine], IGNORE, ft.dev.pad_multiple))
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
                                ignore_index=IGNORE, reduction="sum")
-        return loss * (weight / max(1, sum(tagged[k] for k in batch)))
+        return loss * (weight / max(1, sum(tagged[k] for k in step)))
 
     return batch_loss
 

@@ -170,13 +170,13 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
 
 
 def _batch_loss(train_ids: List[List[int]], targets: List[Any], ft: FineTune, head: Head):
-    """The loop's ``batch_loss``: the head's loss on the texts ``mine``, a share of the batch's mean."""
+    """The loop's ``batch_loss``: the head's loss on the texts ``mine``, a share of the step's mean."""
     import torch
 
-    def batch_loss(model: Any, mine: List[int], batch: List[int], weight: float) -> Any:
+    def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
         logits = ft.logits(model, [train_ids[k] for k in mine])
         y = ft.dev.put(head.targets(torch, [targets[k] for k in mine]))
-        return head.loss(torch, logits.float(), y) * (weight / len(batch))
+        return head.loss(torch, logits.float(), y) * (weight / len(step))
 
     return batch_loss
 
