@@ -213,8 +213,15 @@ class Run:
 
     @property
     def trainers(self) -> dict[str, list]:
-        """``{trainer: [schemas]}``: the plan of a run with several trainers, else ``trainer`` for all."""
-        return dict(self.plan) if self.plan else {self.trainer: list(self.schemas)}
+        """``{trainer: [schemas]}``: the plan of a run with several trainers, else ``trainer`` for all.
+
+        Trainers in the order their first schema comes in the run's schemas, as the plan was made (the
+        stored JSON has its keys sorted, so the parts would otherwise run in the trainers' name order)."""
+        if not self.plan:
+            return {self.trainer: list(self.schemas)}
+        order = {schema: k for k, schema in enumerate(self.schemas)}
+        return dict(sorted(self.plan.items(),
+                           key=lambda item: min((order.get(s, len(order)) for s in item[1]), default=len(order))))
 
     @property
     def is_active(self) -> bool:

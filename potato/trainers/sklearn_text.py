@@ -399,7 +399,8 @@ class _Warnings(object):
 
 def train(job: Any, events: Any) -> None:
     """Fit one classifier per schema of ``job``; write predictions, scores and artifacts."""
-    from potato.training.predictions import PredictionStream
+    from potato.training.predictions import PredictionStream, finish_run
+    from potato.training.process_group import SingleProcess
 
     opts = effective_options(job.options)
     schemas = answers_of(job.manifest, job.schemas, NAME, TRAINERS[NAME].kinds)
@@ -447,9 +448,7 @@ def train(job: Any, events: Any) -> None:
         raise
     finally:
         items.close()
-    stream.publish()
-    job.write_scores(scores)
-    events.metrics(scores)
+    finish_run(job, events, stream, SingleProcess(), scores)
 
 
 def _fit(answers: Answers, labelled: Any, items: Any, features: _Features, opts: Dict[str, Any], events: Any) -> _Model:

@@ -46,7 +46,7 @@ from potato.project import build_bundle
 from potato.trainer_choice import trainer_kinds
 from potato.trainers.registry import DEFAULT_BY_KIND
 from tests.support.potato212 import Annotator, Potato212Server
-from potato.runs.paths import open_store
+from potato.runs.paths import open_store, run_paths
 from tests.support.runs import potato, processes_matching
 from tests.support.tiny_model import build_tiny_model
 
@@ -334,7 +334,7 @@ def test_one_run_trains_every_schema_and_potato_212_prefills_each(annotated, pre
                             "hf-span-tagging": ["entities"]}
     for schema, kind in KIND_OF.items():  # each schema's own metrics
         assert run.scores[schema]["kind"] == kind and METRICS[kind] <= set(run.scores[schema]), run.scores[schema]
-    run_log = (runs.run_dir(config, run_id) / "run.log").read_text("utf-8")
+    run_log = run_paths(config, run_id).run_log.read_text("utf-8")
     assert "Part 2 of 2: hf-span-tagging trains entities" in run_log
 
     written = _written(config_path)

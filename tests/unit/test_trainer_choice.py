@@ -168,3 +168,11 @@ def test_a_config_potato_212_accepts_with_its_own_sklearn_text_trainer_validates
     report = validate_config_file(path)
     assert report.errors == ()
     assert json.loads(json.dumps(report.config.model_training.auto_retrain.params))["calibrate"] is True
+
+
+def test_a_stored_plan_keeps_its_trainers_in_the_order_of_their_first_schema(tmp_path):
+    store = open_store(load_config(_config_path(tmp_path)))
+    run = store.create_run("sklearn-text + hf-span-tagging", ["sentiment", "entities", "topics"], "local",
+                           plan={"sklearn-text": ["sentiment", "topics"], "hf-span-tagging": ["entities"]})
+    assert list(store.get_run(run.id).trainers.items()) == [("sklearn-text", ["sentiment", "topics"]),
+                                                           ("hf-span-tagging", ["entities"])]
