@@ -111,7 +111,7 @@ class LiveReport:
         return text
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "changed": self.changed}
+        return {**asdict(self), "changed": self.changed, "text": self.describe()}
 
 
 def is_live(config: ProjectConfig) -> bool:

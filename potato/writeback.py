@@ -543,3 +543,20 @@ def read_report(config: ProjectConfig, run_id: int) -> dict[str, Any] | None:
         return json.loads(run_paths(config, run_id).writeback_report.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def report_lines(report: Mapping[str, Any]) -> list[str]:
+    """A writeback report in words, for the Training page: what annotators see, and what each rule held back."""
+    lines = [f"{report['items_prefilled']} item(s) pre-filled"]
+    if report.get("items_confidence_only"):
+        lines[0] += (f"; {report['items_confidence_only']} item(s) hold their confidence only (below "
+                     "min_confidence: nothing pre-filled, served first under model_review)")
+    for schema in report.get("schemas", []):
+        held = report.get("held_back", {}).get(schema, {})
+        reasons = [f"{held[rule]} {why}" for rule, why in HELD_BACK.items() if held.get(rule)]
+        lines.append(f"{schema}: {report.get('written', {}).get(schema, 0)} predictions written; "
+                     + ("held back: " + "; ".join(reasons) if reasons else "none held back"))
+    live = report.get("live")
+    if live:
+        lines.append(live["text"])
+    return lines

@@ -36,7 +36,7 @@ LABELLED = ["t0", "t1"]  # trained on (no holdout)
 def _config(tmp_path: Path, *, strategy: str | None = None, data_files: bool = False, **writeback) -> Path:
     write_hostile_directory(tmp_path / "tickets", ITEMS)
     raw = {
-        "annotation_task_name": "Tickets", "task_dir": ".", "data_directory": "tickets",
+        "annotation_task_name": "Tickets", "task_dir": ".", "data_directory": "tickets", "admin_api_key": "k",
         "watch_data_directory": True, "watch_poll_interval": 2, "output_annotation_dir": "annotations",
         "annotation_schemes": [
             {"annotation_type": "radio", "name": "tone", "labels": ["calm", "angry"]},
@@ -318,3 +318,59 @@ def test_live_off_and_model_review_without_it_are_said_too(tmp_path):
         "prediction, and never reads pre_annotation.predictions_file for it; set model_training.writeback.live: "
         "true (with a watched data_directory) so that annotators are served the items the model is least sure "
         "of first")
+
+
+def test_the_page_the_api_and_the_command_retract_and_show_what_annotators_see(tmp_path):
+    from click.testing import CliRunner
+
+    from potato.cli import main
+    from potato.server import create_app
+
+    config_path = _config(tmp_path, strategy="model_review")
+    _run(tmp_path, config_path, 1, {"t4": ("calm", 0.9), "t6": ("angry", 0.3)})
+    config, store, _ = _run(tmp_path, config_path, 2, {"t4": ("angry", 0.8), "t6": ("angry", 0.2)})
+    client = create_app(config, store=store, start_background=False).test_client()
+    key = {"X-API-Key": "k"}
+    api = "/admin/training/api"
+
+    shown = client.get(f"{api}/writeback", headers=key).json
+    assert shown["run_id"] == 2 and shown["lines"][:2] == [
+        "1 item(s) pre-filled; 1 item(s) hold their confidence only (below min_confidence: nothing pre-filled, "
+        "served first under model_review)",
+        "tone: 1 predictions written; held back: 1 below min_confidence"]
+    assert shown["lines"][3].startswith("Live writeback: 2 record(s) in 1 file(s) of tickets/ changed")
+    assert shown["least_certain"] == [
+        {"id": "t6", "confidence": 0.2, "predictions": {"tone": "held back (confidence 0.20)"}},
+        {"id": "t4", "confidence": 0.8, "predictions": {"tone": "angry (0.80)"}}]
+    client.post("/admin/training/login", data={"api_key": "k"})
+    page = client.get("/admin/training").get_data(as_text=True)
+    assert "The predictions of run 2, the newest written back:" in page
+    assert "<tr><td>t6</td><td>0.200</td><td>tone: held back (confidence 0.20)</td></tr>" in page
+    run_page = client.get("/admin/training/runs/2").get_data(as_text=True)
+    assert 'id="retract-button"' in run_page and f'data-api="{api}/runs/2/predictions"' in run_page
+
+    assert client.get(f"{api}/runs/2", headers=key).json["run"]["retractable"] is True
+    answer = client.delete(f"{api}/runs/2/predictions", headers=key)
+    assert answer.status_code == 200 and answer.json["message"] == (
+        "Run 2's predictions were retracted: annotators now see run 1's predictions of tone, within 2 s "
+        "(watch_poll_interval)")
+    assert answer.json["restored"] == {"tone": 1} and answer.json["run"]["retractable"] is False
+    assert client.get(f"{api}/writeback", headers=key).json["run_id"] == 1  # a retracted run is not shown
+    assert _item_fields(tmp_path / "tickets")["t6"] == {"tone": {"confidence": 0.3, "run_id": 1}}
+    # The page's own session needs the CSRF header for a DELETE, as for every change.
+    assert client.delete(f"{api}/runs/1/predictions").status_code == 403
+
+    store.create_run("hf-text-classification", ["tone"], "local")
+    store.update_run(3, state="cancelled")
+    refused = client.delete(f"{api}/runs/3/predictions", headers=key)
+    assert refused.status_code == 409 and refused.json == {
+        "error": "Run 3 has no predictions to retract: it cancelled"}
+    assert client.delete(f"{api}/runs/99/predictions", headers=key).status_code == 404
+
+    done = CliRunner().invoke(main, ["training", "retract", str(config_path), "1"])
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[0] == ("Run 1's predictions were retracted: annotators now see no predictions "
+                                           "of tone, within 2 s (watch_poll_interval)")
+    assert done.output.splitlines()[1].startswith("Live writeback: 2 record(s) in 1 file(s) of tickets/ changed")
+    refused = CliRunner().invoke(main, ["training", "retract", str(config_path), "3"])
+    assert refused.exit_code == 1 and refused.output == "Error: Run 3 has no predictions to retract: it cancelled\n"
