@@ -18,17 +18,14 @@ at once — plus the session's Prefect API, shared with other tests.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from potato.holdout import split_of
-from tests.support.potato212 import Annotator, Potato212Server
-from tests.support.runs import POTATO, free_port, potato, processes_matching, stop_group, wait_for
+from tests.support.potato212 import Annotator, OurServer, Potato212Server
+from tests.support.runs import potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
@@ -89,51 +86,6 @@ def _project(root: Path) -> Path:
     return path
 
 
-class OurServer:
-    """This project's ``potato start`` beside 2.12.1, and its admin API."""
-
-    def __init__(self, config: Path, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/admin/training/api"
-        env = dict(os.environ, HF_HUB_OFFLINE="1")
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.log = log
-        wait_for(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
-
-    def _try(self, path: str):
-        if self.process.poll() is not None:
-            raise AssertionError(f"potato start exited: {self.log.read_text()[-3000:]}")
-        try:
-            return self.get(path)
-        except OSError:
-            return None
-
-    def get(self, path: str) -> dict:
-        request = urllib.request.Request(self.url + path, headers={"X-API-Key": API_KEY})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-
-    def post(self, path: str) -> dict:
-        request = urllib.request.Request(self.url + path, data=b"{}", method="POST",
-                                         headers={"X-API-Key": API_KEY, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-
-    def runs(self) -> list[dict]:
-        return self.get("/runs")["runs"]
-
-    def watcher_saw(self, annotations: int) -> dict:
-        """Wait for the watcher's check after the files hold *annotations*; return its status."""
-        return wait_for(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
-                          f"the auto-retrain watcher to count {annotations} annotations")
-
-    def stop(self) -> None:
-        stop_group(self.process, 60)
-
-
 def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
     config = _project(tmp_path)
     annotations = tmp_path / "annotations"
@@ -155,7 +107,7 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
         assert labelled == [f"t{i:02d}" for i in range(16)]  # data_directory order, as 2.12 serves it
 
         # 2. potato start beside it: the project never auto-trained, 24 annotations >= 5: one auto run at once.
-        ours = OurServer(config, tmp_path / "potato-start.log")
+        ours = OurServer(config, tmp_path / "potato-start.log", API_KEY)
         first = wait_for(lambda: ours.runs() and ours.runs()[-1], 30, "the first auto run")
         assert (first["id"], first["trigger"], first["backend"]) == (1, "auto", "local")
         done = wait_for(lambda: (r := ours.runs()[-1])["state"] in ("succeeded", "failed", "cancelled") and r,

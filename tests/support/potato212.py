@@ -5,6 +5,8 @@
 has this project's import name and console script. The ``potato212`` fixture
 finds it, skipping the test when it is missing (failing under ``CI=true``).
 
+``OurServer`` is this project's ``potato start`` beside it, with its admin API.
+
 ``Potato212Server`` starts ``potato start CONFIG -p PORT`` there, on
 loopback, in the project's directory, and stops it with SIGTERM (then
 SIGKILL). ``Annotator`` talks to it the way its annotate page does
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.runs import free_port, stop_group, wait_for
+from tests.support.runs import POTATO, free_port, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("POTATO212_VENV") or REPO / ".venv-potato212")
@@ -147,6 +149,16 @@ class Annotator:
         self._post_json("/annotate", {"action": "next_instance", "instance_id": self.current()})
         return self.current()
 
+    def go_to(self, index: int) -> str:
+        """Go back to the *index*-th item this annotator was served (2.12 goes no further ahead); return its id."""
+        self._post_json("/annotate", {"action": "go_to", "go_to": index})
+        return self.current()
+
+    def served(self) -> str | None:
+        """The id of the item on screen, or None when the page serves none (nothing to annotate)."""
+        found = _INSTANCE_ID.search(self.page())
+        return html.unescape(found.group(1)) if found else None
+
     def go_to_item(self, item: str, limit: int = 200) -> str:
         """Press Next until *item* is on screen; return the page."""
         for _ in range(limit):
@@ -162,3 +174,49 @@ class Annotator:
             if 'type="radio"' in tag and f'name="{schema}"' in tag and re.search(r"\bchecked\b", tag):
                 found.append(html.unescape(re.search(r'\bvalue="([^"]*)"', tag).group(1)))
         return found
+
+
+class OurServer:
+    """This project's ``potato start`` beside 2.12.1, and its admin API (*api_key*: the config's admin_api_key)."""
+
+    def __init__(self, config: Path, log: Path, api_key: str):
+        self.api_key = api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/admin/training/api"
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.log = log
+        wait_for(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
+
+    def _try(self, path: str):
+        if self.process.poll() is not None:
+            raise AssertionError(f"potato start exited: {self.log.read_text()[-3000:]}")
+        try:
+            return self.get(path)
+        except OSError:
+            return None
+
+    def get(self, path: str) -> dict:
+        request = urllib.request.Request(self.url + path, headers={"X-API-Key": self.api_key})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def post(self, path: str, method: str = "POST") -> dict:
+        request = urllib.request.Request(self.url + path, data=b"{}" if method == "POST" else None, method=method,
+                                         headers={"X-API-Key": self.api_key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def runs(self) -> list[dict]:
+        return self.get("/runs")["runs"]
+
+    def watcher_saw(self, annotations: int) -> dict:
+        """Wait for the watcher's check after the files hold *annotations*; return its status."""
+        return wait_for(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
+                          f"the auto-retrain watcher to count {annotations} annotations")
+
+    def stop(self) -> None:
+        stop_group(self.process, 60)
