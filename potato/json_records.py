@@ -195,7 +195,7 @@ def members(data: bytes, record: Record, encoding: str = "utf-8") -> list[Member
         char = data[at]
         if char == 0x22:
             if depth == 1 and key is None:
-                key, key_start, key_end = json.loads(token.group().decode(encoding)), at, token.end()
+                key, key_start, key_end = _parse(token.group(), encoding), at, token.end()
             continue
         if char == 0x3A:  # :
             if depth == 1:

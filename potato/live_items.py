@@ -45,8 +45,9 @@ from potato.training.escaping import quote
 # In training/: which field of the directory's records the live writeback owns.
 MARKER = "live-writeback.json"
 
-# What str.splitlines breaks a line at besides \n and \r, as bytes in UTF-8: in a JSON-lines file 2.12 cannot read.
-_SPLITS_UTF8 = re.compile(rb"[\x0b\x0c\x1c-\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+# What str.splitlines breaks a line at besides \n and \r: in a JSON-lines file 2.12 cannot read. In UTF-8, each
+# looked for on its own: a substring search is many times faster over a large file than one regular expression.
+_SPLITS_UTF8 = tuple(c.encode("utf-8") for c in "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 _SPLITS_TEXT = re.compile("[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 
 TABLE_FILE = "a CSV or TSV file: Potato 2.12 reads each cell as text, never as the mapping it pre-fills from"
@@ -89,7 +90,7 @@ def read_data_file(path: Path, encoding: str) -> DataFile:
     array = starts_array(data)
     if not array:
         if encoding == "utf-8":
-            splits = _SPLITS_UTF8.search(data) is not None
+            splits = any(c in data for c in _SPLITS_UTF8)
         else:
             splits = _SPLITS_TEXT.search(data.decode(encoding, "replace")) is not None
         if splits:
