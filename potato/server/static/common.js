@@ -51,5 +51,5 @@ var Potato = (function () {
     }
     tick();
   }
-  return { request: request, time: time, duration: duration, el: el, poll: poll };
+  return { request: request, time: time, duration: duration, scores: scores, el: el, poll: poll };
 })();
