@@ -50,6 +50,9 @@ TARGET_S, TARGET_MB = 2.0, 200
 
 def _generate(tmp: Path, n: int, changed: float) -> Path:
     """The project: its config, ``data/items.jsonl`` and the writeback file; returns the config's path."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.potato212 import project_config
+
     (tmp / "data").mkdir()
     every = max(1, round(1 / changed)) if changed > 0 else n + 1
     training = tmp / "annotations" / "training"
@@ -62,17 +65,12 @@ def _generate(tmp: Path, n: int, changed: float) -> Path:
                                    ensure_ascii=False) + "\n")
             if i % every == 0:
                 preds.write(json.dumps({"id": f"r{i:07d}", "predictions": {
-                    "sentiment": {"label": "negative", "confidence": round(0.5 + (i % 50) / 100, 5),
+                    "tone": {"label": "angry", "confidence": round(0.5 + (i % 50) / 100, 5),
                                   "run_id": 1}}}) + "\n")
-    config = {
-        "annotation_task_name": "Bench", "task_dir": ".", "data_directory": "data", "watch_data_directory": True,
-        "item_properties": {"id_key": "id", "text_key": "text"}, "output_annotation_dir": "annotations",
-        "annotation_schemes": [{"annotation_type": "radio", "name": "sentiment", "description": "Sentiment",
-                                "labels": ["positive", "negative"]}],
-        "pre_annotation": {"enabled": True},
-        "model_training": {"enabled": False,
-                           "writeback": {"schemas": ["sentiment"], "include_unlabeled": True, "live": True}},
-    }
+    config = {**project_config("Bench", "data", "id", "text", "bench"), "watch_data_directory": True,
+              "pre_annotation": {"enabled": True},
+              "model_training": {"enabled": False,
+                                 "writeback": {"schemas": ["tone"], "include_unlabeled": True, "live": True}}}
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from potato.holdout import split_of
-from tests.support.potato212 import Annotator, OurServer, Potato212Server
+from tests.support.potato212 import Annotator, OurServer, Potato212Server, project_config
 from tests.support.runs import potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
 
@@ -56,16 +56,7 @@ def _project(root: Path) -> Path:
         f.write("ticket_id,body\n" + "".join(f't{i:02d},"{_text(i)}"\n' for i in range(20, 30)))
     model = build_tiny_model(root / "tiny-model", [_text(i) for i in range(30)])
     config = {
-        "annotation_task_name": "Support tickets",
-        "task_dir": ".",
-        "data_directory": "tickets",
-        "item_properties": {"id_key": "ticket_id", "text_key": "body"},
-        "output_annotation_dir": "annotations",
-        "admin_api_key": API_KEY,
-        "user_config": {"allow_all_users": True},
-        "require_password": False,
-        "annotation_schemes": [{"annotation_type": "radio", "name": "tone", "description": "How does it sound?",
-                                "labels": ["calm", "angry"]}],
+        **project_config("Support tickets", "tickets", "ticket_id", "body", API_KEY),
         # The README's lines for Potato 2.12: it reads our predictions at its start.
         "pre_annotation": {"enabled": True, "predictions_file": "annotations/training/predictions.jsonl"},
         "model_training": {

@@ -17,7 +17,7 @@ U+2028, escapes, odd key orders and numbers such as ``1e5`` and ``1.0``: after
 the retract every file is byte-identical to what it was, and so are the
 annotators' ``user_state.json`` files.
 
-Cost (measured on 2 cores): about 20 s — two 2.12.1 starts, one ``potato
+Cost (measured on 2 cores): about 25 s — two 2.12.1 starts, one ``potato
 start``, one tiny-model training run — plus the session's Prefect API.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.potato212 import Annotator, OurServer, Potato212Server
+from tests.support.potato212 import Annotator, OurServer, Potato212Server, project_config
 from tests.support.runs import potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
 
@@ -75,20 +75,11 @@ def _configs(root: Path) -> tuple[Path, Path]:
     (tickets / "b.jsonl").write_bytes(b)
     model = build_tiny_model(root / "tiny-model", [_text(i) for i in range(30)])
     config = {
-        "annotation_task_name": "Support tickets",
-        "task_dir": ".",
-        "data_directory": "tickets",
+        **project_config("Support tickets", "tickets", "ticket_id", "body", API_KEY),
         # The README's lines for a live writeback.
         "watch_data_directory": True,
         "watch_poll_interval": POLL_S,
         "assignment_strategy": "model_review",
-        "item_properties": {"id_key": "ticket_id", "text_key": "body"},
-        "output_annotation_dir": "annotations",
-        "admin_api_key": API_KEY,
-        "user_config": {"allow_all_users": True},
-        "require_password": False,
-        "annotation_schemes": [{"annotation_type": "radio", "name": "tone", "description": "How does it sound?",
-                                "labels": ["calm", "angry"]}],
         "pre_annotation": {"enabled": True},
         "model_training": {
             "enabled": False,

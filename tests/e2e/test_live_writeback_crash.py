@@ -8,7 +8,7 @@ Each data file is then byte-identical to what it was or to what the writeback
 makes of it, 2.12 keeps serving, and the next ``potato start`` removes the
 temporary and finishes the writeback, which 2.12 then shows.
 
-Cost (measured on 2 cores): about 15 s — one 2.12.1 start on 2 × 40 000 items
+Cost (measured on 2 cores): about 17 s — one 2.12.1 start on 2 × 40 000 items
 and two ``potato start`` — plus the session's Prefect API.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.potato212 import Annotator, OurServer, Potato212Server
+from tests.support.potato212 import Annotator, OurServer, Potato212Server, project_config
 from tests.support.runs import POTATO, free_port, processes_matching, wait_for
 
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect]
@@ -51,18 +51,9 @@ def _project(root: Path) -> Path:
     training.mkdir(parents=True)
     (training / "predictions.jsonl").write_text("".join(json.dumps(p) + "\n" for p in predictions))
     config = {
-        "annotation_task_name": "Printer tickets",
-        "task_dir": ".",
-        "data_directory": "items",
+        **project_config("Printer tickets", "items", "id", "text", API_KEY),
         "watch_data_directory": True,
         "watch_poll_interval": POLL_S,
-        "item_properties": {"id_key": "id", "text_key": "text"},
-        "output_annotation_dir": "annotations",
-        "admin_api_key": API_KEY,
-        "user_config": {"allow_all_users": True},
-        "require_password": False,
-        "annotation_schemes": [{"annotation_type": "radio", "name": "tone", "description": "How does it sound?",
-                                "labels": ["calm", "angry"]}],
         "pre_annotation": {"enabled": True},
         "model_training": {"enabled": False,
                            "writeback": {"schemas": ["tone"], "include_unlabeled": True, "live": True}},

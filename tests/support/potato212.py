@@ -5,7 +5,9 @@
 has this project's import name and console script. The ``potato212`` fixture
 finds it, skipping the test when it is missing (failing under ``CI=true``).
 
-``OurServer`` is this project's ``potato start`` beside it, with its admin API.
+``OurServer`` is this project's ``potato start`` beside it, with its admin API;
+``project_config`` the keys of a config both read (items in a data_directory,
+sign-in without passwords, one radio schema ``tone``).
 
 ``Potato212Server`` starts ``potato start CONFIG -p PORT`` there, on
 loopback, in the project's directory, and stops it with SIGTERM (then
@@ -97,6 +99,25 @@ class Potato212Server:
                 return response.status
         except urllib.error.HTTPError as exc:
             return exc.code
+
+
+TONE = {"annotation_type": "radio", "name": "tone", "description": "How does it sound?", "labels": ["calm", "angry"]}
+
+
+def project_config(name: str, data_directory: str, id_key: str, text_key: str, api_key: str) -> dict:
+    """The config keys of a project served by 2.12.1 (annotators sign in without a password) and by this
+    project's ``potato start`` (*api_key*: its admin API's key), its items in *data_directory*, schema ``tone``."""
+    return {
+        "annotation_task_name": name,
+        "task_dir": ".",
+        "data_directory": data_directory,
+        "item_properties": {"id_key": id_key, "text_key": text_key},
+        "output_annotation_dir": "annotations",
+        "admin_api_key": api_key,
+        "user_config": {"allow_all_users": True},
+        "require_password": False,
+        "annotation_schemes": [TONE],
+    }
 
 
 _INSTANCE_ID = re.compile(r'id="instance_id"[^>]*\bvalue="([^"]*)"')
