@@ -41,6 +41,10 @@ def _tone(i: int) -> str:
     return ("calm", "angry")[i % 2]
 
 
+def _tone_of(item: str) -> str:
+    return _tone(int(item[1:]))
+
+
 def _text(i: int) -> str:
     return f"{(CALM if _tone(i) == 'calm' else ANGRY)[i % 3]} (ticket {i})"
 
@@ -88,13 +92,8 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
 
         # 1. Annotators label through 2.12.1's own endpoints: alice 16 tickets, bob the first 8.
         alice, bob = Annotator(potato_212, "alice"), Annotator(potato_212, "bob")
-        labelled = []
-        for _ in range(16):
-            labelled.append(alice.label("tone", _tone(int(alice.current()[1:]))))
-            alice.next()
-        for _ in range(8):
-            bob.label("tone", _tone(int(bob.current()[1:])))
-            bob.next()
+        labelled = alice.label_in_turn("tone", 16, _tone_of)
+        bob.label_in_turn("tone", 8, _tone_of)
         assert labelled == [f"t{i:02d}" for i in range(16)]  # data_directory order, as 2.12 serves it
 
         # 2. potato start beside it: the project never auto-trained, 24 annotations >= 5: one auto run at once.
@@ -124,16 +123,14 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
         assert ours.watcher_saw(24)["since_last_auto_run"] == 0  # walking past items annotates nothing
 
         # 4. Five more annotations through the real server queue exactly one auto run; a sixth no second.
-        for _ in range(4):
-            carol.label("tone", _tone(int(carol.current()[1:])))
-            carol.next()
+        carol.label_in_turn("tone", 4, _tone_of)
         assert ours.watcher_saw(28)["text"] == "waiting for 1 more annotation(s) (4 of 5 since the last automatic run)"
         assert len(ours.runs()) == 1
-        carol.label("tone", _tone(int(carol.current()[1:])))
+        carol.label("tone", _tone_of(carol.current()))
         second = wait_for(lambda: len(runs := ours.runs()) == 2 and runs[0], 30, "the second auto run")
         assert (second["trigger"], second["backend"]) == ("auto", "local")
         carol.next()
-        carol.label("tone", _tone(int(carol.current()[1:])))
+        carol.label("tone", _tone_of(carol.current()))
         status = ours.watcher_saw(30)
         assert status["since_last_auto_run"] == 1 and [r["id"] for r in ours.runs()] == [2, 1]
         ours.post("/runs/2/cancel")

@@ -50,6 +50,10 @@ def _tone(i: int) -> str:
     return ("calm", "angry")[i % 2]
 
 
+def _tone_of(item: str) -> str:
+    return _tone(int(item[1:]))
+
+
 def _text(i: int) -> str:
     if i >= 26:
         return f"{UNSEEN[i - 26]} (ticket {i})"
@@ -126,13 +130,8 @@ def test_predictions_reach_a_running_potato_212_live(potato212, prefect_api, tmp
 
         # Annotators label through 2.12.1's own endpoints: alice the first 16 tickets, bob the first 8.
         alice, bob = Annotator(annotate, "alice"), Annotator(annotate, "bob")
-        labelled = []
-        for _ in range(16):
-            labelled.append(alice.label("tone", _tone(int(alice.current()[1:]))))
-            alice.next()
-        for _ in range(8):
-            bob.label("tone", _tone(int(bob.current()[1:])))
-            bob.next()
+        labelled = alice.label_in_turn("tone", 16, _tone_of)
+        bob.label_in_turn("tone", 8, _tone_of)
         states = {p: p.read_bytes() for p in (tmp_path / "annotations" / name / "user_state.json"
                                               for name in ("alice", "bob"))}
 

@@ -31,6 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -164,6 +165,14 @@ class Annotator:
         }))
         assert answer.get("status") == "success", answer
         return item
+
+    def label_in_turn(self, schema: str, count: int, choose: Callable[[str], str]) -> list[str]:
+        """Label the next *count* items as 2.12 serves them, each with ``choose(item id)``; return their ids."""
+        labelled = []
+        for _ in range(count):
+            labelled.append(self.label(schema, choose(self.current())))
+            self.next()
+        return labelled
 
     def next(self) -> str:
         """Go to the next item (the Next button); return its id."""
