@@ -34,16 +34,19 @@ from typing import Any
 from potato.backends.base import RunContext
 from potato.errors import CalibrationError
 from potato.evaluation import read_evaluation, trained_on, write_evaluation
+from potato.live_writeback import publish
+from potato.results import log_live
 from potato.runs.paths import RunPaths, run_paths
 from potato.store import SUCCEEDED, Run, Store
 from potato.trainers.decision_calibrate import NAME, SOURCE_DIR, SOURCE_FILE
 from potato.training import job_paths
-from potato.writeback import write_back
 
 
 def _why_not(run: Run, schemas: list[str]) -> str | None:
     if run.trainer == NAME:
         return "it is a decision-calibrate run itself"
+    if run.retracted_at is not None:
+        return "its predictions were retracted"
     if run.state != SUCCEEDED:
         return f"it {run.state}" if run.state in ("failed", "cancelled") else f"it is {run.state}"
     missing = [s for s in schemas if s not in run.schemas]
@@ -143,9 +146,10 @@ def apply(ctx: RunContext) -> None:
     written = [s for s in kept if s not in newer]
     if not written:
         return
-    summary = write_back(ctx.config, source_id, written, paths.predictions, ctx.bundle_dir,
-                         trained_on=trained_on(paths.dir, written))
+    summary, live = publish(ctx.config, source_id, written, paths.predictions, ctx.bundle_dir,
+                            trained_on=trained_on(paths.dir, written))
     ctx.log.info(summary.describe())
+    log_live(ctx.log, live)
 
 
 def _rewrite_predictions(paths: RunPaths, calibrated: Path, kept: set[str]) -> None:

@@ -199,6 +199,25 @@ def training_cancel(config, run_id) -> None:
         click.echo(f"Run {run_id}: cancel requested; the worker gets SIGTERM, then SIGKILL after {grace:g} s")
 
 
+@training.command("retract")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+def training_retract(config, run_id) -> None:
+    """Take run RUN_ID's predictions away from annotators; the newest earlier run's come back, per schema."""
+    from potato.errors import RetractError, StoreError
+    from potato.retract import retract
+    from potato.runs.paths import open_store
+
+    cfg = _load(config)
+    try:
+        result = retract(cfg, open_store(cfg), run_id)
+    except (RetractError, StoreError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(result.describe())
+    if result.live is not None and not result.live.error and (result.live.files or result.live.problems):
+        click.echo(result.live.describe())
+
+
 @training.command("publish")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("run_id", type=int)

@@ -109,6 +109,7 @@ class WritebackConfig:
     include_unlabeled: bool = False
     min_confidence: float = 0.0
     field: str = "predictions"
+    live: bool = False  # also into the items' own records in the watched data_directory (potato.live_writeback)
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,9 @@ WRITEBACK_KEYS: tuple[Key, ...] = (
         default=0.0, minimum=0, maximum=1),
     Key("field", "str", "the key each written-back record holds its predictions under; Potato 2.12 "
         "reads the one its `pre_annotation.field` names", default="predictions"),
+    Key("live", "bool", "also put each item's predictions into its own record in the watched "
+        "`data_directory` (this one field only, every other byte kept), where a running Potato 2.12 shows "
+        "them within `watch_poll_interval`, without a restart", default=False),
 )
 
 AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
@@ -910,6 +914,7 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
             include_unlabeled=wb["include_unlabeled"],
             min_confidence=wb["min_confidence"],
             field=wb["field"],
+            live=wb["live"],
         ),
         auto_retrain=auto_retrain,
         trainers=trainers,
@@ -1033,15 +1038,55 @@ def _build_item_sources(raw: Mapping[str, Any], task_dir: Path, issues: Issues) 
     return fields
 
 
+def assignment_strategy(raw: Mapping[str, Any]) -> str | None:
+    """The ``assignment_strategy`` Potato 2.12 serves items by (a name, or ``{name: …}``), None when unset."""
+    strategy = raw.get("assignment_strategy")
+    if isinstance(strategy, dict):
+        strategy = strategy.get("name")
+    return strategy if isinstance(strategy, str) else None
+
+
+# Potato 2.12's strategy that serves items by the confidence in their own data, least first.
+MODEL_REVIEW = "model_review"
+# Potato 2.12's directory watcher's default and bounds for watch_poll_interval (seconds).
+WATCH_POLL_DEFAULT, WATCH_POLL_RANGE = 5.0, (1.0, 3600.0)
+
+
+def watch_poll_interval(raw: Mapping[str, Any]) -> float:
+    """How often Potato 2.12 looks at the watched data_directory (as it reads ``watch_poll_interval``)."""
+    value = raw.get("watch_poll_interval", WATCH_POLL_DEFAULT)
+    if not _is_number(value):
+        return WATCH_POLL_DEFAULT
+    return min(max(float(value), WATCH_POLL_RANGE[0]), WATCH_POLL_RANGE[1])
+
+
+def _prefills_from_item_data(raw: Mapping[str, Any]) -> bool:
+    """Whether Potato 2.12 pre-fills answers from item data (its ``QualityControlManager``: with
+    ``pre_annotation.enabled``, or its own training's writeback, under ``writeback.field``)."""
+    pre = raw.get("pre_annotation") if isinstance(raw.get("pre_annotation"), dict) else {}
+    training = raw.get("model_training") if isinstance(raw.get("model_training"), dict) else {}
+    writeback = training.get("writeback") if isinstance(training.get("writeback"), dict) else {}
+    return bool(pre.get("enabled") or (training.get("enabled") and writeback.get("schemas")))
+
+
 def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Path,
-                          writeback: WritebackConfig, issues: Issues) -> None:
+                          writeback: WritebackConfig, issues: Issues, *, data_files: bool) -> None:
     """Warn when Potato 2.12's ``pre_annotation`` block would not show our written-back predictions."""
     pre = raw.get("pre_annotation")
     if not isinstance(pre, dict) or not pre.get("enabled") or not writeback.schemas:
         return
     ours = output_dir / "training" / "predictions.jsonl"
     named = pre.get("predictions_file")
-    if not isinstance(named, str) or (task_dir / named).resolve() != ours.resolve():
+    is_ours = isinstance(named, str) and (task_dir / named).resolve() == ours.resolve()
+    if writeback.live:
+        # The items' own records carry their predictions; the file is for items they cannot hold.
+        needed = data_files or any(p.suffix.lower() in (".csv", ".tsv") for p in _directory_files(raw, task_dir))
+        if is_ours and not needed:
+            issues.warn("pre_annotation.predictions_file", "pre_annotation.predictions_file is read by Potato "
+                        "2.12 once, at its start, and with model_training.writeback.live the items' own records "
+                        "hold their predictions: once a run or a retract takes an item's prediction away, 2.12 "
+                        "would show the one that file held at its start instead. Remove predictions_file")
+    elif not is_ours:
         issues.warn("pre_annotation.predictions_file", f"pre_annotation.predictions_file is {named!r}, but "
                     f"this project writes its predictions to {os.path.relpath(ours, task_dir)!r}; point "
                     "predictions_file there (relative to task_dir) so that Potato 2.12 shows them")
@@ -1050,6 +1095,71 @@ def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Pa
         issues.warn("pre_annotation.field", f"pre_annotation.field is {field_name!r} and "
                     f"model_training.writeback.field is {writeback.field!r}; Potato 2.12 reads "
                     "predictions under pre_annotation.field, so make the two the same")
+
+
+def _directory_files(raw: Mapping[str, Any], task_dir: Path) -> list[Path]:
+    directory = raw.get("data_directory")
+    where = task_dir / Path(directory).expanduser() if isinstance(directory, str) and directory.strip() else None
+    return data_directory_files(where) if where is not None and where.is_dir() else []
+
+
+def _check_live(raw: Mapping[str, Any], writeback: WritebackConfig, sources: Mapping[str, Any],
+                issues: Issues) -> None:
+    """What Potato 2.12 needs to show the live writeback's predictions, and to serve by them under model_review."""
+    path = "model_training.writeback.live"
+    if writeback.live and writeback.schemas:
+        if sources.get("data_directory") is None:
+            issues.error(path, f"{path} is true, but no item comes from a data_directory: Potato 2.12 changes "
+                         "a running item's data only for items of a watched data_directory. Move the items' files "
+                         "into a directory and set data_directory and watch_data_directory: true, or set live: "
+                         "false (annotators then see a new model after Potato 2.12 restarts)")
+            return
+        if raw.get("watch_data_directory") is not True:
+            issues.warn("watch_data_directory", f"{path} is true, but watch_data_directory is not: Potato 2.12 "
+                        "then reads data_directory only when it starts, so predictions reach annotators only "
+                        "after a restart; set watch_data_directory: true")
+        if not _prefills_from_item_data(raw):
+            issues.warn("pre_annotation.enabled", f"{path} is true, but pre_annotation.enabled is not: Potato "
+                        "2.12 pre-fills nothing from the items' data; set pre_annotation.enabled: true")
+        encoding = sources.get("data_directory_encoding", "utf-8")
+        from potato.json_records import ascii_safe
+
+        if not ascii_safe(encoding):
+            issues.warn("data_directory_encoding", f"data_directory_encoding is {encoding!r}, in which the live "
+                        "writeback cannot change one field of a record and leave every other byte as it is, so "
+                        "it changes nothing; save the data files as UTF-8")
+    if assignment_strategy(raw) == MODEL_REVIEW and writeback.schemas:
+        if not writeback.live:
+            issues.warn("assignment_strategy", "assignment_strategy is model_review: Potato 2.12 then serves "
+                        "only items whose own data holds a prediction, and never reads "
+                        f"pre_annotation.predictions_file for it; set {path}: true (with a watched "
+                        "data_directory) so that annotators are served the items the model is least sure of first")
+        if not writeback.include_unlabeled:
+            issues.warn("model_training.writeback.include_unlabeled", "assignment_strategy is model_review and "
+                        "model_training.writeback.include_unlabeled is false: Potato 2.12 serves only items that "
+                        "hold a prediction, so items nobody has labelled are never served; set "
+                        "include_unlabeled: true")
+
+
+def describe_live(config: ProjectConfig) -> str | None:
+    """``potato validate``'s line on where annotators see predictions, for a project that writes some back."""
+    wb = config.model_training.writeback
+    if not wb.schemas or config.data_directory is None:
+        return None
+    shown = os.path.relpath(config.data_directory, config.task_dir)
+    if not wb.live:
+        if config.raw.get("watch_data_directory") is not True:
+            return None
+        return (f"Live writeback: off. Annotators see a new run's predictions after Potato 2.12 restarts; with "
+                f"model_training.writeback.live: true they go into the items' own records in {shown}/ and "
+                "show within watch_poll_interval")
+    line = (f"Live writeback: on. Each run's predictions go into the field {wb.field!r} of the items' own "
+            f"records in {shown}/ (.json and .jsonl files; nothing else in them changes), and Potato 2.12 "
+            f"shows them within {watch_poll_interval(config.raw):g} s (watch_poll_interval)")
+    if assignment_strategy(config.raw) == MODEL_REVIEW:
+        line += ("; under assignment_strategy: model_review an item below min_confidence holds its confidence "
+                 "only, so that the items the model is least sure of are served first")
+    return line
 
 
 def _check_training_user(task_dir: Path, output_dir: Path, issues: Issues) -> None:
@@ -1104,7 +1214,9 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
 
     schemes = _build_schemes(raw.get("annotation_schemes"), issues)
     model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
-    _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues)
+    _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues,
+                          data_files=bool(sources["data_files"]))
+    _check_live(raw, model_training.writeback, sources, issues)
     _check_training_user(task_dir, output_dir, issues)
 
     warnings = tuple(issues.warnings)

@@ -37,6 +37,8 @@ Importable without I/O. The tree::
     │   └── TrainerImportError  its packages are missing from the interpreter
     ├── CalibrationError        decision-calibrate has no run it can calibrate
     ├── WritebackError          the writeback file cannot be written, or the run's bundle is gone
+    │   └── LiveWritebackError  the items' own records cannot take the predictions (whose field, a write)
+    ├── RetractError            a run's predictions cannot be retracted (it has none to retract)
     ├── PrefectApiError         the embedded Prefect API cannot be started or reached
     └── ParseError              a tool's output made no sense (the raw text is quoted)
 
@@ -326,6 +328,15 @@ class CalibrationError(PotatoError):
 
 class WritebackError(PotatoError):
     """Raised when the writeback file cannot be written, or the run's bundle is gone."""
+
+
+class LiveWritebackError(WritebackError):
+    """Raised when the live writeback cannot change the items' records: a record holds the field already
+    (before its first writeback), or the directory's lock or a file cannot be had."""
+
+
+class RetractError(PotatoError):
+    """Raised when a run's predictions cannot be retracted: no such run, or it made none to retract."""
 
 
 class PrefectApiError(PotatoError):

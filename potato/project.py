@@ -529,8 +529,19 @@ def iter_items(config: ProjectConfig, skipped: GroupedWarnings | None = None) ->
 
 def item_ids(config: ProjectConfig) -> set[str]:
     """The ids of every item, read without writing anything (duplicates are the bundle's to name)."""
+    return _ids_of(_item_parts(config, GroupedWarnings()))
+
+
+def item_ids_of_files(config: ProjectConfig, files: Iterable[Path]) -> set[str]:
+    """The ids of the items of *files*, some of ``config.data_files``."""
+    return _ids_of(chain.from_iterable(
+        _file_parts(Path(path), config.id_key, config.text_key, config.task_dir,
+                    encoding=config.data_file_encodings.get(path, "utf-8")) for path in files))
+
+
+def _ids_of(parts: Iterable[Item | _Block]) -> set[str]:
     ids: set[str] = set()
-    for part in _item_parts(config, GroupedWarnings()):
+    for part in parts:
         if type(part) is _Block:
             ids.update(part.ids)
         else:

@@ -77,7 +77,7 @@ RUN_COLUMNS = (
     "heartbeat_at", "cancel_requested_at", "error", "artifact_uri",
     "host_python", "gpu", "scores", "prefect_flow_run_id", "run_token_hash",
     "flow_pid", "worker_pid", "trigger", "annotation_count", "last_seq",
-    "remote_job_dir", "remote_socket", "slurm_job_id", "ending", "plan", "publication",
+    "remote_job_dir", "remote_socket", "slurm_job_id", "ending", "plan", "publication", "retracted_at",
 )
 _UPDATABLE = frozenset(RUN_COLUMNS) - {"id"}
 
@@ -167,6 +167,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN publication TEXT;
     """,
+    # 9: when the run's predictions were retracted (potato/retract.py): annotators no longer see them,
+    # and no later retract or calibration brings them back.
+    """
+    ALTER TABLE runs ADD COLUMN retracted_at REAL;
+    """,
 )
 
 
@@ -206,6 +211,7 @@ class Run:
     ending: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     publication: dict = field(default_factory=dict)
+    retracted_at: float | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -15,7 +15,9 @@ from typing import Any, Mapping
 
 import click
 
-from potato.config import BuildResult, Issue, ProjectConfig, build_config, did_you_mean, read_config_file
+from potato.config import (
+    BuildResult, Issue, ProjectConfig, build_config, describe_live, did_you_mean, read_config_file,
+)
 from potato.errors import ConfigError, ProjectDataError
 
 # Shorter entries would match warnings by accident ("time", "is").
@@ -63,8 +65,13 @@ class ValidationReport:
             raise exc
         return self.config
 
+    @property
+    def live_writeback(self) -> str | None:
+        """Where annotators see predictions, when the project writes some into a data_directory's items."""
+        return describe_live(self.config) if self.config is not None else None
+
     def to_json(self, strict: bool = False) -> dict[str, Any]:
-        return {
+        found = {
             "ok": self.passes(strict),
             "errors": [{"path": e.path, "message": e.message} for e in self.errors],
             "warnings": [{"path": w.path, "message": w.message} for w in self.warnings],
@@ -73,6 +80,9 @@ class ValidationReport:
                 for a in self.acknowledged
             ],
         }
+        if self.live_writeback:
+            found["live_writeback"] = self.live_writeback
+        return found
 
 
 def read_acknowledge(raw: Mapping[str, Any]) -> tuple[list[str], list[Issue]]:
@@ -170,8 +180,11 @@ def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
     """The error that would fail every run of *config* at its bundle, found by reading its items now.
 
     A data file that does not parse, an item without an id, an id repeated,
-    an id UTF-8 cannot encode: each names the file and the line.
+    an id UTF-8 cannot encode: each names the file and the line. And a record
+    of the data_directory that already holds the field the live writeback
+    would write (``potato.live_items.foreign_field``).
     """
+    from potato.live_items import foreign_field
     from potato.project import read_items
 
     try:
@@ -179,7 +192,8 @@ def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
             pass
     except ProjectDataError as exc:
         return (Issue("data_files", str(exc)),)
-    return ()
+    foreign = foreign_field(config)
+    return (Issue("model_training.writeback.live", foreign),) if foreign else ()
 
 
 def _count(n: int, noun: str) -> str:
@@ -191,6 +205,8 @@ def format_report(report: ValidationReport, strict: bool = False) -> str:
     lines = [f"error: {e.message}" for e in report.errors]
     lines += [f"warning: {w.message}" for w in report.warnings]
     lines += [f"acknowledged: {a.message} (by {a.entry!r})" for a in report.acknowledged]
+    if report.live_writeback:
+        lines.append(report.live_writeback)
     if not report.ok:
         verdict = "invalid"
     elif not report.passes(strict):

@@ -14,7 +14,10 @@ A shape with no room for the run that wrote it (a list, a bare label,
 number or string) has it under the record's ``run_ids``.
 
 2.12 reads the file once, when it starts: a new model reaches annotators at
-that server's next restart (README, "Beside Potato 2.12"). The file is
+that server's next restart (README, "Beside Potato 2.12") — unless the
+writeback is live (``writeback.live``): then ``potato.live_writeback`` puts
+each item's record of this file into the item's own record in the watched
+``data_directory``, and a running 2.12 shows it within one poll. The file is
 replaced atomically (a temporary file beside it, fsync, rename), so a server
 starting at that moment reads the old file or the new one, never half.
 
@@ -43,38 +46,59 @@ the counts, because a writeback that silently writes nothing looks broken:
 5. **include_unlabeled.** Without it, items nobody labelled are not written.
 6. **min_confidence.** Below it, a prelabel costs an annotator attention
    (a prediction without a confidence — a number, spans, text — is not held
-   back by it; a span below it is dropped from its list).
+   back by it; a span below it is dropped from its list). Under
+   ``assignment_strategy: model_review`` such an item keeps its confidence
+   only (``potato.writeback_shapes.confidence_only``), so that 2.12 serves it
+   among the first, pre-filling nothing; the run log counts them.
 7. **Something to show.** An empty set, no span left, or spans of an item
    2.12 shows from a list, a mapping or ``displayed_text`` (their offsets
    count another text) pre-fill nothing, so they are not written.
 
 Newest run wins, per schema: a run replaces every earlier prediction of the
 schemas it writes back, so a prelabel an earlier run left on an item this run
-trained on is taken down too. Other schemas' predictions stay. A run's own
-``runs/<id>/predictions.jsonl`` is changed only by decision-calibrate, which
-keeps the worker's original beside it; annotators' files are never opened.
+trained on is taken down too. Other schemas' predictions stay. Each run keeps
+what it wrote back in ``runs/<id>/written-back.jsonl`` (one line per item and
+schema, ``{"id", "schema", "prefill"}``): a retract (``potato.retract``) puts
+an earlier run's back from there. A run's own ``runs/<id>/predictions.jsonl``
+is changed only by decision-calibrate, which keeps the worker's original
+beside it; annotators' files are never opened.
+
+What the file holds after the run is summed up for the Training page: items
+pre-filled, items holding a confidence only, and the ten least certain items
+nobody labelled (the first ``model_review`` serves), by the lowest confidence
+of their predictions as 2.12 reads it.
 """
 
 from __future__ import annotations
 
+import fcntl
+import heapq
 import json
 import os
 import re
 from array import array
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+import orjson
+
 from potato.answer_kinds import NOMINAL, SPAN
-from potato.config import ProjectConfig, Scheme
+from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.errors import WritebackError
 from potato.prediction_shapes import is_confidence, parse_prediction
+from potato.runs.paths import private_dir, run_paths
 from potato.store import MAX_RUN_ID
-from potato.training.escaping import open_text
-from potato.writeback_shapes import prefill
+from potato.training.escaping import json_bytes, open_text
+from potato.writeback_shapes import (
+    CONFIDENCE_ONLY_TYPES, confidence_only, describe_payload, is_confidence_only, payload_confidences, prefill,
+)
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5
+# How many of the least certain unlabelled items the Training page lists.
+LEAST_CERTAIN = 10
 
 # The rules that hold a prediction back, in order, with how the run log names them.
 HELD_BACK = {
@@ -98,6 +122,13 @@ class WritebackSummary:
     not_written_back: dict[str, int] = field(default_factory=dict)  # schemas not in writeback.schemas
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
+    # Held back by min_confidence but written as a confidence only (model_review), per schema.
+    confidence_only: dict[str, int] = field(default_factory=dict)
+    # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only.
+    items_prefilled: int = 0
+    items_confidence_only: int = 0
+    # The least certain items nobody labelled: {"id", "confidence", "predictions": {schema: words}}.
+    least_certain: list[dict[str, Any]] = field(default_factory=list)
 
     def hold(self, schema: str, rule: str) -> None:
         per_rule = self.held_back.setdefault(schema, {})
@@ -116,13 +147,25 @@ class WritebackSummary:
         for schema in self.schemas:
             held = self.held_back.get(schema, {})
             text = f"{schema}: {self.written.get(schema, 0)} predictions"
-            reasons = [f"{held[rule]} {why}" for rule, why in HELD_BACK.items() if held.get(rule)]
+            reasons = [f"{held[rule]} {why}" + self._kept_confidence(schema, rule)
+                       for rule, why in HELD_BACK.items() if held.get(rule)]
             if reasons:
                 text += f" ({'; '.join(reasons)})"
             parts.append(text)
         for schema, n in self.not_written_back.items():
             parts.append(f"{schema}: {n} predictions not written back (not in model_training.writeback.schemas)")
         return f"Wrote back to {self.path}: " + "; ".join(parts)
+
+    def _kept_confidence(self, schema: str, rule: str) -> str:
+        n = self.confidence_only.get(schema, 0) if rule == "below_confidence" else 0
+        return f", {n} of them as their confidence only (model_review)" if n else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the Training page shows of the writeback (the run's ``writeback.json``)."""
+        found = asdict(self)
+        found["path"] = str(self.path)
+        found["schemas"] = list(self.schemas)
+        return found
 
     def describe_bad_lines(self, predictions: Path) -> str | None:
         """The run log's warning about unreadable prediction lines, or None."""
@@ -138,9 +181,12 @@ def writeback_path(config: ProjectConfig) -> Path:
     return config.training_dir / "predictions.jsonl"
 
 
-# How _write spells each prediction's run (json.dumps' default separators). In a JSON string a
-# quote is escaped, so '"run_id": ' followed by a digit can only be that key.
+# How _write spells each prediction's run (json.dumps' default separators): in a prediction, or in the
+# record's run_ids. In a JSON string a quote is escaped, so '"run_id": ' followed by a digit can only be
+# that key, and '"run_ids": {' only the record's mapping, whose values are run ids.
 _RUN_ID = re.compile(rb'"run_id": (\d+)')
+_RUN_IDS = re.compile(rb'"run_ids": \{([^{}]*)\}')
+_ID_VALUE = re.compile(rb'": (\d+)')
 
 
 def live_run_ids(config: ProjectConfig) -> set[int]:
@@ -149,7 +195,23 @@ def live_run_ids(config: ProjectConfig) -> set[int]:
         data = writeback_path(config).read_bytes()
     except FileNotFoundError:
         return set()
-    return {int(found) for found in set(_RUN_ID.findall(data))}
+    found = set(_RUN_ID.findall(data))
+    for mapping in set(_RUN_IDS.findall(data)):
+        found.update(_ID_VALUE.findall(mapping))
+    return {int(run_id) for run_id in found}
+
+
+@contextmanager
+def writeback_lock(config: ProjectConfig) -> Iterator[None]:
+    """Hold the project's writeback lock: one writer at a time of the writeback file and the items' records
+    (a run's results, decision-calibrate, a retract, ``potato start``'s catching up), across processes."""
+    private_dir(config.training_dir)
+    with open(config.training_dir / "writeback.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -172,43 +234,59 @@ class _Table:
         self.columns: dict[str, tuple[array, array, array]] = {}
         self.values: dict[str, dict[int, tuple[Any, int]]] = {}
 
-    def put(self, schema: str, index: int, label: str, confidence: float, run_id: int) -> None:
-        """Store a radio-like prediction; ValueError when *label* is not (or no longer) a label of *schema*."""
+    NONE, CONFIDENCE_ONLY = -1, -2  # a radio-like schema's label index for no prediction, for a confidence only
+
+    def put(self, schema: str, index: int, label: str | None, confidence: float, run_id: int) -> None:
+        """Store a radio-like prediction (*label* None: its confidence only); ValueError when *label* is not
+        (or no longer) a label of *schema*."""
         if schema not in self.columns:
-            self.columns[schema] = (array("l", [-1]) * self.n, array("d", [0.0]) * self.n,
+            self.columns[schema] = (array("l", [self.NONE]) * self.n, array("d", [0.0]) * self.n,
                                     array("q", [0]) * self.n)
         labels, confidences, runs = self.columns[schema]
-        if label not in self._index[schema]:
+        if label is None:
+            labels[index] = self.CONFIDENCE_ONLY
+        elif label not in self._index[schema]:
             raise ValueError(f"{label!r} is not a label of {schema!r}")
-        labels[index] = self._index[schema][label]
+        else:
+            labels[index] = self._index[schema][label]
         confidences[index], runs[index] = confidence, run_id
 
     def put_value(self, schema: str, index: int, value: Any, run_id: int) -> None:
         """Store any other schema's pre-fill value."""
         self.values.setdefault(schema, {})[index] = (value, run_id)
 
+    def put_confidence(self, schema: str, index: int, confidence: float, run_id: int) -> None:
+        """Store a confidence without an answer (``writeback_shapes.confidence_only``)."""
+        if schema in self.compact:
+            self.put(schema, index, None, confidence, run_id)
+        else:
+            self.put_value(schema, index, confidence_only(confidence), run_id)
+
     def has(self, schema: str, index: int) -> bool:
         if schema in self.columns:
-            return self.columns[schema][0][index] >= 0
+            return self.columns[schema][0][index] != self.NONE
         return index in self.values.get(schema, ())
 
-    def records(self, ids: Sequence[str]) -> Iterator[tuple[str, dict[str, Any], dict[str, int]]]:
-        """``(id, {schema: prediction}, {schema: run id}``) for each item with a prediction, in item order;
-        the run ids of the shapes that cannot hold theirs."""
+    def records(self, ids: Sequence[str]) -> Iterator[tuple[int, str, dict[str, Any], dict[str, int]]]:
+        """``(index, id, {schema: prediction}, {schema: run id}``) for each item with a prediction, in item
+        order; the run ids of the shapes that cannot hold theirs."""
         columns = list(self.columns.items())
         values = list(self.values.items())
         for index, item_id in enumerate(ids):
             predictions, run_ids = {}, {}
             for schema, (labels, confidences, runs) in columns:
-                if labels[index] >= 0:
-                    predictions[schema] = {"label": self.labels[schema][labels[index]],
+                label = labels[index]
+                if label >= 0:
+                    predictions[schema] = {"label": self.labels[schema][label],
                                            "confidence": confidences[index], "run_id": runs[index]}
+                elif label == self.CONFIDENCE_ONLY:
+                    predictions[schema] = {**confidence_only(confidences[index]), "run_id": runs[index]}
             for schema, per_item in values:
                 found = per_item.get(index)
                 if found is not None:
                     predictions[schema], run_ids[schema] = found
             if predictions:
-                yield item_id, predictions, run_ids
+                yield index, item_id, predictions, run_ids
 
 
 class _Bundle:
@@ -268,8 +346,8 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
                     continue
                 if schema in table.compact:
                     if is_confidence(prediction.get("confidence")):
-                        table.put(schema, index, prediction["label"], float(prediction["confidence"]),
-                                  _run_id(prediction.get("run_id")))
+                        table.put(schema, index, None if is_confidence_only(prediction) else prediction["label"],
+                                  float(prediction["confidence"]), _run_id(prediction.get("run_id")))
                 else:
                     table.put_value(schema, index, prediction, _run_id(run_ids.get(schema)))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
@@ -311,6 +389,9 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     table = _Table(len(bundle.ids), labels, compact)
     _read_earlier(target, wb.field, set(wb.schemas) - set(written_schemas), bundle, table)
     highlight = bool(config.raw.get("highlight_linebreaks", False))
+    # Schemas whose held-back items keep their confidence, for model_review to order them by.
+    ordered = {name for name in written_schemas if assignment_strategy(config.raw) == MODEL_REVIEW
+               and name in schemes and schemes[name].annotation_type.strip().lower() in CONFIDENCE_ONLY_TYPES}
 
     for line_no, line in _lines(predictions):
         try:
@@ -331,6 +412,9 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
             summary.hold(schema, "unlabeled")
         elif prediction.confidence is not None and prediction.confidence < wb.min_confidence:
             summary.hold(schema, "below_confidence")
+            if schema in ordered and not table.has(schema, index):
+                table.put_confidence(schema, index, prediction.confidence, run_id)
+                summary.confidence_only[schema] = summary.confidence_only.get(schema, 0) + 1
         elif table.has(schema, index):
             summary.hold(schema, "duplicate")
         elif schema in table.compact:
@@ -344,7 +428,8 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
                 table.put_value(schema, index, value, run_id)
                 summary.written[schema] = summary.written.get(schema, 0) + 1
 
-    _write(target, wb.field, bundle, table)
+    _write(target, wb.field, bundle, table, summary)
+    _write_run_record(run_paths(config, run_id).written_back, wb.field, bundle, table, written_schemas)
     return summary
 
 
@@ -356,20 +441,122 @@ def _prefill(scheme: Scheme | None, prediction, bundle: _Bundle, index: int, min
     return prefill(scheme, prediction, text, min_confidence=min_confidence, highlight_linebreaks=highlight)
 
 
-def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table) -> None:
-    """One record per item with a prediction, in item order; replaced atomically."""
+def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table, summary: WritebackSummary) -> None:
+    """One record per item with a prediction, in item order; replaced atomically. What it holds is summed
+    up in *summary* (items pre-filled, with a confidence only, the least certain unlabelled ones)."""
+    unlabelled = [bundle.flags[s] for s in summary.schemas]
+    least: list[tuple[float, str, dict[str, Any]]] = []
+    try:
+        with replacing(target) as out:
+            for index, item_id, predictions, run_ids in table.records(bundle.ids):
+                out.write(record_line(item_id, field_name, predictions, run_ids))
+                if all(map(is_confidence_only, predictions.values())):
+                    summary.items_confidence_only += 1
+                else:
+                    summary.items_prefilled += 1
+                if unlabelled and not any(flags[index] & bundle.LABELLED for flags in unlabelled):
+                    confidences = [c for p in predictions.values() for c in payload_confidences(p)]
+                    if confidences and (len(least) < LEAST_CERTAIN or (min(confidences), item_id) < least[-1][:2]):
+                        least.append((min(confidences), item_id, predictions))
+                        least.sort(key=lambda entry: entry[:2])
+                        del least[LEAST_CERTAIN:]
+    except OSError as exc:
+        raise WritebackError(f"Could not write the predictions to {target}: {exc.strerror or exc}") from exc
+    summary.least_certain = [
+        {"id": _shown_id(item_id), "confidence": confidence,
+         "predictions": {schema: describe_payload(p) for schema, p in predictions.items()}}
+        for confidence, item_id, predictions in least]
+
+
+def _shown_id(item_id: str, limit: int = 200) -> str:
+    return item_id if len(item_id) <= limit else item_id[:limit - 1] + "…"
+
+
+def record_line(item_id: str, field_name: str, predictions: Mapping[str, Any], run_ids: Mapping[str, int]) -> str:
+    """One record of the writeback file: the item's id, its predictions under *field_name*, and the
+    runs of the shapes that have no room for theirs."""
+    record = {"id": item_id, field_name: predictions, **({"run_ids": run_ids} if run_ids else {})}
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+@contextmanager
+def replacing(target: Path) -> Iterator[Any]:
+    """A text file to write in place of *target* (the writeback file, a run's record of it): a temporary
+    beside it, fsynced and renamed over it at the end."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open_text(tmp) as out:
-            for item_id, predictions, run_ids in table.records(bundle.ids):
-                record = {"id": item_id, field_name: predictions, **({"run_ids": run_ids} if run_ids else {})}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            yield out
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
-    except OSError as exc:
-        raise WritebackError(f"Could not write the predictions to {target}: {exc.strerror or exc}") from exc
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _write_run_record(path: Path, field_name: str, bundle: _Bundle, table: _Table, schemas: Sequence[str]) -> None:
+    """The run's own record of what it wrote back of *schemas* (``written-back.jsonl``, module docstring),
+    its lines of other schemas kept (decision-calibrate rewrites some of a run's schemas)."""
+    kept = [line for line in run_record(path) if line["schema"] not in schemas]
+    try:
+        with replacing(path) as out:
+            for line in kept:
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            for _, item_id, predictions, _ in table.records(bundle.ids):
+                for schema in schemas:
+                    if schema in predictions:
+                        out.write(json.dumps({"id": item_id, "schema": schema, "prefill": predictions[schema]},
+                                             ensure_ascii=False) + "\n")
+    except OSError as exc:
+        raise WritebackError(f"Could not keep the run's writeback in {path}: {exc.strerror or exc}") from exc
+
+
+def run_record(path: Path) -> Iterator[dict[str, Any]]:
+    """The lines of a run's ``written-back.jsonl`` (none when it has none)."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        for raw in handle:
+            try:
+                line = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                line = json.loads(raw.decode("utf-8"))
+            yield line
+
+
+def write_report(config: ProjectConfig, run_id: int, report: Mapping[str, Any]) -> None:
+    """Keep what the Training page shows of run *run_id*'s writeback (``writeback.json``)."""
+    path = run_paths(config, run_id).writeback_report
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(json_bytes(report, indent=2))
+    os.replace(tmp, path)
+
+
+def read_report(config: ProjectConfig, run_id: int) -> dict[str, Any] | None:
+    """Run *run_id*'s writeback report, or None."""
+    try:
+        return json.loads(run_paths(config, run_id).writeback_report.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def report_lines(report: Mapping[str, Any]) -> list[str]:
+    """A writeback report in words, for the Training page: what annotators see, and what each rule held back."""
+    lines = [f"{report['items_prefilled']} item(s) pre-filled"]
+    if report.get("items_confidence_only"):
+        lines[0] += (f"; {report['items_confidence_only']} item(s) hold their confidence only (below "
+                     "min_confidence: nothing pre-filled, served first under model_review)")
+    for schema in report.get("schemas", []):
+        held = report.get("held_back", {}).get(schema, {})
+        reasons = [f"{held[rule]} {why}" for rule, why in HELD_BACK.items() if held.get(rule)]
+        lines.append(f"{schema}: {report.get('written', {}).get(schema, 0)} predictions written; "
+                     + ("held back: " + "; ".join(reasons) if reasons else "none held back"))
+    live = report.get("live")
+    if live:
+        lines.append(live["text"])
+    return lines

@@ -11,8 +11,10 @@ radio, select               ``{"label", "confidence"}`` (select: 2.12 shows noth
 multiselect                 a list of ``{"label", "confidence"}``, one per predicted
                             label (one dict ticks one box; a dict whose ``label`` is a
                             list ticks none)
-likert with ``labels:``     the label name
-likert without ``labels:``  the point as text ("4"); 2.12 pre-fills nothing
+likert with ``labels:``     ``{"label", "confidence"}`` (2.12 takes the label, as from a
+                            bare label name; the confidence orders ``model_review``)
+likert without ``labels:``  ``{"label", "confidence"}``, the point as text ("4");
+                            2.12 pre-fills nothing
 slider                      a bare number, inside ``min_value``..``max_value`` and on
                             ``step`` (a dict is rendered as its text)
 number                      a bare number; 2.12 pre-fills nothing
@@ -27,6 +29,14 @@ written when it has none: there is nothing to compare. A span's own
 confidence is compared span by span: the spans below it are dropped, the
 rest written. A prediction with nothing left to show (an empty set, no span)
 is not written.
+
+**A confidence only.** Under ``assignment_strategy: model_review`` Potato 2.12
+serves an item only when its data holds a prediction, least confident first
+(the lowest ``confidence``, ``score``, ``probability`` or ``prob`` anywhere in
+it). A prediction held back by ``min_confidence`` is then written as
+``{"confidence": c}``: ordered, and pre-filling nothing — measured against a
+running 2.12.1 for each type in ``CONFIDENCE_ONLY_TYPES``. A slider or a text
+box shows such a mapping as its text, so they never get one.
 """
 
 from __future__ import annotations
@@ -46,10 +56,8 @@ def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_con
     *text* is the item's own text (the bundle's), for spans.
     """
     kind = prediction.kind
-    if kind == NOMINAL:
+    if kind in (NOMINAL, ORDINAL):
         return {"label": prediction.answer, "confidence": prediction.confidence}
-    if kind == ORDINAL:
-        return prediction.answer
     if kind == MULTILABEL:
         if not prediction.answer:
             return None
@@ -77,3 +85,53 @@ def on_scale(value: float, scheme: Scheme) -> float | int:
             value -= step
         value = round(value, 10)
     return int(value) if float(value).is_integer() else value
+
+
+# The types whose page pre-fills nothing from ``{"confidence": c}`` (measured on 2.12.1's annotate page).
+CONFIDENCE_ONLY_TYPES = frozenset({"radio", "select", "multiselect", "likert", "number", "span"})
+# The keys of a payload Potato 2.12's model_review reads a confidence from (its model_review.CONFIDENCE_KEYS).
+CONFIDENCE_KEYS = ("confidence", "score", "probability", "prob")
+
+
+def confidence_only(confidence: float) -> dict[str, float]:
+    """What an item held back by ``min_confidence`` holds under model_review: its confidence, no answer."""
+    return {"confidence": confidence}
+
+
+def is_confidence_only(payload: Any) -> bool:
+    """Whether *payload* is a confidence only (``confidence_only``), which pre-fills nothing."""
+    return isinstance(payload, dict) and "label" not in payload and "confidence" in payload
+
+
+def payload_confidences(payload: Any) -> list[float]:
+    """Every confidence in one schema's payload, as Potato 2.12's model_review finds them (the first of
+    ``CONFIDENCE_KEYS`` in each mapping, at any depth)."""
+    found: list[float] = []
+    stack = [payload]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in CONFIDENCE_KEYS:
+                value = node.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found.append(float(value))
+                    break
+            stack.extend(v for v in node.values() if isinstance(v, (list, dict)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (list, dict)))
+    return found
+
+
+def describe_payload(payload: Any) -> str:
+    """A payload as the Training page names it: ``positive (0.93)``, ``food, price``, ``35``, ``2 spans``…"""
+    if is_confidence_only(payload):
+        return f"held back (confidence {payload['confidence']:.2f})"
+    if isinstance(payload, dict) and "label" in payload:
+        confidence = payload.get("confidence")
+        return f"{payload['label']}" + (f" ({confidence:.2f})" if isinstance(confidence, (int, float)) else "")
+    if isinstance(payload, list):
+        if payload and all(isinstance(p, dict) and "start" in p for p in payload):
+            return f"{len(payload)} span{'s' if len(payload) != 1 else ''}"
+        return ", ".join(str(p.get("label")) if isinstance(p, dict) else str(p) for p in payload)
+    text = str(payload)
+    return text if len(text) <= 60 else text[:59] + "…"

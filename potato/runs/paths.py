@@ -82,6 +82,8 @@ class RunPaths:
     evaluation = _File("evaluation.json")  # the holdout evaluation the run page draws (potato.evaluation)
     training_data = _File("training-data.json")  # the counts a model card states (potato.publish.facts)
     uncalibrated_predictions = _File("predictions.uncalibrated.jsonl")  # the worker's, once decision-calibrate rewrote them
+    written_back = _File("written-back.jsonl")  # what the run wrote back, per item and schema (potato.writeback)
+    writeback_report = _File("writeback.json")  # what the Training page shows of its writeback
 
     def partial_upload_prefix(self) -> str:
         """The name an uploaded ``predictions.jsonl`` has until all of it has arrived (``potato.protocol``)."""

@@ -16,14 +16,17 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from potato.backends.checks import check_backend
-from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError
+from potato.errors import LocalOnlyTrainerError, RetractError, RunRequestError, UnknownBackendError
 from potato.evaluation import read_evaluation
 from potato.jsonapi import ApiError, json_body
+from potato.retract import retract
 from potato.runs import queue
 from potato.runs.paths import run_paths
 from potato.server.auth import require_admin
 from potato.server.context import get_config, get_store
-from potato.server.serialize import backends_json, event_json, run_json, schemas_json, trainers_json
+from potato.server.serialize import (
+    backends_json, event_json, run_json, schemas_json, trainers_json, writeback_json,
+)
 from potato.store import MAX_RUN_ID
 from potato.trainer_choice import NoTrainerFor, default_schemas
 from potato.trainers.registry import DEFAULT_BY_KIND
@@ -204,6 +207,26 @@ def _shown_answers(row: dict[str, Any]) -> list[str]:
         if field in row:
             return [field]
     raise KeyError("label")
+
+
+@bp.delete("/runs/<run_id:run_id>/predictions")
+@require_admin
+def retract_predictions(run_id: int):
+    """Retract the run's predictions (``potato.retract``), as Potato 2.12.1's own route of this name does."""
+    config, store = get_config(), get_store()
+    try:
+        result = retract(config, store, run_id)
+    except RetractError as exc:
+        raise ApiError(409, str(exc)) from None
+    return jsonify({"run": _run_json(store.get_run(run_id)), **result.as_dict()})
+
+
+@bp.get("/writeback")
+@require_admin
+def writeback():
+    """What annotators see: the newest written-back run's report (items pre-filled, held back per rule, the
+    least certain unlabelled items)."""
+    return jsonify(writeback_json(get_config(), get_store()))
 
 
 @bp.get("/runs/<run_id:run_id>/evaluation")

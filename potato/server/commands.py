@@ -2,8 +2,10 @@
 
 ``start_command`` checks the config with ``potato.validate``'s one validation
 function (the same errors and messages as ``potato validate``), prints the
-warnings, builds the app with the Prefect API and the dispatcher running
-beside it, and serves until SIGTERM or SIGINT, then stops both cleanly.
+warnings, catches a live writeback's data files up with the writeback file
+(``potato.live_writeback.catch_up``), builds the app with the Prefect API
+and the dispatcher running beside it, and serves until SIGTERM or SIGINT,
+then stops both cleanly.
 
 The WSGI server is waitress when it is installed (measured: bench/agent_load.py
 and bench/page_load.py, numbers in docs/agent-protocol.md), else Werkzeug's
@@ -190,6 +192,10 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
     config = check_config(config_path, echo)
     if config is None:
         return 1
+    from potato.live_writeback import catch_up
+
+    # A live writeback cut short (a killed process) left some data files behind the writeback file.
+    catch_up(config, lambda line: echo(line, err=True))
     stop_requested = threading.Event()
     app = create_app(config, start_background=True)
     background = app.extensions["potato.background"]

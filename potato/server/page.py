@@ -11,7 +11,7 @@ from flask import Blueprint, redirect, render_template, request, url_for
 
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
 from potato.server.context import get_config, get_store
-from potato.server.serialize import backends_json
+from potato.server.serialize import backends_json, writeback_json
 from potato.trainer_choice import default_schemas, default_trainer, describe_plan
 from potato.trainers.registry import TRAINERS
 
@@ -67,6 +67,7 @@ def training():
         trainers=sorted(TRAINERS),
         schemas=[{"name": s.name, "kind": s.kind, "trainer": default_trainer(s.kind)} for s in config.schemes],
         default_schemas=set(default_schemas(config)),
+        writeback=writeback_json(config, get_store()),
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )
 

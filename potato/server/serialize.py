@@ -7,9 +7,11 @@ from typing import Any
 
 from potato.config import ProjectConfig
 from potato.protocol.state import display_state
+from potato.retract import why_not as why_not_retractable
 from potato.score_text import score_lines
 from potato.publish.record import view as publication_view
-from potato.store import QUEUED, RUNNING, Event, Run, Store
+from potato.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
+from potato.writeback import read_report, report_lines
 from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
 
@@ -69,7 +71,22 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "prefect_flow_run_id": run.prefect_flow_run_id,
         "prefect_url": prefect_url(ui_url, run),
         "publication": publication_view(run.publication),
+        "retracted_at": run.retracted_at,
+        "retractable": run.retracted_at is None and why_not_retractable(run) is None,
     }
+
+
+def writeback_json(config: ProjectConfig, store: Store) -> dict[str, Any]:
+    """What annotators see of the newest run whose predictions are written back (not retracted): its
+    writeback report in words and the least certain items nobody labelled."""
+    for run in store.list_runs():
+        if run.state != SUCCEEDED or run.retracted_at is not None:
+            continue
+        report = read_report(config, run.id)
+        if report is not None:
+            return {"available": True, "run_id": run.id, "written_at": report.get("written_at"),
+                    "lines": report_lines(report), "least_certain": report.get("least_certain", [])}
+    return {"available": False}
 
 
 def event_json(event: Event) -> dict[str, Any]:

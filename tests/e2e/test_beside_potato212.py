@@ -18,17 +18,14 @@ at once — plus the session's Prefect API, shared with other tests.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from potato.holdout import split_of
-from tests.support.potato212 import Annotator, Potato212Server
-from tests.support.runs import POTATO, free_port, potato, processes_matching, stop_group, wait_for
+from tests.support.potato212 import Annotator, OurServer, Potato212Server, project_config
+from tests.support.runs import potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
@@ -42,6 +39,10 @@ API_KEY = "tickets-admin"
 
 def _tone(i: int) -> str:
     return ("calm", "angry")[i % 2]
+
+
+def _tone_of(item: str) -> str:
+    return _tone(int(item[1:]))
 
 
 def _text(i: int) -> str:
@@ -59,16 +60,7 @@ def _project(root: Path) -> Path:
         f.write("ticket_id,body\n" + "".join(f't{i:02d},"{_text(i)}"\n' for i in range(20, 30)))
     model = build_tiny_model(root / "tiny-model", [_text(i) for i in range(30)])
     config = {
-        "annotation_task_name": "Support tickets",
-        "task_dir": ".",
-        "data_directory": "tickets",
-        "item_properties": {"id_key": "ticket_id", "text_key": "body"},
-        "output_annotation_dir": "annotations",
-        "admin_api_key": API_KEY,
-        "user_config": {"allow_all_users": True},
-        "require_password": False,
-        "annotation_schemes": [{"annotation_type": "radio", "name": "tone", "description": "How does it sound?",
-                                "labels": ["calm", "angry"]}],
+        **project_config("Support tickets", "tickets", "ticket_id", "body", API_KEY),
         # The README's lines for Potato 2.12: it reads our predictions at its start.
         "pre_annotation": {"enabled": True, "predictions_file": "annotations/training/predictions.jsonl"},
         "model_training": {
@@ -89,51 +81,6 @@ def _project(root: Path) -> Path:
     return path
 
 
-class OurServer:
-    """This project's ``potato start`` beside 2.12.1, and its admin API."""
-
-    def __init__(self, config: Path, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/admin/training/api"
-        env = dict(os.environ, HF_HUB_OFFLINE="1")
-        with open(log, "wb") as out:
-            self.process = subprocess.Popen(
-                [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.log = log
-        wait_for(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
-
-    def _try(self, path: str):
-        if self.process.poll() is not None:
-            raise AssertionError(f"potato start exited: {self.log.read_text()[-3000:]}")
-        try:
-            return self.get(path)
-        except OSError:
-            return None
-
-    def get(self, path: str) -> dict:
-        request = urllib.request.Request(self.url + path, headers={"X-API-Key": API_KEY})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-
-    def post(self, path: str) -> dict:
-        request = urllib.request.Request(self.url + path, data=b"{}", method="POST",
-                                         headers={"X-API-Key": API_KEY, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-
-    def runs(self) -> list[dict]:
-        return self.get("/runs")["runs"]
-
-    def watcher_saw(self, annotations: int) -> dict:
-        """Wait for the watcher's check after the files hold *annotations*; return its status."""
-        return wait_for(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
-                          f"the auto-retrain watcher to count {annotations} annotations")
-
-    def stop(self) -> None:
-        stop_group(self.process, 60)
-
-
 def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
     config = _project(tmp_path)
     annotations = tmp_path / "annotations"
@@ -145,17 +92,12 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
 
         # 1. Annotators label through 2.12.1's own endpoints: alice 16 tickets, bob the first 8.
         alice, bob = Annotator(potato_212, "alice"), Annotator(potato_212, "bob")
-        labelled = []
-        for _ in range(16):
-            labelled.append(alice.label("tone", _tone(int(alice.current()[1:]))))
-            alice.next()
-        for _ in range(8):
-            bob.label("tone", _tone(int(bob.current()[1:])))
-            bob.next()
+        labelled = alice.label_in_turn("tone", 16, _tone_of)
+        bob.label_in_turn("tone", 8, _tone_of)
         assert labelled == [f"t{i:02d}" for i in range(16)]  # data_directory order, as 2.12 serves it
 
         # 2. potato start beside it: the project never auto-trained, 24 annotations >= 5: one auto run at once.
-        ours = OurServer(config, tmp_path / "potato-start.log")
+        ours = OurServer(config, tmp_path / "potato-start.log", API_KEY)
         first = wait_for(lambda: ours.runs() and ours.runs()[-1], 30, "the first auto run")
         assert (first["id"], first["trigger"], first["backend"]) == (1, "auto", "local")
         done = wait_for(lambda: (r := ours.runs()[-1])["state"] in ("succeeded", "failed", "cancelled") and r,
@@ -181,16 +123,14 @@ def test_training_beside_a_real_potato_212(potato212, prefect_api, tmp_path):
         assert ours.watcher_saw(24)["since_last_auto_run"] == 0  # walking past items annotates nothing
 
         # 4. Five more annotations through the real server queue exactly one auto run; a sixth no second.
-        for _ in range(4):
-            carol.label("tone", _tone(int(carol.current()[1:])))
-            carol.next()
+        carol.label_in_turn("tone", 4, _tone_of)
         assert ours.watcher_saw(28)["text"] == "waiting for 1 more annotation(s) (4 of 5 since the last automatic run)"
         assert len(ours.runs()) == 1
-        carol.label("tone", _tone(int(carol.current()[1:])))
+        carol.label("tone", _tone_of(carol.current()))
         second = wait_for(lambda: len(runs := ours.runs()) == 2 and runs[0], 30, "the second auto run")
         assert (second["trigger"], second["backend"]) == ("auto", "local")
         carol.next()
-        carol.label("tone", _tone(int(carol.current()[1:])))
+        carol.label("tone", _tone_of(carol.current()))
         status = ours.watcher_saw(30)
         assert status["since_last_auto_run"] == 1 and [r["id"] for r in ours.runs()] == [2, 1]
         ours.post("/runs/2/cancel")

@@ -231,7 +231,7 @@ def _trained_and_unlabelled() -> tuple[list[str], list[str]]:
 
 def _prefill_matches(schema: str, prefill: object, prediction: object, page: str) -> bool:
     """Whether 2.12.1's page shows *prediction* (as written back for *schema*) as *prefill*."""
-    if schema == "sentiment":
+    if schema in ("sentiment", "quality"):  # a radio's and a likert's: {"label", "confidence"}
         return prefill == prediction["label"]
     if schema == "topics":
         return prefill == [p["label"] for p in prediction]

@@ -162,4 +162,12 @@ def test_training_page_end_to_end(browser, server):
     expect(diagram.locator("polyline.after")).to_have_count(1)
     expect(diagram.locator("desc")).to_contain_text("after calibration (")
     _shot(page, "7-run-page-calibrated")
+
+    # Retract: after a confirmation, annotators stop seeing run 1's predictions; the button goes.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Retract predictions").click()
+    expect(page.locator("#retract-status")).to_have_text(
+        "Run 1's predictions were retracted: annotators now see no predictions of sentiment once Potato 2.12 "
+        "restarts (it reads pre_annotation.predictions_file at its start)")
+    expect(page.get_by_role("button", name="Retract predictions")).to_be_hidden()
     assert external == [], f"the page fetched from elsewhere: {external}"

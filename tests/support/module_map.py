@@ -29,10 +29,12 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("flow", "One run as a Prefect flow, its steps in order; the deployments that start it.",
      ("flows", "deployments")),
     ("steps", "What the flow's steps do: each backend type's steps, check and stop; the agent protocol "
-              "both HTTP servers serve; what happens after a run (results, writeback, evaluation, "
-              "calibration, retention), publishing a model, and the auto-retrain watcher.",
-     ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.evaluation",
-      "potato.calibration", "potato.retention", "potato.auto_retrain", "potato.publish")),
+              "both HTTP servers serve; what happens after a run (results, writeback — live into the items' "
+              "records too —, retract, evaluation, calibration, retention), publishing a model, and the "
+              "auto-retrain watcher.",
+     ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.live_writeback",
+      "potato.retract", "potato.evaluation", "potato.calibration", "potato.retention", "potato.auto_retrain",
+      "potato.publish")),
     ("runs", "The run lifecycle: the store (the truth about runs), the queue, the dispatcher, "
              "reconciliation, ending a run and stopping what it left; a run's events, log, job and "
              "tokens; the Prefect glue.",
@@ -41,8 +43,10 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
       "potato.artifact_uri")),
     ("project", "The project: its config (read once, typed) and validation; items, annotators' answers of "
                 "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
-                "schema; the shapes of predictions and of what annotators see; scores in words.",
+                "schema; the shapes of predictions and of what annotators see; the data files' records as "
+                "bytes; scores in words.",
      ("potato.config", "potato.validate", "potato.project", "potato.labels", "potato.holdout",
+      "potato.json_records", "potato.live_items",
       "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked", "potato.answers",
       "potato.aggregation", "potato.scheme_fields", "potato.rendered_text", "potato.trainer_choice",
       "potato.prediction_shapes", "potato.writeback_shapes", "potato.score_text")),

@@ -5,6 +5,10 @@
 has this project's import name and console script. The ``potato212`` fixture
 finds it, skipping the test when it is missing (failing under ``CI=true``).
 
+``OurServer`` is this project's ``potato start`` beside it, with its admin API;
+``project_config`` the keys of a config both read (items in a data_directory,
+sign-in without passwords, one radio schema ``tone``).
+
 ``Potato212Server`` starts ``potato start CONFIG -p PORT`` there, on
 loopback, in the project's directory, and stops it with SIGTERM (then
 SIGKILL). ``Annotator`` talks to it the way its annotate page does
@@ -27,10 +31,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from tests.support.runs import free_port, stop_group, wait_for
+from tests.support.runs import POTATO, free_port, stop_group, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("POTATO212_VENV") or REPO / ".venv-potato212")
@@ -97,6 +102,25 @@ class Potato212Server:
             return exc.code
 
 
+TONE = {"annotation_type": "radio", "name": "tone", "description": "How does it sound?", "labels": ["calm", "angry"]}
+
+
+def project_config(name: str, data_directory: str, id_key: str, text_key: str, api_key: str) -> dict:
+    """The config keys of a project served by 2.12.1 (annotators sign in without a password) and by this
+    project's ``potato start`` (*api_key*: its admin API's key), its items in *data_directory*, schema ``tone``."""
+    return {
+        "annotation_task_name": name,
+        "task_dir": ".",
+        "data_directory": data_directory,
+        "item_properties": {"id_key": id_key, "text_key": text_key},
+        "output_annotation_dir": "annotations",
+        "admin_api_key": api_key,
+        "user_config": {"allow_all_users": True},
+        "require_password": False,
+        "annotation_schemes": [TONE],
+    }
+
+
 _INSTANCE_ID = re.compile(r'id="instance_id"[^>]*\bvalue="([^"]*)"')
 _RADIO = re.compile(r"<input\b[^>]*>")
 
@@ -142,10 +166,28 @@ class Annotator:
         assert answer.get("status") == "success", answer
         return item
 
+    def label_in_turn(self, schema: str, count: int, choose: Callable[[str], str]) -> list[str]:
+        """Label the next *count* items as 2.12 serves them, each with ``choose(item id)``; return their ids."""
+        labelled = []
+        for _ in range(count):
+            labelled.append(self.label(schema, choose(self.current())))
+            self.next()
+        return labelled
+
     def next(self) -> str:
         """Go to the next item (the Next button); return its id."""
         self._post_json("/annotate", {"action": "next_instance", "instance_id": self.current()})
         return self.current()
+
+    def go_to(self, index: int) -> str:
+        """Go back to the *index*-th item this annotator was served (2.12 goes no further ahead); return its id."""
+        self._post_json("/annotate", {"action": "go_to", "go_to": index})
+        return self.current()
+
+    def served(self) -> str | None:
+        """The id of the item on screen, or None when the page serves none (nothing to annotate)."""
+        found = _INSTANCE_ID.search(self.page())
+        return html.unescape(found.group(1)) if found else None
 
     def go_to_item(self, item: str, limit: int = 200) -> str:
         """Press Next until *item* is on screen; return the page."""
@@ -162,3 +204,49 @@ class Annotator:
             if 'type="radio"' in tag and f'name="{schema}"' in tag and re.search(r"\bchecked\b", tag):
                 found.append(html.unescape(re.search(r'\bvalue="([^"]*)"', tag).group(1)))
         return found
+
+
+class OurServer:
+    """This project's ``potato start`` beside 2.12.1, and its admin API (*api_key*: the config's admin_api_key)."""
+
+    def __init__(self, config: Path, log: Path, api_key: str):
+        self.api_key = api_key
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/admin/training/api"
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen(
+                [POTATO, "start", str(config), "--port", str(self.port)], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.log = log
+        wait_for(lambda: self._try("/auto-retrain"), 120, f"potato start to answer (log: {log})")
+
+    def _try(self, path: str):
+        if self.process.poll() is not None:
+            raise AssertionError(f"potato start exited: {self.log.read_text()[-3000:]}")
+        try:
+            return self.get(path)
+        except OSError:
+            return None
+
+    def get(self, path: str) -> dict:
+        request = urllib.request.Request(self.url + path, headers={"X-API-Key": self.api_key})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def post(self, path: str, method: str = "POST") -> dict:
+        request = urllib.request.Request(self.url + path, data=b"{}" if method == "POST" else None, method=method,
+                                         headers={"X-API-Key": self.api_key, "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def runs(self) -> list[dict]:
+        return self.get("/runs")["runs"]
+
+    def watcher_saw(self, annotations: int) -> dict:
+        """Wait for the watcher's check after the files hold *annotations*; return its status."""
+        return wait_for(lambda: (s := self.get("/auto-retrain"))["annotations"] == annotations and s, 30,
+                          f"the auto-retrain watcher to count {annotations} annotations")
+
+    def stop(self) -> None:
+        stop_group(self.process, 60)

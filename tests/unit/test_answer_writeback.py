@@ -70,8 +70,8 @@ def test_each_kind_is_written_back_in_the_shape_potato_212_prefills(tmp_path):
     assert records["i3"]["predictions"] == {
         "sentiment": {"label": "negative", "confidence": 0.8, "run_id": 7},
         "topics": [{"label": "food", "confidence": 0.91}, {"label": "travel", "confidence": 0.72}],
-        "quality": "good",
-        "agree": "2",
+        "quality": {"label": "good", "confidence": 0.6},  # the confidence orders model_review
+        "agree": {"label": "2", "confidence": 0.6},
         "score": 40,  # on the slider's step of 5
         "entities": [{"start": shown.index("Zürich"), "end": shown.index("Zürich") + 6, "label": "LOC",
                       "confidence": 0.95}],  # the 0.2 span is below min_confidence

@@ -20,6 +20,30 @@
     Potato.request("POST", root.dataset.cancel, undefined, root);
   });
 
+  // Retract: annotators stop seeing the run's predictions; the newest earlier run's come back.
+  var retractBox = document.getElementById("retract");
+  var retractButton = document.getElementById("retract-button");
+  var retractStatus = document.getElementById("retract-status");
+  retractButton.addEventListener("click", function () {
+    if (!window.confirm(retractButton.dataset.confirm)) return;
+    retractButton.disabled = true;
+    retractStatus.className = "";
+    retractStatus.textContent = "Retracting…";
+    Potato.request("DELETE", retractBox.dataset.api, undefined, retractBox).then(function (data) {
+      retractStatus.className = data._status === 200 ? "" : "error";
+      retractStatus.textContent = data._status === 200 ? data.message : (data.error || "The server answered " + data._status);
+      if (data.run) retractState(data.run);
+    }, function () { retractStatus.className = "error"; retractStatus.textContent = "The server did not answer"; })
+      .then(function () { retractButton.disabled = false; });
+  });
+  function retractState(run) {
+    retractButton.hidden = !run.retractable;
+    retractButton.dataset.confirm = "Retract run " + run.id + "'s predictions? Annotators stop seeing them, and " +
+      "the newest earlier run's predictions come back.";
+    if (run.retracted_at && !retractStatus.textContent)
+      retractStatus.textContent = "Retracted " + Potato.time(run.retracted_at) + ": annotators no longer see these predictions.";
+  }
+
   function line(text, cls) {
     var span = Potato.el("span", cls ? { "class": cls } : {}, text + "\n");
     var atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4;
@@ -108,6 +132,7 @@
     var err = document.getElementById("run-error");
     err.hidden = !run.error || run.state === "succeeded";
     err.textContent = run.error || "";
+    retractState(run);
   }
 
   function artifacts(list) {

@@ -147,8 +147,35 @@
     note.textContent = data.total > data.runs.length ? "Showing the newest " + data.runs.length + " of " + data.total + " runs." : "";
   }
 
+  // What annotators see: the newest written-back run's report, in the server's words.
+  var writeback = byId("writeback"), leastCertain = byId("least-certain");
+  function showWriteback(data) {
+    var key = JSON.stringify(data);
+    if (writeback.dataset.key === key) return;
+    writeback.dataset.key = key;
+    byId("writeback-run").textContent = data.available
+      ? "The predictions of run " + data.run_id + ", the newest written back:" : "No run has written predictions back yet.";
+    var list = byId("writeback-lines");
+    list.textContent = "";
+    (data.lines || []).forEach(function (line) { list.appendChild(Potato.el("li", {}, line)); });
+    var body = leastCertain.querySelector("tbody");
+    body.textContent = "";
+    (data.least_certain || []).forEach(function (item) {
+      var tr = Potato.el("tr");
+      tr.appendChild(Potato.el("td", {}, item.id));
+      tr.appendChild(Potato.el("td", {}, item.confidence.toFixed(3)));
+      tr.appendChild(Potato.el("td", {}, Object.keys(item.predictions).map(function (s) {
+        return s + ": " + item.predictions[s]; }).join("; ")));
+      body.appendChild(tr);
+    });
+    leastCertain.hidden = !(data.least_certain && data.least_certain.length);
+  }
+
   var autoRetrain = document.getElementById("auto-retrain");
   function refresh() {
+    Potato.request("GET", writeback.dataset.api).then(function (data) {
+      if (data._status === 200) showWriteback(data);
+    });
     Potato.request("GET", autoRetrain.dataset.api).then(function (data) {
       if (data._status !== 200) return;
       var text = data.enabled ? "Auto-retrain: " + data.text : "";
