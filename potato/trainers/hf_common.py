@@ -22,7 +22,14 @@ import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from potato.trainers.answers import Answers, answers_of
-from potato.trainers.options import check_keys, is_int, learning_rate_problems, lora_problems, positive_int_problems
+from potato.trainers.options import (
+    check_keys,
+    learning_rate_problems,
+    lora_problems,
+    model_problems,
+    positive_int_problems,
+    seed_problems,
+)
 from potato.trainers.predict_precision import PREDICT_PRECISIONS, cpu_has_bf16, int8_unavailable
 from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
@@ -69,13 +76,10 @@ def check_fine_tune_options(options: Optional[Any], defaults: Dict[str, Any], tr
     """``(options as a mapping, problems)`` for the keys of :data:`FINE_TUNE_OPTIONS`, each problem
     naming its key; ``defaults`` (the trainer's DEFAULT_OPTIONS) says which keys exist at all."""
     options, problems = check_keys(options, defaults, trainer)
-    model = options.get("model")
-    if model is not None and not (isinstance(model, str) and model.strip()):
-        problems.append("model must be a local directory or a hub id, got {!r}".format(model))
+    problems += model_problems(options)
     problems += positive_int_problems(options, ("epochs", "batch_size", "max_length"))
     problems += learning_rate_problems(options)
-    if "seed" in options and not is_int(options["seed"]):
-        problems.append("seed must be an integer, got {!r}".format(options["seed"]))
+    problems += seed_problems(options)
     if "predict_precision" in options and options["predict_precision"] not in precisions:
         problems.append("predict_precision must be {} or {}, got {!r}".format(
             ", ".join(precisions[:-1]), precisions[-1], options["predict_precision"]))

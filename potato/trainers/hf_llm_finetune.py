@@ -88,10 +88,11 @@ from potato.trainers.llm_prompts import (
 from potato.trainers.metrics import holdout_scores
 from potato.trainers.options import (
     check_keys,
-    is_int,
     learning_rate_problems,
     lora_problems,
+    model_problems,
     positive_int_problems,
+    seed_problems,
 )
 from potato.trainers.registry import TRAINERS
 from potato.training.events import OutOfGpuMemory, TrainerFailure
@@ -130,9 +131,7 @@ NO_MODEL_MESSAGE = (
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
     """Problems with ``options`` as texts naming the key (empty when all is well)."""
     options, problems = check_keys(options, DEFAULT_OPTIONS, NAME)
-    model = options.get("model")
-    if model is not None and not (isinstance(model, str) and model.strip()):
-        problems.append("model must be a local directory or a hub id, got {!r}".format(model))
+    problems += model_problems(options)
     if "load_in_4bit" in options and options["load_in_4bit"] not in (True, False, "auto"):
         problems.append("load_in_4bit must be true, false or auto, got {!r}".format(options["load_in_4bit"]))
     if "bnb_4bit_quant_type" in options and options["bnb_4bit_quant_type"] not in QUANT_TYPES:
@@ -150,8 +149,7 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
             problems.append("{} must be true or false, got {!r}".format(key, options[key]))
     if options.get("prompt_template") is not None:
         problems += template_problems(options["prompt_template"])
-    if "seed" in options and not is_int(options["seed"]):
-        problems.append("seed must be an integer, got {!r}".format(options["seed"]))
+    problems += seed_problems(options)
     return problems
 
 

@@ -57,3 +57,18 @@ def learning_rate_problems(options: Dict[str, Any]) -> List[str]:
     if lr is not None and not (is_number(lr) and lr > 0 and math.isfinite(lr)):
         return ["learning_rate must be a positive number, got {!r}".format(lr)]
     return []
+
+
+def model_problems(options: Dict[str, Any]) -> List[str]:
+    """A ``model`` that is set but not a non-empty string (a local directory or a hub id)."""
+    model = options.get("model")
+    if model is not None and not (isinstance(model, str) and model.strip()):
+        return ["model must be a local directory or a hub id, got {!r}".format(model)]
+    return []
+
+
+def seed_problems(options: Dict[str, Any]) -> List[str]:
+    """A ``seed`` that is set but not an integer."""
+    if "seed" in options and not is_int(options["seed"]):
+        return ["seed must be an integer, got {!r}".format(options["seed"])]
+    return []
