@@ -656,6 +656,8 @@ def predict(model: Any, prompter: _Prompter, batches: Any, total: int, pad_id: i
     tokenizer = prompter.fmt.tokenizer
     model.eval()
     decoder = Decoder(model, pad_id, dev.put, dev.predict_autocast)
+    # Prediction starts now: generating answers can take as long as training, and the run page says which it is.
+    events.progress("predict", 0, total, force=True, schema=prompter.schema.schema)
     with torch.inference_mode():
         for step, batch in enumerate(batches, 1):
             events.check_cancelled()

@@ -6,6 +6,12 @@ made readable to it. What the probe checks before a run copies anything: the
 model's directory, whether bitsandbytes loads 4-bit weights there, and the
 GPU memory the run needs, which ``gpus: auto`` asks of a GPU (the fake
 ``nvidia-smi`` stands in for GPUs).
+
+Runs on every backend go through one project served by a real ``potato
+start`` (tests/support/faults.py's bench: ssh, the real single-node SLURM, a
+real ``potato training agent``, and a two-process data-parallel ssh backend),
+with a radio schema and a text schema; after each run, nothing of it is left
+on this machine, the host, SLURM's queue or the agent's machine.
 """
 
 from __future__ import annotations
@@ -14,14 +20,18 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from potato.trainers import hf_llm_finetune
+from tests.support.faults import open_bench
+from tests.support.llm_tasks import CUSTOMER
 from tests.support.potato_project import make_project
 from tests.support.remote_host import assert_host_clean
-from tests.support.runs import potato, run_dir_of, store_of
+from tests.support.runs import potato, run_dir_of, store_of, wait_for
 
 pytest.importorskip("bitsandbytes")
 pytestmark = [pytest.mark.sshd, pytest.mark.prefect, pytest.mark.training]
@@ -139,3 +149,119 @@ def test_gpus_auto_asks_a_gpu_for_the_runs_estimate_when_it_is_more_than_min_fre
     assert "The run uses GPU 2 (NVIDIA RTX A6000) (most free memory: 9000 MB)" in log
     assert "A run would take GPU 2 (NVIDIA RTX A6000)" in potato("training", "check", "gpu-server", str(config)).stdout
     assert_host_clean(sshd_service, config)
+
+
+# -- every backend ----------------------------------------------------------------------------------------------
+
+# One epoch: these runs prove the path, not learning (test_llm_worker.py's learning test does that).
+LLM_OPTIONS = {"load_in_4bit": True, "epochs": 1, "learning_rate": 1e-2, "batch_size": 8, "max_length": 96,
+               "max_new_tokens": 8}
+TWO_PROCESSES = "gpu-server-2"
+
+
+def add_text_schema_and_two_processes(config: Path) -> None:
+    """A text schema ``customer`` answered by every annotator who labelled an item's sentiment, and an ssh
+    backend that trains in two processes (gloo on the CPU, as two GPUs would)."""
+    data = yaml.safe_load(config.read_text())
+    data["annotation_schemes"].append({"annotation_type": "text", "name": "customer",
+                                       "description": "Who wrote this review?"})
+    backends = data["model_training"]["backends"]
+    backends[TWO_PROCESSES] = dict(backends["gpu-server"], processes=2)
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    for path in config.parent.glob("annotation_output/*/user_state.json"):
+        state = json.loads(path.read_text())
+        for answers in state["instance_id_to_label_to_value"].values():
+            label = next(value for key, value in answers if key["schema"] == "sentiment")
+            answers.append([{"schema": "customer", "name": "text_box"}, CUSTOMER[label]])
+        path.write_text(json.dumps(state, indent=2))
+
+
+@pytest.fixture(scope="module")
+def llm_bench(prefect_api, sshd_service, slurm_service, ssh_proxy, host_llama, tmp_path_factory):
+    with open_bench(tmp_path_factory.mktemp("llm-backends"), (sshd_service, slurm_service), ssh_proxy,
+                    Path(host_llama), prepare=add_text_schema_and_two_processes,
+                    trainers={"hf-llm-finetune": dict(LLM_OPTIONS, model=host_llama)}) as bench:
+        yield bench
+        bench.stop_agents()
+
+
+def start_llm_run(bench, backend: str, schemas, request, **options) -> tuple[int, Path | None]:
+    """Start a hf-llm-finetune run on *backend* (an agent polling for it, on the agent backend)."""
+    workdir = None
+    if backend == "lab":
+        workdir = bench.root / "agents" / request.node.name.replace("[", "-").replace("]", "")
+        bench.start_agent(workdir)
+    status, body = bench.server.api("POST", "runs", {"trainer": "hf-llm-finetune", "schemas": list(schemas),
+                                                     "backend": backend, "options": options})
+    assert status == 201, body
+    return body["run"]["id"], workdir
+
+
+def predictions_of(bench, run_id: int) -> dict[str, dict[str, dict]]:
+    """``{schema: {item id: prediction}}`` from the run's predictions.jsonl on the server."""
+    found: dict[str, dict[str, dict]] = {}
+    for line in (bench.run_dir(run_id) / "predictions.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        found.setdefault(record["schema"], {})[record["id"]] = record
+    return found
+
+
+@pytest.mark.parametrize("backend", [
+    "gpu-server", pytest.param("cluster", marks=pytest.mark.slow), pytest.param("lab", marks=pytest.mark.slow)])
+def test_an_llm_run_trains_4_bit_adapters_and_predicts_every_item_on_every_backend(llm_bench, backend, request):
+    bench = llm_bench
+    run_id, workdir = start_llm_run(bench, backend, ["sentiment", "customer"], request)
+    run = bench.wait_for_end(run_id, timeout=600)
+    log = bench.run_log(run_id)
+    assert (run.state, run.error) == ("succeeded", None), log[-4000:]
+    assert "base weights in 4-bit NF4 (bitsandbytes), LoRA r=8 on 14 modules" in log
+    predicted = predictions_of(bench, run_id)
+    unlabelled = {item for item in predicted["sentiment"] if item.startswith("m")}  # data/more.jsonl: nobody's
+    assert len(unlabelled) == 6 and set(predicted["customer"]) == set(predicted["sentiment"])
+    assert all(p["label"] in ("positive", "negative") and 0.5 <= p["confidence"] <= 1
+               for p in predicted["sentiment"].values())
+    assert all(isinstance(p["text"], str) for p in predicted["customer"].values())
+    assert run.scores["sentiment"]["n"] > 0 and run.scores["sentiment"]["accuracy"] is not None
+    assert run.scores["customer"]["n"] > 0 and "exact_match" in run.scores["customer"]
+    if backend == "lab":  # the model stays on the agent's machine, as artifact_uri says
+        adapters = list(workdir.glob("jobs/*/artifacts/sentiment/adapter_config.json"))
+    else:  # fetched back to the server
+        adapters = [bench.run_dir(run_id) / "artifacts" / name / "adapter_config.json" for name in ("sentiment", "customer")]
+    assert adapters and all(path.exists() for path in adapters), log[-3000:]
+    assert not any(path.with_name("model.safetensors").exists() for path in adapters)  # the adapter, not a base copy
+    bench.assert_nothing_left(run_id, agent_workdir=workdir)
+
+
+@pytest.mark.slow
+def test_an_llm_run_trains_data_parallel_in_two_processes(llm_bench, request):
+    bench = llm_bench
+    run_id, _ = start_llm_run(bench, TWO_PROCESSES, ["sentiment"], request)
+    run = bench.wait_for_end(run_id, timeout=600)
+    log = bench.run_log(run_id)
+    assert (run.state, run.error) == ("succeeded", None), log[-4000:]
+    assert "Schema 'sentiment': trained data-parallel on 2 devices (gloo)" in log
+    assert len(predictions_of(bench, run_id)["sentiment"]) == 46
+    assert (bench.run_dir(run_id) / "artifacts" / "sentiment" / "adapter_config.json").exists()
+    bench.assert_nothing_left(run_id)
+
+
+@pytest.mark.parametrize("backend, phase", [
+    ("gpu-server", "train"), ("gpu-server", "predict"),
+    pytest.param("cluster", "train", marks=pytest.mark.slow), pytest.param("lab", "train", marks=pytest.mark.slow)])
+def test_cancel_mid_training_or_mid_generation_leaves_nothing_running(llm_bench, backend, phase, request):
+    bench = llm_bench
+    # Mid-generation: a barely trained model rarely ends an answer, so each one runs to max_new_tokens.
+    options = {"epochs": 1000} if phase == "train" else {"learning_rate": 1e-9, "max_new_tokens": 400,
+                                                          "max_length": 512}
+    run_id, workdir = start_llm_run(bench, backend, ["customer"], request, **options)
+    bench.wait_for_event(run_id, lambda e: e.kind == "progress" and e.data.get("phase") == phase, 300,
+                         f"run {run_id} to be in its {phase} phase")  # each phase says so as it starts
+    asked = time.monotonic()
+    status, body = bench.server.api("POST", f"runs/{run_id}/cancel")
+    assert status in (200, 202), body
+    run = bench.wait_for_end(run_id, timeout=60)
+    log = bench.run_log(run_id)
+    assert run.state == "cancelled", log[-3000:]
+    assert time.monotonic() - asked < 30
+    assert "Schema 'customer': holdout" not in log  # stopped in the phase it was in, not after it
+    bench.assert_nothing_left(run_id, agent_workdir=workdir)

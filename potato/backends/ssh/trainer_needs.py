@@ -47,8 +47,27 @@ def probe_questions(options: Mapping[str, Mapping[str, Any]], *, four_bit: bool 
     return questions
 
 
+# What a host says about a model or bitsandbytes is quoted in messages: one line, this long at most.
+MAX_SAID = 300
+
+
+def _answers(report: dict) -> dict:
+    """The probe's answers to the trainers' questions in the shapes the hooks read; anything else the host
+    sent in their place (it is the host's output) is dropped, and what it says is cut to one short line."""
+    def said(value: Any) -> Any:
+        return value if not isinstance(value, str) else value.splitlines()[0][:MAX_SAID] if value else value
+
+    models = report.get("models")
+    models = {str(name): {key: (value if key == "config" else said(value)) for key, value in entry.items()}
+              for name, entry in models.items() if isinstance(entry, dict)} if isinstance(models, dict) else {}
+    four_bit = report.get("four_bit")
+    four_bit = {key: said(value) for key, value in four_bit.items()} if isinstance(four_bit, dict) else None
+    return dict(report, models=models, four_bit=four_bit, executable=said(str(report.get("executable") or "")))
+
+
 def assess(options: Mapping[str, Mapping[str, Any]], report: dict, host: str) -> HostNeeds:
     """What the probe's *report* of *host* means for trainers ``{name: options}``."""
+    report = _answers(report)
     needs = HostNeeds()
     for name, opts in options.items():
         info = TRAINERS[name]
