@@ -48,12 +48,21 @@ GPUS = [
 HUNGRY = {"batch_size": 64, "max_length": 8192, "load_in_4bit": True}
 
 
+def readable_on_the_host(model: str) -> str:
+    """*model*'s directory, made readable by the ssh user (the trainer loads it on the host)."""
+    for path in [Path(model), *Path(model).rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return model
+
+
 @pytest.fixture(scope="module")
 def host_llama(tiny_llama):
-    """The session's tiny Llama, readable by the ssh user (the trainer loads it on the host)."""
-    for path in [Path(tiny_llama), *Path(tiny_llama).rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return tiny_llama
+    return readable_on_the_host(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def host_gpt2(tiny_gpt2):
+    return readable_on_the_host(tiny_gpt2)
 
 
 @pytest.fixture(scope="module")
@@ -206,15 +215,20 @@ def predictions_of(bench, run_id: int) -> dict[str, dict[str, dict]]:
     return found
 
 
-@pytest.mark.parametrize("backend", [
-    "gpu-server", pytest.param("cluster", marks=pytest.mark.slow), pytest.param("lab", marks=pytest.mark.slow)])
-def test_an_llm_run_trains_4_bit_adapters_and_predicts_every_item_on_every_backend(llm_bench, backend, request):
+@pytest.mark.parametrize("backend, family", [
+    ("gpu-server", "llama"), pytest.param("cluster", "gpt2", marks=pytest.mark.slow),
+    pytest.param("lab", "llama", marks=pytest.mark.slow)])
+def test_an_llm_run_trains_4_bit_adapters_and_predicts_every_item_on_every_backend(
+        llm_bench, host_gpt2, backend, family, request):
     bench = llm_bench
-    run_id, workdir = start_llm_run(bench, backend, ["sentiment", "customer"], request)
+    # GPT-2: no chat template and no pad token, unlike the Llama
+    options = {"model": host_gpt2} if family == "gpt2" else {}
+    run_id, workdir = start_llm_run(bench, backend, ["sentiment", "customer"], request, **options)
     run = bench.wait_for_end(run_id, timeout=600)
     log = bench.run_log(run_id)
     assert (run.state, run.error) == ("succeeded", None), log[-4000:]
-    assert "base weights in 4-bit NF4 (bitsandbytes), LoRA r=8 on 14 modules" in log
+    modules = {"llama": 14, "gpt2": 8}[family]  # every linear layer: 7 a Llama layer, 4 a GPT-2 one, 2 layers
+    assert f"base weights in 4-bit NF4 (bitsandbytes), LoRA r=8 on {modules} modules" in log
     predicted = predictions_of(bench, run_id)
     unlabelled = {item for item in predicted["sentiment"] if item.startswith("m")}  # data/more.jsonl: nobody's
     assert len(unlabelled) == 6 and set(predicted["customer"]) == set(predicted["sentiment"])

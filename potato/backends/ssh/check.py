@@ -65,7 +65,7 @@ def check_ssh(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
         except PotatoError as exc:
             lines.append(f"A run could not start: {exc}")
         lines += needs.notes + [f"A run could not start: {problem}" for problem in needs.problems]
-        report.data.update(gpu_memory_mb=needs.gpu_mb, four_bit=probe.get("four_bit"))
+        report.data.update(gpu_memory_mb=needs.gpu_mb, four_bit=needs.four_bit)
         report.ok = report.ok and not needs.problems
         missing, packages = probe["missing"], list(backend.get("packages") or ())
         if missing:

@@ -233,8 +233,8 @@ def probe_host(ctx: RunContext, session: SshSession) -> dict:
     session.code_hash = code_archive()[0]
     ctx.log.info(f"{session.host}: Python {report['python']} ({report['executable']})")
     session.needs = trainer_needs.assess(options, report, session.host)
-    for note in session.needs.notes:
-        ctx.log.info(f"{session.host}: {note}")
+    for note in session.needs.notes:  # each names the host
+        ctx.log.info(note)
     for problem in session.needs.problems[1:]:
         ctx.log.error(problem)
     if session.needs.problems:

@@ -19,12 +19,14 @@ from potato.trainers.registry import TRAINERS, hook
 @dataclass
 class HostNeeds:
     """What the probe's answers mean for a run: ``problems`` stop it, ``notes`` are said, and ``gpu_mb`` is
-    the GPU memory its trainers estimate one process needs (``by``: whose estimate), None when none does."""
+    the GPU memory its trainers estimate one process needs (``by``: whose estimate), None when none does;
+    ``four_bit``: bitsandbytes' answer, when it was asked."""
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     gpu_mb: int | None = None
     by: str = ""
+    four_bit: dict | None = None
 
 
 def probe_questions(options: Mapping[str, Mapping[str, Any]], *, four_bit: bool = True) -> dict:
@@ -68,7 +70,7 @@ def _answers(report: dict) -> dict:
 def assess(options: Mapping[str, Mapping[str, Any]], report: dict, host: str) -> HostNeeds:
     """What the probe's *report* of *host* means for trainers ``{name: options}``."""
     report = _answers(report)
-    needs = HostNeeds()
+    needs = HostNeeds(four_bit=report["four_bit"])
     for name, opts in options.items():
         info = TRAINERS[name]
         check = hook(info, "host_check")
