@@ -279,3 +279,24 @@ def test_cancel_mid_training_or_mid_generation_leaves_nothing_running(llm_bench,
     assert time.monotonic() - asked < 30
     assert "Schema 'customer': holdout" not in log  # stopped in the phase it was in, not after it
     bench.assert_nothing_left(run_id, agent_workdir=workdir)
+
+
+@pytest.mark.slurm
+def test_a_slurm_check_estimates_from_the_login_nodes_copy_of_the_model(
+        sshd_service, ssh_user_config, host_llama, tmp_path):
+    entry = {"type": "slurm", "host": ssh_user_config, "python": BASE_PYTHON, "job_python": str(sshd_service.python),
+             "remote_dir": str(sshd_service.shared_dir / "potato-training"), "gres": "gpu:1"}
+    missing = str(tmp_path / "not-here")
+    config = make_project(tmp_path, n_items=4, model_training={
+        "enabled": True, "backends": {"cluster": entry},
+        "trainers": {"hf-llm-finetune": {"model": host_llama, "load_in_4bit": True, "max_length": 96}}})
+    lines = potato("training", "check", "cluster", str(config)).stdout.splitlines()
+    assert lines[7].startswith(f"{host_llama} needs about ") and lines[7].endswith(
+        "of GPU memory to train at 4-bit (batch_size 8, max_length 96)")
+    assert lines[8] == ("4-bit: whether bitsandbytes works on the compute nodes shows in the job's log (the login "
+                        "node cannot see their packages)")
+    config.write_text(config.read_text().replace(host_llama, missing))
+    done = potato("training", "check", "cluster", str(config))
+    assert f"Login node: model '{missing}' is not a directory on {ssh_user_config}; set model to a model " \
+           "directory there or to a Hugging Face hub id" in done.stdout.splitlines()
+    assert done.returncode == 0  # the login node may not see what the compute nodes do: said, not refused
