@@ -26,7 +26,7 @@ Importable without I/O. The tree::
     │   ├── RemoteCommandError  a remote command ran and failed
     │   ├── RemoteDirNotWritable  the host's account cannot write remote_dir
     │   ├── GpuQueryHung        nvidia-smi on the host did not answer
-    │   ├── NoFreeGpu           gpus: auto finds no GPU with min_free_gpu_mb free
+    │   ├── NoFreeGpu           gpus: auto finds no GPU with min_free_gpu_mb (or the run's estimate) free
     │   ├── NoKernels           the host's torch has kernels for none of its GPUs
     │   ├── SlurmError          sbatch/squeue/scancel/scontrol failed or the job ended early
     │   │   └── MissingSlurmCommand  the login node has no sbatch/squeue/scancel on PATH
@@ -258,9 +258,16 @@ class GpuQueryHung(BackendError):
 
 
 class NoFreeGpu(BackendError):
-    """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free."""
+    """Raised when ``gpus: auto`` finds no GPU with ``min_free_gpu_mb`` free, or with the memory the run's
+    trainer estimates it needs when that is more (*needed_by* then says whose estimate)."""
 
-    def __init__(self, min_free_mb: int):
+    def __init__(self, min_free_mb: int, needed_by: str = ""):
+        if needed_by:
+            super().__init__(
+                f"No GPU has {min_free_mb} MB free ({needed_by}). Fix: wait, set trainer options that need less "
+                f"memory, or pin a GPU with gpus: \"1\" (`potato training check <backend> config.yaml` lists the "
+                f"GPUs and the estimate)")
+            return
         super().__init__(
             f"No GPU has {min_free_mb} MB free. Fix: wait, lower min_free_gpu_mb, or pin a GPU with "
             f"gpus: \"1\" (`potato training check <backend> config.yaml` lists the GPUs)")

@@ -21,8 +21,7 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
     mt = config.model_training
 
     def options_of(trainer: str) -> dict[str, Any]:
-        # The config's options for the trainer, then the run's own (a run with several trainers gives each its own).
-        return {**mt.trainers.get(trainer, {}), **(run.options or {})}
+        return trainer_options(config, run, trainer)
 
     plan = run.trainers
     backend = mt.backends.get(run.backend)
@@ -46,6 +45,13 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
         job["parts"] = [{"trainer": trainer, "schemas": list(schemas), "options": options_of(trainer)}
                         for trainer, schemas in plan.items()]
     return job
+
+
+def trainer_options(config: ProjectConfig, run: Run | None, trainer: str) -> dict[str, Any]:
+    """The options *trainer* gets in *run*: the config's for it, then the run's own (*run* None: the config's
+    alone, what ``potato training check`` assumes a run has)."""
+    own = (run.options or {}) if run is not None else {}
+    return {**config.model_training.trainers.get(trainer, {}), **own}
 
 
 def processes_for(backend: Any) -> int | str | None:

@@ -108,8 +108,16 @@ def default_schemas(config: Any, trainer: str | None = None) -> list[str]:
 
 
 def project_trainers(config: Any) -> list[str]:
-    """The trainers a run that names neither trainer nor schemas would use (what a host is checked for)."""
+    """The trainers the project's runs use (what a host is checked for): those a run that names neither
+    trainer nor schemas would use, then ``auto_retrain.trainer`` and each trainer ``model_training.trainers``
+    gives options to, where it can train a schema of the project."""
     try:
-        return list(plan_trainers([config.scheme(s) for s in default_schemas(config)]))
+        found = list(plan_trainers([config.scheme(s) for s in default_schemas(config)]))
     except NoTrainerFor:
-        return []
+        found = []
+    mt = config.model_training
+    kinds = {s.kind for s in config.schemes}
+    for name in [mt.auto_retrain.trainer, *mt.trainers]:
+        if name is not None and name not in found and kinds & set(trainer_kinds(name)):
+            found.append(name)
+    return found

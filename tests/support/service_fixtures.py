@@ -58,6 +58,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tcp_proxy import TcpProxy
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES_SRC = REPO_ROOT / "tests" / "services"
 FAKE_NVIDIA_SMI = SERVICES_SRC / "nvidia-smi"
@@ -919,3 +921,14 @@ def slurm_service(_test_services_session) -> SlurmService:
         if claimed:
             with _machine_lock():
                 _restore_etc_slurm(tag=session.tag)
+
+
+@pytest.fixture(scope="session")
+def ssh_proxy(sshd_service):
+    """A TCP proxy in front of the session's sshd, trusted in known_hosts: the fault projects' ssh and slurm
+    backends log in through it (a case can cut, black-hole or slow it down)."""
+    proxy = TcpProxy(sshd_service.port, lifetime_s=3600)
+    trust_forwarded_port(sshd_service, proxy.port)
+    yield proxy
+    proxy.close()
+    untrust_forwarded_ports(sshd_service)

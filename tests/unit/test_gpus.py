@@ -81,3 +81,19 @@ def test_auto_skips_gpus_without_kernels():
 ])
 def test_has_kernels(capability, arch_list, expected):
     assert has_kernels(capability, arch_list) is expected
+
+
+def test_auto_asks_for_the_trainers_estimate_when_it_is_more_than_min_free_gpu_mb():
+    gpus = parse_nvidia_smi(SMI)
+    by = "hf-llm-finetune's estimate for /models/llama-8b"
+    fits = choose_gpus(gpus, "auto", 2000, max_gpus=2, needed_mb=15000, needed_by=by)
+    assert (fits.indices, fits.min_free_mb, fits.needed_mb) == ((1,), 2000, 15000)  # GPU 2 has 11341 free
+    below = choose_gpus(gpus, "auto", 2000, max_gpus=3, needed_mb=1500, needed_by=by)  # min_free_gpu_mb rules
+    assert (below.indices, below.needed_mb) == ((1, 2), None)
+    with pytest.raises(NoFreeGpu) as refused:
+        choose_gpus(gpus, "auto", 2000, needed_mb=30000, needed_by=by)
+    assert str(refused.value) == (
+        "No GPU has 30000 MB free (hf-llm-finetune's estimate for /models/llama-8b). Fix: wait, set trainer "
+        "options that need less memory, or pin a GPU with gpus: \"1\" (`potato training check <backend> "
+        "config.yaml` lists the GPUs and the estimate)")
+    assert choose_gpus(gpus, "0", 2000, needed_mb=30000, needed_by=by).indices == (0,)  # a pin is the user's word

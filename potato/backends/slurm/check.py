@@ -9,15 +9,19 @@ from __future__ import annotations
 from potato.backends.contract import CheckReport
 from potato.backends.slurm import under_node_local_dir
 from potato.backends.slurm.steps import REQUIRED_COMMANDS
-from potato.backends.ssh.check import login_and_probe
+from potato.backends.ssh import trainer_needs
+from potato.backends.ssh.check import login_and_probe, trainers_options
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import MissingSlurmCommand
-from potato.trainer_choice import project_trainers
+from potato.trainers.registry import TRAINERS, hook
 
 
 def check_slurm(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python."""
-    report, probe = login_and_probe(backend, project_trainers(config), f"{backend.name}: slurm on {backend.host}")
+    options = trainers_options(config)
+    # The login node's interpreter is not job_python on a compute node: bitsandbytes is judged by the job.
+    questions = trainer_needs.probe_questions(options, four_bit=False)
+    report, probe = login_and_probe(backend, list(options), f"{backend.name}: slurm on {backend.host}", questions)
     lines = report.lines
     if probe is not None:
         lines.append(f"Login node: Python {probe['python']} ({probe['executable']}), for the agent")
@@ -38,6 +42,13 @@ def check_slurm(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
                      "checked from the login node: a short first run shows them)")
         gres = backend.get("gres")
         lines.append(f"GPUs: {gres} per job" if gres else "GPUs: none (no gres: the job gets no GPU)")
+        # Read on the login node, which usually sees the nodes' shared storage: said, not refused (the job is).
+        needs = trainer_needs.assess(options, probe, backend.host)
+        lines += needs.notes + [f"Login node: {problem}" for problem in needs.problems]
+        if any(hook(TRAINERS[name], "host_questions") for name in options):
+            lines.append("4-bit: whether bitsandbytes works on the compute nodes shows in the job's log "
+                         "(the login node cannot see their packages)")
+        report.data["gpu_memory_mb"] = needs.gpu_mb
         report.data.update(python=probe["python"], commands=commands, job_python=backend.get("job_python"))
         report.ok = not missing and not under_tmp
     return report

@@ -31,8 +31,8 @@ SSH = BackendType(
         keys.NUM_THREADS,
         Key("gpus", "`gpus` spec", "`auto` (most free memory), `\"1\"`, `\"0,1\"` (pin), `none` (CPU)",
             default="auto"),
-        Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free",
-            default=2000, minimum=0),
+        Key("min_free_gpu_mb", "int", "`gpus: auto` refuses to start when no GPU has this much free (or the "
+            "GPU memory the run's trainer estimates it needs, when that is more)", default=2000, minimum=0),
         Key("max_gpus", "int", "how many GPUs `gpus: auto` may take, most free memory first, each with "
             "`min_free_gpu_mb` free; a run with several trains data-parallel on all of them", default=1, minimum=1),
         Key("processes", "int", keys.PROCESSES_MEANING, minimum=1, default_text="one per GPU the run has (1 on the CPU)"),

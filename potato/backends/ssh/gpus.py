@@ -2,8 +2,9 @@
 
 ``gpus: auto`` takes the GPU with the most *free memory* (on a shared server a
 card with low utilisation can still be full) — with ``max_gpus: N``, up to N
-of them, each with ``min_free_gpu_mb`` free — refuses when none has
-``min_free_gpu_mb`` free, skips GPUs the host's torch has no kernels for, and
+of them, each with ``min_free_gpu_mb`` free, or with the memory the run's
+trainer estimates it needs when that is more — refuses when none has that
+much free, skips GPUs the host's torch has no kernels for, and
 trains on the CPU on a host with no GPU at all. ``"1"`` / ``"0,1"`` pin;
 ``none`` trains on the CPU.
 
@@ -47,6 +48,8 @@ class Gpu:
 class GpuChoice:
     indices: tuple[int, ...]  # empty: train on the CPU
     reason: str
+    min_free_mb: int = 0  # what auto asked of each GPU: min_free_gpu_mb,
+    needed_mb: int | None = None  # or the trainer's estimate when that was more (None: it was not)
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -124,18 +127,22 @@ def mark_kernels(gpus: Sequence[Gpu], torch: dict | None) -> list[Gpu]:
     return [replace(g, has_kernels=has_kernels(g.compute_cap, arch_list)) for g in gpus]
 
 
-def choose_for_backend(gpus: Sequence[Gpu], backend: Any) -> GpuChoice:
+def choose_for_backend(gpus: Sequence[Gpu], backend: Any, *, needed_mb: int | None = None,
+                       needed_by: str = "") -> GpuChoice:
     """:func:`choose_gpus` with an ssh backend's ``gpus``, ``min_free_gpu_mb`` and ``max_gpus``."""
     return choose_gpus(gpus, backend.get("gpus", "auto"), int(backend.get("min_free_gpu_mb", 2000)),
-                       int(backend.get("max_gpus", 1)))
+                       int(backend.get("max_gpus", 1)), needed_mb=needed_mb, needed_by=needed_by)
 
 
-def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int, max_gpus: int = 1) -> GpuChoice:
+def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int, max_gpus: int = 1, *,
+                needed_mb: int | None = None, needed_by: str = "") -> GpuChoice:
     """Apply the backend's ``gpus`` setting to the host's GPUs; raise when a run must not start.
 
     ``auto`` takes the GPU with the most free memory, or with ``max_gpus`` > 1
     up to that many of those with ``min_free_gpu_mb`` free, most free first
-    (a run with several GPUs trains data-parallel on all of them).
+    (a run with several GPUs trains data-parallel on all of them). *needed_mb*,
+    the GPU memory the run's trainer estimates one process needs (*needed_by*
+    says whose estimate), takes the place of ``min_free_gpu_mb`` when it is more.
     """
     setting = str(setting).strip().lower() if setting is not None else "auto"
     if setting == "none":
@@ -155,9 +162,11 @@ def choose_gpus(gpus: Sequence[Gpu], setting: str, min_free_mb: int, max_gpus: i
     usable = [g for g in gpus if g.has_kernels]
     if not usable:
         raise NoKernels()
+    estimate = needed_mb if needed_mb is not None and needed_mb > min_free_mb else None
+    wanted_mb = estimate if estimate is not None else min_free_mb
     ranked = sorted(usable, key=lambda g: (-g.memory_free_mb, g.index))
-    taken = [g for g in ranked[:max(1, max_gpus)] if g.memory_free_mb >= min_free_mb]
+    taken = [g for g in ranked[:max(1, max_gpus)] if g.memory_free_mb >= wanted_mb]
     if not taken:
-        raise NoFreeGpu(min_free_mb)
+        raise NoFreeGpu(wanted_mb, needed_by if estimate is not None else "")
     free = ", ".join(str(g.memory_free_mb) for g in taken)
-    return GpuChoice(tuple(g.index for g in taken), f"most free memory: {free} MB")
+    return GpuChoice(tuple(g.index for g in taken), f"most free memory: {free} MB", min_free_mb, estimate)

@@ -34,12 +34,13 @@ from typing import Any, Sequence
 
 from potato import artifact_uri, training
 from potato.backends.base import RunContext
-from potato.backends.ssh import fetch, leftovers
+from potato.backends.ssh import fetch, leftovers, trainer_needs
 from potato.backends.ssh.code import code_archive
 from potato.backends.ssh.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
 from potato.backends.ssh.openssh import Connection, SshTarget, make_remote_command, remote_path, ssh_error, with_env
 from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
+from potato.jobs import trainer_options
 from potato.runlog import last_line
 from potato.trainers.registry import TRAINERS, module_names
 from potato.training.device import THREAD_VARIABLES
@@ -63,6 +64,7 @@ class SshSession:
     code_hash: str = ""
     probe: dict = field(default_factory=dict)
     gpu: GpuChoice | None = None
+    needs: trainer_needs.HostNeeds = field(default_factory=trainer_needs.HostNeeds)
     job_dir: str = ""
     left_on_host: bool = False
 
@@ -84,8 +86,9 @@ class RemoteAgent:
 
 
 def make_probe_command(python: str, remote_dir: str, code_hash: str, packages: list[str],
-                       env: dict | None = None, *, gpus: bool = True) -> str:
-    words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages), "gpus" if gpus else "no-gpus"])
+                       env: dict | None = None, *, gpus: bool = True, questions: dict | None = None) -> str:
+    words = shlex.join(["-", remote_dir, code_hash, json.dumps(packages), "gpus" if gpus else "no-gpus",
+                        json.dumps(questions or {})])
     return with_env(f"exec {remote_path(python)} {words}", env)
 
 
@@ -163,15 +166,18 @@ def connect(ctx: RunContext) -> SshSession:
                       python=ctx.backend.get("python", "python3"))
 
 
-def probe(session: SshSession, remote_dir: str, trainers: Sequence[str], *, gpus: bool = True) -> dict:
+def probe(session: SshSession, remote_dir: str, trainers: Sequence[str], *, gpus: bool = True,
+          questions: dict | None = None) -> dict:
     """What the host has (training/probe.py), in one round trip; maps a missing interpreter to its error.
 
     *trainers*: the run's trainers (their packages are all looked for).
     *gpus*: whether to ask ``nvidia-smi`` (not on a SLURM login node, nor for ``gpus: none``).
+    *questions*: what the trainers ask of the host (``trainer_needs.probe_questions``).
     """
     code_hash, _ = code_archive()
     packages = list(dict.fromkeys(p for name in trainers for p in TRAINERS[name].required_modules))
-    command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env, gpus=gpus)
+    command = make_probe_command(session.python, remote_dir, code_hash, packages, session.target.env, gpus=gpus,
+                                 questions=questions)
     done = session.connection.run(command, input=PROBE_SOURCE.read_bytes(), timeout=120, check=False)
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == 255:
@@ -209,15 +215,30 @@ def wants_gpus(backend) -> bool:
 
 
 def probe_host(ctx: RunContext, session: SshSession) -> dict:
-    """Probe the host once for the run; remember what the next steps need."""
+    """Probe the host once for the run; remember what the next steps need.
+
+    On a host that trains (not a SLURM login node) the run's trainers ask their questions too
+    (``trainer_needs``): a problem they find there stops the run before anything is copied.
+    """
     remote_dir = ctx.backend.get("remote_dir")
-    report = probe(session, remote_dir, list(ctx.run.trainers), gpus=wants_gpus(ctx.backend))
+    trains_here = ctx.backend.type_info.picks_gpus
+    options = {name: trainer_options(ctx.config, ctx.run, name) for name in ctx.run.trainers} if trains_here else {}
+    # A packages venv is built after the probe: bitsandbytes is judged in it, by the worker.
+    questions = trainer_needs.probe_questions(options, four_bit=not ctx.backend.get("packages"))
+    report = probe(session, remote_dir, list(ctx.run.trainers), gpus=wants_gpus(ctx.backend), questions=questions)
     if not report.get("remote_dir_writable", True):
         raise RemoteDirNotWritable(session.host, report.get("user") or "the login account", remote_dir)
     session.probe = report
     session.remote_dir = _absolute(ctx.backend.get("remote_dir"), report["home"])
     session.code_hash = code_archive()[0]
     ctx.log.info(f"{session.host}: Python {report['python']} ({report['executable']})")
+    session.needs = trainer_needs.assess(options, report, session.host)
+    for note in session.needs.notes:  # each names the host
+        ctx.log.info(note)
+    for problem in session.needs.problems[1:]:
+        ctx.log.error(problem)
+    if session.needs.problems:
+        raise BackendError(session.needs.problems[0])
     return report
 
 
@@ -227,7 +248,11 @@ def pick_gpu(ctx: RunContext, session: SshSession) -> str:
     gpus = host_gpus(report, session.host)
     for gpu in gpus:
         ctx.log.info(f"{session.host}: {gpu.describe()}")
-    choice = choose_for_backend(gpus, ctx.backend)
+    needed = session.needs.gpu_mb if gpus else None
+    choice = choose_for_backend(gpus, ctx.backend, needed_mb=needed, needed_by=session.needs.by)
+    if needed is not None and choice.needed_mb == needed:
+        ctx.log.info(f"gpus: auto takes a GPU with {needed} MB free ({session.needs.by}), more than "
+                     f"min_free_gpu_mb ({choice.min_free_mb})")
     session.gpu = choice
     used = choice.describe(gpus)
     ctx.log.info(f"The run uses {used} on {session.host}")
