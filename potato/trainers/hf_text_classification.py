@@ -31,13 +31,15 @@ measures it). Here:
   2 000 predicted): 1 label of 2 000 differs from fp32's, confidences move by
   0.0003 on average (0.0026 at most), accuracy 0.9100 against 0.9095. A CPU
   without them would emulate bf16, slower than fp32; there prediction runs
-  the linear layers in int8 where a check against fp32 on a sample of the
-  schema's items allows it (potato/trainers/predict_precision.py says how),
-  else in fp32; ``predict_precision: fp32`` asks for fp32 everywhere, and
-  ``int8`` for int8 on every item, unchecked. int8 is for nominal schemas
-  only: the check's margin is the gap between a softmax's two likeliest
-  labels, which the other heads' outputs (a sigmoid per label or step, a
-  number) do not have; they predict in fp32 on such a CPU.
+  the model exported to ONNX Runtime where it is installed (else the linear
+  layers in int8) where a check against fp32 on a sample of the schema's
+  items allows it (potato/trainers/predict_precision.py says how), else in
+  fp32; ``predict_precision: fp32`` asks for fp32 everywhere, ``onnx`` for
+  ONNX Runtime and ``int8`` for int8 on every item, unchecked. These fast
+  paths are for nominal schemas only: the check's margin is the gap between
+  a softmax's two likeliest labels, which the other heads' outputs (a
+  sigmoid per label or step, a number) do not have; they predict in fp32 on
+  such a CPU.
 
 Data-parallel runs (several GPUs; ``potato/training/data_parallel.py``) call
 :func:`train` in every process with ``job.group``; the code path is the same.
@@ -71,9 +73,11 @@ from potato.trainers.hf_common import (
 from potato.trainers.hf_heads import Head, make_head
 from potato.trainers.metrics import holdout_scores
 from potato.trainers.predict_precision import (
+    FAST_PATH_NAMES,
     PREDICT_PRECISIONS,
-    Int8Check,
+    FastPathCheck,
     Int8Linears,
+    OnnxModel,
     check_sample,
     checked_predictions,
 )
@@ -82,11 +86,11 @@ from potato.trainers.registry import TRAINERS
 NAME = "hf-text-classification"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
 
-# predict_precision: also "int8" (int8 linear layers on the CPU, unchecked); "auto" checks int8 against fp32 on
-# a CPU without bf16.
+# predict_precision: also "onnx" (ONNX Runtime on the CPU) and "int8" (int8 linear layers on the CPU), unchecked;
+# "auto" checks the first of them this machine runs against fp32 on a CPU without bf16.
 DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
-# The kinds whose predictions may run in int8: the check's margin (predict_precision.tie_gap) is a softmax's.
-INT8_KINDS = ("nominal",)
+# The kinds whose predictions may take a fast path: the check's margin (predict_precision.tie_gap) is a softmax's.
+FAST_KINDS = ("nominal",)
 
 
 # -- options -----------------------------------------------------------------
@@ -114,7 +118,7 @@ def train(job: Any, events: Any) -> None:
     In a data-parallel run every process calls this with its own ``job.group``;
     rank 0 alone writes the run's files and its log lines.
     """
-    ft = start_fine_tune(job, events, effective_options(job.options), NAME, int8=True)
+    ft = start_fine_tune(job, events, effective_options(job.options), NAME, fast=("onnx", "int8"))
     items = job.index_items()
     ft.say(ft.model_line(len(items)))
     ft.each_schema(items, lambda schema, stream: _train_schema(ft, items, schema, stream))
@@ -148,7 +152,8 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
             ft.say("Schema {!r}: {}".format(schema, note))
     is_holdout = set(labelled.holdout)
     held = {}  # type: Dict[int, Any]
-    check = Int8Check() if ft.dev.predict_int8 == "checked" and answers.kind in INT8_KINDS else None
+    check = (FastPathCheck(FAST_PATH_NAMES[ft.dev.predict_fast])
+             if ft.dev.predict_fast and ft.dev.predict_checked and answers.kind in FAST_KINDS else None)
     for (i, (item_id, _)), out in _predict_items(model, ft, items, labelled.to_predict(items, job.include_unlabeled),
                                                  schema, head, check):
         record = {"id": item_id, "schema": schema}
@@ -182,7 +187,7 @@ def _batch_loss(train_ids: List[List[int]], targets: List[Any], ft: FineTune, he
 
 
 def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], schema: str, head: Head,
-                   check: Optional[Int8Check] = None) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
+                   check: Optional[FastPathCheck] = None) -> Iterator[Tuple[Tuple[int, Tuple[Any, str]], List[float]]]:
     """:func:`predict` on this process's share of the items at ``positions``, longest texts first,
     their texts read from the bundle batch by batch; with ``check``, a sample of them first (see
     :func:`predict`)."""
@@ -194,7 +199,7 @@ def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], s
         dev.predict_budget, dev.predict_rows) for order in (sample, mine)]
     dev.release()  # what training freed goes back to the system before prediction starts
     return predict(model, ft.tokenizer, _read_rows(items, batches), len(sample) + len(batches), max_length, dev,
-                   ft.events, schema, head, _read_rows(items, sample), check)
+                   ft.events, schema, head, _read_rows(items, sample), check, ft.job.dir)
 
 
 def _read_rows(items: Any, batches: List[List[int]]) -> Iterator[List[Tuple[int, Tuple[Any, str]]]]:
@@ -205,7 +210,7 @@ def _read_rows(items: Any, batches: List[List[int]]) -> Iterator[List[Tuple[int,
 def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[Any, str]]]], total: int,
             max_length: int, dev: ComputeDevice, events: Any, schema: str, head: Head,
             sample: Iterable[List[Tuple[Any, Tuple[Any, str]]]] = (),
-            check: Optional[Int8Check] = None) -> Iterator[Tuple[Any, List[float]]]:
+            check: Optional[FastPathCheck] = None, work_dir: Optional[str] = None) -> Iterator[Tuple[Any, List[float]]]:
     """``(key, outputs)`` for each ``(key, (id, text))`` of ``batches``: the head's outputs for the
     text (for a nominal schema the probability of each label).
 
@@ -213,25 +218,33 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     tokens each: see :func:`token_budget_batches`) and may read their texts
     only as they are needed; each batch is tokenized here when its turn comes,
     so memory does not grow with the number of items. ``total``: the number
-    of batches, for the progress events. With ``check`` (int8 checked against
-    fp32: ``dev.predict_int8 == "checked"``, a nominal schema), ``sample``'s
+    of batches, for the progress events. With ``check`` (a fast path checked
+    against fp32: ``dev.predict_checked``, a nominal schema), ``sample``'s
     batches come first, predicted both ways (see :func:`checked_predictions`);
-    without one, such a device predicts in fp32. int8 asked for
-    (``predict_precision: int8``) runs on every item of a nominal schema only.
+    without one, such a device predicts in fp32. A fast path asked for by name
+    (``predict_precision: onnx`` or ``int8``) runs on every item of a nominal
+    schema only. The ONNX export goes into a directory of its own under
+    ``work_dir`` (the job's directory; the system's temporary one if None),
+    deleted when prediction ends.
     """
     import torch
 
     model.eval()
     step = [0]
+    path = dev.predict_fast
+    name = FAST_PATH_NAMES.get(path or "")
 
-    def forward(rows: List[Any], int8: bool) -> Any:
+    def forward(rows: List[Any], fast: bool) -> Any:
         events.check_cancelled()
         enc = tokenizer([text for _, (_, text) in rows], truncation=True, max_length=max_length, padding=True,
                         pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
                         return_tensors="pt")
-        with linears.on() if int8 else contextlib.nullcontext(), dev.predict_autocast():
-            ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
-            logits = model(input_ids=ids, attention_mask=mask).logits
+        if fast and path == "onnx":
+            logits = torch.from_numpy(runner.logits(enc["input_ids"], enc["attention_mask"]))
+        else:
+            with runner.on() if fast else contextlib.nullcontext(), dev.predict_autocast():
+                ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
+                logits = model(input_ids=ids, attention_mask=mask).logits
         return head.activate(torch, logits.float()).cpu()
 
     def after_batch() -> None:
@@ -239,32 +252,37 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
         events.progress("predict", step[0], total, schema=schema)
         dev.release()
 
-    int8_twins, int8 = contextlib.nullcontext(), dev.predict_int8
-    if int8 and head.answers.kind not in INT8_KINDS:
-        int8 = None
-        if dev.predict_int8 == "always":
-            events.log("Schema {!r}: predicts in fp32: int8 is for nominal schemas only".format(schema),
+    runner = contextlib.nullcontext()  # type: Any
+    if dev.predict_checked and check is None:
+        path = None  # a caller with no check predicts in fp32 (thresholds are tuned on what fp32 says)
+    elif path and head.answers.kind not in FAST_KINDS:
+        path = None
+        if not dev.predict_checked:
+            events.log("Schema {!r}: predicts in fp32: {} is for nominal schemas only".format(schema, name),
                        level="warning")
-    if int8:
+    if path:
         try:
-            int8_twins = Int8Linears(torch, model)
-        except Exception as exc:  # a torch whose int8 kernels changed: fp32 rather than a failed run
-            int8 = None
-            reason = "int8 could not be set up here: {}".format(str(exc).strip() or type(exc).__name__)
+            runner = (OnnxModel(torch, model, work_dir, torch.get_num_threads()) if path == "onnx"
+                      else Int8Linears(torch, model))
+        except Exception as exc:  # a torch or exporter that changed: fp32 rather than a failed run
+            path = None
+            reason = "{} could not be set up here: {}".format(
+                name, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
             if check is not None:
                 check.refuse(reason)
             else:
                 events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
-    with torch.inference_mode(), int8_twins as linears:
-        if int8 == "checked" and check is not None:
+    with torch.inference_mode(), runner:
+        if path and dev.predict_checked:
             yield from checked_predictions(forward, sample, batches, check, after_batch)
-        else:  # fp32 (or bf16) unless int8 was asked for; a caller with no check gets no unchecked int8
-            yield from _unchecked(forward, itertools.chain(sample, batches), int8 == "always", after_batch)
+        else:  # fp32 (or bf16) unless a fast path was asked for; a caller with no check gets no unchecked one
+            yield from _unchecked(forward, itertools.chain(sample, batches), bool(path) and not dev.predict_checked,
+                                  after_batch)
 
 
-def _unchecked(forward: Callable[[List[Any], bool], Any], batches: Iterable[List[Any]], int8: bool,
+def _unchecked(forward: Callable[[List[Any], bool], Any], batches: Iterable[List[Any]], fast: bool,
                after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
     for rows in batches:
-        for row, outputs in zip(rows, forward(rows, int8).tolist()):
+        for row, outputs in zip(rows, forward(rows, fast).tolist()):
             yield row, outputs
         after_batch()

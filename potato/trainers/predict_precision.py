@@ -1,9 +1,21 @@
-"""How a Hugging Face trainer predicts on a CPU without bf16 instructions: int8, checked against fp32.
+"""How a Hugging Face trainer predicts on a CPU without bf16 instructions: ONNX Runtime or int8, checked
+against fp32.
 
 A CPU with AVX512-BF16 or AMX predicts in bf16 autocast (hf_common.ComputeDevice).
 Most CPUs of the small VMs and laptops that run an annotation server have
-neither — AVX2 at best — and there fp32 prediction is bound by the linear
-layers' matrix products (80 % of a MiniLM's time). With int8 twins of those
+neither — AVX2 at best — and there torch's fp32 prediction reaches about 1.5x
+``transformers.pipeline`` at best. Two fast paths, the first that runs on the
+machine taken (``FAST_PATHS``):
+
+- ONNX Runtime (:class:`OnnxModel`): the model exported to ONNX and run by
+  ONNX Runtime's CPU kernels, still in fp32, so it changes outputs only by
+  rounding (0.00001 at most on bench/predict_throughput.py's MiniLM) and
+  keeps every label; it needs ``onnxruntime``, ``onnx`` and ``onnxscript``
+  (the ``train-text`` extra).
+- int8 (:class:`Int8Linears`), where those are not installed.
+
+int8: fp32 prediction is bound by the linear layers' matrix products (80 % of
+a MiniLM's time). With int8 twins of those
 layers (weights quantized per output channel, activations per batch,
 fbgemm's kernels) the model predicted 1.75x as many items per CPU second,
 but int8 moves a model's outputs more than bf16 does, by how much depends on
@@ -14,7 +26,8 @@ confidences by 0.013 on average, where bf16 changed none and 0.0005.
 and 0.008 and ran at only 1.2x fp32's speed; 7-bit activations, torch's
 default for these kernels, changed 2.3 % and 0.019.)
 
-So ``predict_precision: auto`` does not trust int8 blindly. It predicts a
+So ``predict_precision: auto`` trusts no fast path blindly (:class:`FastPathCheck`,
+written for int8, holds ONNX Runtime to the same rules). It predicts a
 sample of each schema's items (``CHECK_ITEMS``, spread over short and long
 texts) both ways and writes fp32's predictions for them; from the sample it
 takes the largest change int8 made to any probability and, for the other
@@ -28,7 +41,8 @@ average, with two standard errors to spare, and would still predict
 ``MIN_SPEEDUP`` times as fast as fp32 once the items close to a tie are
 predicted twice (timed on the sample);
 otherwise the schema predicts in fp32, and the run log says why either way.
-``predict_precision: int8`` asks for int8 on every item, unchecked.
+``predict_precision: int8`` asks for int8 on every item, unchecked, and
+``onnx`` for ONNX Runtime.
 
 What that buys depends on how sure the model is. bench/predict_throughput.py's
 MiniLM, trained on 400 short reviews, is unsure of many long ones: its check
@@ -44,7 +58,7 @@ To measure this path on a CPU that has bf16, set ``ONEDNN_MAX_CPU_ISA=AVX2``
 torch's other kernels (ATen, MKL, fbgemm) to AVX2, for both sides of the bench.
 
 Part of the remote half: importing this module loads only the standard
-library; torch is passed in.
+library; torch is passed in, onnxruntime imported where a session starts.
 """
 
 from __future__ import annotations
@@ -55,7 +69,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-PREDICT_PRECISIONS = ("auto", "fp32", "int8")
+PREDICT_PRECISIONS = ("auto", "fp32", "int8", "onnx")
 
 CHECK_ITEMS = 256  # items of each schema predicted both ways before int8 is trusted with the others
 SAFETY = 1.5  # how much more than the sample's largest change a tie must be apart to stay in int8
@@ -189,6 +203,110 @@ def _pack(torch: Any, layer: Any) -> Any:
     return torch.ops.quantized.linear_prepack(qweight, bias)
 
 
+# -- the model exported to ONNX, run by ONNX Runtime -------------------------------
+
+ONNX_PACKAGES = ("onnxruntime", "onnx", "onnxscript")  # the session, and torch's exporter
+
+
+# The fast paths a CPU without bf16 may predict on, the first that runs here first: ONNX Runtime is
+# faster than int8 and computes in fp32. Their names in the run log, and what each does.
+FAST_PATHS = ("onnx", "int8")
+FAST_PATH_NAMES = {"onnx": "ONNX Runtime", "int8": "int8"}
+FAST_PATH_HOW = {"onnx": "the model exported to ONNX", "int8": "its linear layers quantized"}
+
+
+def fast_path_unavailable(torch: Any, path: str) -> Optional[str]:
+    """Why this machine cannot predict on the fast ``path`` (None: it can)."""
+    return onnx_unavailable() if path == "onnx" else int8_unavailable(torch)
+
+
+def onnx_unavailable() -> Optional[str]:
+    """Why this machine cannot predict through ONNX Runtime (None: it can): a package missing here."""
+    import importlib.util
+
+    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        return "{} not installed here: pip install {}".format(", ".join(missing), " ".join(missing))
+    return None
+
+
+class OnnxModel:
+    """``model`` exported to ONNX in a directory of its own under ``work_dir`` and run by ONNX Runtime on
+    the CPU, in ``threads`` threads; :meth:`close` (or leaving the ``with`` block) deletes the export.
+
+    The export is torch's own (``torch.onnx.export``, the dynamo exporter), with
+    the batch and the sequence dimensions free, so one session takes every
+    batch. A peft model is exported with its LoRA merged into the base weights
+    (a plain matrix product per layer) and unmerged again after, so it saves as
+    it was. ONNX Runtime computes in fp32 as torch does, with its own fused
+    attention and layer-norm kernels: on bench/predict_throughput.py's MiniLM
+    (trained on 400 reviews, 3 000 predicted in the same batches, 2 cores
+    with AVX-512 but no bf16 in use) it predicted 96-105 items a second where
+    torch in fp32 predicted 49, every label as torch's and confidences
+    0.00001 apart at most. The export takes 4-9 s and about 300 MB at its
+    peak (MiniLM), once per schema.
+    Raises whatever the export or the session raise (the caller predicts in
+    fp32 then).
+    """
+
+    def __init__(self, torch: Any, model: Any, work_dir: str, threads: int):
+        import contextlib
+        import io
+        import shutil
+        import tempfile
+
+        import onnxruntime
+
+        self._dir = tempfile.mkdtemp(prefix="onnx-", dir=work_dir)
+        self._rmtree = shutil.rmtree
+        try:
+            path = os.path.join(self._dir, "model.onnx")
+            merged = hasattr(model, "merge_adapter")
+            if merged:
+                model.merge_adapter()
+            try:
+                ids = torch.ones((2, 16), dtype=torch.long)
+                # A padded row: transformers drops the attention mask where it is all ones, and the export
+                # would keep that branch for every batch.
+                mask = torch.ones((2, 16), dtype=torch.long)
+                mask[1, 8:] = 0
+                batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
+                # The exporter reports its steps on stdout, which is the worker's log.
+                with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(
+                        model, (), path, kwargs={"input_ids": ids, "attention_mask": mask},
+                        input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                        dynamic_shapes={"input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}},
+                        dynamo=True, verbose=False)
+            finally:
+                if merged:
+                    model.unmerge_adapter()
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            self._session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        except BaseException:
+            self.close()
+            raise
+
+    def logits(self, input_ids: Any, attention_mask: Any) -> Any:
+        """The model's logits (a numpy array) for CPU tensors of token ids and their mask."""
+        return self._session.run(["logits"], {"input_ids": input_ids.numpy(),
+                                              "attention_mask": attention_mask.numpy()})[0]
+
+    def close(self) -> None:
+        self._session = None
+        self._rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "OnnxModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 # -- the check against fp32 ------------------------------------------------------
 
 
@@ -209,38 +327,40 @@ def tie_gap(probs: Sequence[float]) -> float:
     return top[0] - (top[1] if len(top) > 1 else 0.0)
 
 
-class Int8Check:
-    """What int8 does to one schema's sample, and the decision it leads to.
+class FastPathCheck:
+    """What a fast path (int8, ONNX Runtime) does to one schema's sample, and the decision it leads to.
 
-    Feed it each sample item's fp32 and int8 probabilities with :meth:`add`;
-    :meth:`decide` sets :attr:`use_int8` and :attr:`redo_gap` (an item whose
-    :func:`tie_gap` in int8 is at most this is predicted again in fp32). The
-    counts of what ran are kept for :meth:`describe`.
+    Feed it each sample item's fp32 and fast probabilities with :meth:`add`;
+    :meth:`decide` sets :attr:`use_fast` and :attr:`redo_gap` (an item whose
+    :func:`tie_gap` on the fast path is at most this is predicted again in
+    fp32). The counts of what ran are kept for :meth:`describe`. ``path``: the
+    fast path's name in the run log.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "int8") -> None:
+        self.path = path
         self.pairs = []  # type: List[Tuple[List[float], List[float]]]
-        self.use_int8 = False
+        self.use_fast = False
         self.redo_gap = 0.0
         self.reason = ""
         self.mean_change = 0.0
-        self.int8_items = 0
+        self.fast_items = 0
         self.redone = 0
 
-    def add(self, fp32: Sequence[float], int8: Sequence[float]) -> None:
-        self.pairs.append((list(fp32), list(int8)))
+    def add(self, fp32: Sequence[float], fast: Sequence[float]) -> None:
+        self.pairs.append((list(fp32), list(fast)))
 
     def refuse(self, reason: str) -> None:
-        """No int8 for this schema, for ``reason`` (the run log's words)."""
-        self.use_int8, self.reason = False, reason
+        """Not the fast path for this schema, for ``reason`` (the run log's words)."""
+        self.use_fast, self.reason = False, reason
 
-    def decide(self, fp32_seconds: float, int8_seconds: float) -> bool:
-        """Whether the other items may predict in int8 (also sets :attr:`use_int8`); the seconds are what
-        the sample took each way."""
-        n = len(self.pairs)
-        self.use_int8 = False
+    def decide(self, fp32_seconds: float, fast_seconds: float) -> bool:
+        """Whether the other items may take the fast path (also sets :attr:`use_fast`); the seconds are
+        what the sample took each way."""
+        n, path = len(self.pairs), self.path
+        self.use_fast = False
         if not n:
-            self.reason = "too few items for int8 to pay for its check"
+            self.reason = "too few items for {} to pay for its check".format(path)
             return False
         largest = max(max(abs(a - b) for a, b in zip(p, q)) for p, q in self.pairs)
         self.redo_gap = min(1.0, SAFETY * 2 * largest)
@@ -249,57 +369,58 @@ class Int8Check:
         self.mean_change = sum(changes) / n
         spread = math.sqrt(sum((c - self.mean_change) ** 2 for c in changes) / max(1, n - 1) / n)
         redo_share = sum(1 for p, q in self.pairs if tie_gap(q) <= self.redo_gap) / float(n)
-        speedup = fp32_seconds / max(1e-9, int8_seconds + redo_share * fp32_seconds)
+        speedup = fp32_seconds / max(1e-9, fast_seconds + redo_share * fp32_seconds)
         if self.mean_change + 2 * spread > MAX_MEAN_CHANGE:
-            self.reason = "on {} items predicted both ways int8 moved confidences by {:.4f} on average " \
-                          "(give or take {:.4f}), too close to {}".format(n, self.mean_change, spread, MAX_MEAN_CHANGE)
+            self.reason = "on {} items predicted both ways {} moved confidences by {:.4f} on average " \
+                          "(give or take {:.4f}), too close to {}".format(n, path, self.mean_change, spread,
+                                                                          MAX_MEAN_CHANGE)
         elif speedup < MIN_SPEEDUP:
-            self.reason = "on {} items predicted both ways int8 took {:.0%} of fp32's time and {:.0%} of them were " \
+            self.reason = "on {} items predicted both ways {} took {:.0%} of fp32's time and {:.0%} of them were " \
                           "close enough to a tie to need fp32 again, so it would be only {:.2f}x as fast".format(
-                              n, int8_seconds / max(1e-9, fp32_seconds), redo_share, speedup)
+                              n, path, fast_seconds / max(1e-9, fp32_seconds), redo_share, speedup)
         else:
-            self.use_int8 = True
-        return self.use_int8
+            self.use_fast = True
+        return self.use_fast
 
     def describe(self) -> str:
         """The run log's words for what ran, after prediction."""
         n = len(self.pairs)
-        if not self.use_int8:
+        if not self.use_fast:
             return "predicted in fp32: " + self.reason
-        return ("predicted {} items in int8 and {} in fp32: {} both ways to check int8, which, with the items "
+        return ("predicted {} items in {path} and {} in fp32: {} both ways to check {path}, which, with the items "
                 "close to a tie predicted in fp32, moved confidences by {:.4f} on average; {} more close to a tie "
-                "(their two likeliest labels within {:.3f} in int8)".format(
-                    self.int8_items - self.redone, n + self.redone, n, self.mean_change, self.redone,
-                    self.redo_gap))
+                "(their two likeliest labels within {:.3f} in {path})".format(
+                    self.fast_items - self.redone, n + self.redone, n, self.mean_change, self.redone,
+                    self.redo_gap, path=self.path))
 
 
 def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Iterable[List[Any]],
-                        batches: Iterable[List[Any]], check: Int8Check,
+                        batches: Iterable[List[Any]], check: FastPathCheck,
                         after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
     """``(row, probabilities)`` for every row of ``sample``'s and then ``batches``' batches.
 
-    ``forward(rows, int8)`` returns the rows' probabilities (a CPU tensor, one
+    ``forward(rows, fast)`` returns the rows' probabilities (a CPU tensor, one
     row each); ``after_batch`` runs after each batch (progress, cancel). The
-    sample's rows come out in fp32, as :class:`Int8Check` decides; the rest in
-    int8, but in fp32 for the rows int8 puts close to a tie.
+    sample's rows come out in fp32; the rest, as :class:`FastPathCheck`
+    decides, on the fast path, but in fp32 for the rows it puts close to a tie.
     """
-    seconds = [0.0, 0.0]  # the sample's time in fp32, in int8
+    seconds = [0.0, 0.0]  # the sample's time in fp32, on the fast path
     for rows in sample:
         started = time.perf_counter()
         fp32 = forward(rows, False)
         middle = time.perf_counter()
-        int8 = forward(rows, True)
+        fast = forward(rows, True)
         seconds[0] += middle - started
         seconds[1] += time.perf_counter() - middle
-        for row, p, q in zip(rows, fp32.tolist(), int8.tolist()):
+        for row, p, q in zip(rows, fp32.tolist(), fast.tolist()):
             check.add(p, q)
             yield row, p
         after_batch()
     check.decide(*seconds)
     for rows in batches:
-        probs = forward(rows, check.use_int8).tolist()
-        if check.use_int8:
-            check.int8_items += len(rows)
+        probs = forward(rows, check.use_fast).tolist()
+        if check.use_fast:
+            check.fast_items += len(rows)
             close = [k for k, p in enumerate(probs) if tie_gap(p) <= check.redo_gap]
             if close:
                 check.redone += len(close)

@@ -345,13 +345,13 @@ AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_E
              "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
-def test_predict_precision_auto_on_a_cpu_without_bf16_checks_int8_against_fp32(tmp_path, tiny_model):
-    """The real worker with its kernels held to AVX2: auto checks int8 against fp32 on a sample and predicts
-    in whichever the check allows; its labels are fp32's on all but at most 0.5 % of the items, and the log
-    names the path and why."""
+def test_predict_precision_auto_on_a_cpu_without_bf16_checks_onnx_runtime_against_fp32(tmp_path, tiny_model):
+    """The real worker with its kernels held to AVX2 and onnxruntime installed: auto exports the model to ONNX,
+    checks ONNX Runtime against fp32 on a sample and predicts in whichever the check allows; its labels are
+    fp32's on all but at most 0.5 % of the items, the log names the path and why, and the export is gone."""
     from potato.trainers.predict_precision import CHECK_ITEMS
 
-    items = easy_items(60, unlabeled=3 * CHECK_ITEMS)  # more than twice the sample: int8 can pay
+    items = easy_items(60, unlabeled=3 * CHECK_ITEMS)  # more than twice the sample: the fast path can pay
     runs = {}
     for precision in ("auto", "fp32"):
         job = write_job(tmp_path / precision, items=items, include_unlabeled=True,
@@ -361,27 +361,85 @@ def test_predict_precision_auto_on_a_cpu_without_bf16_checks_int8_against_fp32(t
         logs = [e["message"] for e in events_of(job) if e["type"] == "log"]
         predictions = [json.loads(line) for line in (job / "predictions.jsonl").read_text().splitlines()]
         runs[precision] = (logs, {p["id"]: p for p in predictions})
+        # The export lives in the job's directory while prediction runs, never among the artifacts.
+        assert not [p.name for p in job.rglob("*") if p.name.startswith("onnx-") or ".onnx" in p.name]
     logs = runs["auto"][0]
     assert next(m for m in logs if m.startswith("Model ")).endswith(
-        ", predicts in int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
+        ", predicts in ONNX Runtime where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
     assert next(m for m in runs["fp32"][0] if m.startswith("Model ")).endswith(", predicts in fp32")
-    # The schema's line says which path ran: int8 for most items, or fp32 and why (the tiny model's
-    # matrices are too small for int8 to be faster).
-    predicted = [m for m in logs if m.startswith("Schema 'sentiment': predicted ")]
-    assert len(predicted) == 1, logs
-    line = predicted[0]
-    int8_kept = " in int8 and " in line
-    if int8_kept:
-        assert " in fp32: {} both ways to check int8, which, ".format(CHECK_ITEMS) in line
-    else:
-        assert line.startswith("Schema 'sentiment': predicted in fp32: on {} items predicted both ways int8 ".format(
-            CHECK_ITEMS))
+    # The schema's line says which path ran: ONNX Runtime computes in fp32 too, so no item comes near a tie it
+    # could flip, and it takes a fraction of torch's time even on the tiny model.
+    assert [m for m in logs if m.startswith("Schema 'sentiment': predicted ")] == [
+        "Schema 'sentiment': predicted {} items in ONNX Runtime and {} in fp32: {} both ways to check ONNX Runtime, "
+        "which, with the items close to a tie predicted in fp32, moved confidences by 0.0000 on average; 0 more close "
+        "to a tie (their two likeliest labels within 0.000 in ONNX Runtime)".format(
+            len(items) - CHECK_ITEMS, CHECK_ITEMS, CHECK_ITEMS)], logs
     assert not [m for m in runs["fp32"][0] if m.startswith("Schema 'sentiment': predicted ")]
     auto, fp32 = runs["auto"][1], runs["fp32"][1]
     assert auto.keys() == fp32.keys() and len(auto) == len(items)
     assert sum(auto[i]["label"] != fp32[i]["label"] for i in auto) <= 0.005 * len(auto)
     assert sum(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) / len(auto) < 0.01
-    assert (auto != fp32) == int8_kept  # int8 ran exactly when the log says so
+
+
+def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_as_it_was(tiny_model, tmp_path,
+                                                                                         monkeypatch):
+    """predict_precision: onnx exports the model into the work directory (a LoRA merged into the base weights for
+    the export, unmerged after), predicts every item through ONNX Runtime as torch does in fp32, and deletes the
+    export; where it cannot be set up, or onnxruntime is missing, the items come out in fp32 and the log says why."""
+    import sys
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from potato.trainers import hf_text_classification as hf
+    from potato.trainers.answers import Answers
+    from potato.trainers.hf_common import ComputeDevice
+    from potato.trainers.hf_heads import make_head
+
+    logs = []
+
+    class Events:
+        def check_cancelled(self):
+            pass
+
+        def progress(self, *args, **kwargs):
+            pass
+
+        def log(self, message, level="info"):
+            logs.append(message)
+
+    model = get_peft_model(AutoModelForSequenceClassification.from_pretrained(tiny_model),
+                           LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, init_lora_weights=False))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 4)))] for k in range(6)]
+    head = make_head(Answers("s", ["positive", "negative"]))
+    fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "s",
+                           head))
+    asked = ComputeDevice(torch, "cpu", "onnx", fast=("onnx", "int8"))
+    assert asked.predict_precision == "ONNX Runtime (the model exported to ONNX, as predict_precision asks)"
+    predicted = hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "s", head, work_dir=str(tmp_path))
+    first = next(predicted)
+    assert [p.name for p in tmp_path.glob("onnx-*/model.onnx")] == ["model.onnx"]  # there while it predicts
+    onnx = [first] + list(predicted)
+    assert list(tmp_path.iterdir()) == []  # and gone after
+    assert [r[0] for r in onnx] == [r[0] for r in fp32]
+    assert max(abs(a - b) for (_, p), (_, q) in zip(onnx, fp32) for a, b in zip(p, q)) < 1e-4
+    assert all(torch.allclose(weights[k], v, atol=1e-6) for k, v in model.state_dict().items())
+
+    def broken(*args):
+        raise RuntimeError("the exporter failed\nits long trace")
+
+    monkeypatch.setattr(hf, "OnnxModel", broken)
+    assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "s", head)) == fp32
+    assert logs == ["Schema 's': predicts in fp32: ONNX Runtime could not be set up here: the exporter failed"]
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as where it is not installed
+    assert ComputeDevice(torch, "cpu", "onnx", fast=("onnx", "int8")).predict_precision == (
+        "fp32 (onnxruntime not installed here: pip install onnxruntime)")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert ComputeDevice(torch, "cpu", "auto", fast=("onnx", "int8")).predict_precision == (
+        "int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
 
 
 def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, monkeypatch):
@@ -393,7 +451,7 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     from potato.trainers.answers import Answers
     from potato.trainers.hf_common import ComputeDevice
     from potato.trainers.hf_heads import make_head
-    from potato.trainers.predict_precision import Int8Check
+    from potato.trainers.predict_precision import FastPathCheck
 
     class Events:
         def check_cancelled(self):
@@ -410,15 +468,15 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 3)))] for k in range(6)]
     head = make_head(Answers("s", ["positive", "negative"]))
-    fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", int8=True), Events(),
-                           "s", head))
-    asked = ComputeDevice(torch, "cpu", "int8", int8=True)  # int8 as asked: every item, the model left as it was
-    assert asked.predict_int8 == "always"
+    fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", fast=("int8",)),
+                           Events(), "s", head))
+    asked = ComputeDevice(torch, "cpu", "int8", fast=("int8",))  # int8 as asked: every item, the model left as it was
+    assert (asked.predict_fast, asked.predict_checked) == ("int8", False)
     int8 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "s", head))
     assert [r[0] for r in int8] == [r[0] for r in fp32] and [r[1] for r in int8] != [r[1] for r in fp32]
-    assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", int8=True),
+    assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", fast=("int8",)),
                            Events(), "s", head)) == fp32
-    assert ComputeDevice(torch, "cpu", "auto").predict_int8 is None  # a trainer that cannot predict in int8
+    assert ComputeDevice(torch, "cpu", "auto").predict_fast is None  # a trainer with no fast path
     # int8's check is a softmax's: another head predicts in fp32 even where int8 is asked for, and says so.
     logs = []
     Events.log = lambda self, message, level="info": logs.append(message)
@@ -426,10 +484,10 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "m", multilabel)) == list(
         hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "m", multilabel))
     assert logs == ["Schema 'm': predicts in fp32: int8 is for nominal schemas only"]
-    dev = ComputeDevice(torch, "cpu", "auto", int8=True)
-    assert dev.predict_int8 == "checked"
+    dev = ComputeDevice(torch, "cpu", "auto", fast=("int8",))
+    assert (dev.predict_fast, dev.predict_checked) == ("int8", True)
     monkeypatch.setattr(hf, "Int8Linears", broken)
-    check = Int8Check()
+    check = FastPathCheck()
     predicted = list(hf.predict(model, tokenizer, iter(rows[2:]), 6, 32, dev, Events(), "s", head, iter(rows[:2]),
                                 check))
     assert predicted == fp32

@@ -186,8 +186,9 @@ def test_check_options_names_each_bad_key():
     assert any(p.startswith("'epoch' is not an option of hf-text-classification") for p in problems)
     assert hf.check_options({"epochs": True}) == ["epochs must be a positive integer, got True"]
     assert hf.check_options({"lora": "yes"})[0].startswith("lora must be false or a mapping")
-    assert hf.check_options({"predict_precision": "bf16"}) == ["predict_precision must be auto, fp32 or int8, got 'bf16'"]
-    assert hf.check_options({"predict_precision": "fp32"}) == hf.check_options({"predict_precision": "int8"}) == []
+    assert hf.check_options({"predict_precision": "bf16"}) == [
+        "predict_precision must be auto, fp32, int8 or onnx, got 'bf16'"]
+    assert [hf.check_options({"predict_precision": p}) for p in ("fp32", "int8", "onnx")] == [[], [], []]
 
 
 def test_effective_options_fill_defaults():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from potato.trainers import predict_precision as pp
-from potato.trainers.predict_precision import Int8Check, check_sample, checked_predictions, tie_gap
+from potato.trainers.predict_precision import FastPathCheck, check_sample, checked_predictions, tie_gap
 
 
 class Probs(list):
@@ -30,15 +30,15 @@ def test_tie_gap_is_how_far_the_two_likeliest_labels_are_apart():
 
 
 def test_int8_is_kept_when_it_moves_little_and_ties_go_back_to_fp32():
-    check = Int8Check()
+    check = FastPathCheck()
     for k in range(99):
         p = (0.9, 0.52, 0.505)[k % 3]
         check.add([p, 1 - p], [p - 0.004, 1 - p + 0.004])  # int8 moves each probability by 0.004
-    assert check.decide(1.0, 0.5) and check.use_int8
+    assert check.decide(1.0, 0.5) and check.use_fast
     assert check.redo_gap == pytest.approx(0.012)  # 1.5 x twice the largest change
     # The items at 0.505 (0.002 apart in int8) go back to fp32; the others keep int8's change.
     assert check.mean_change == pytest.approx(66 * 0.004 / 99)
-    check.int8_items, check.redone = 900, 40
+    check.fast_items, check.redone = 900, 40
     assert check.describe() == (
         "predicted 860 items in int8 and 139 in fp32: 99 both ways to check int8, which, with the items close to a "
         "tie predicted in fp32, moved confidences by 0.0027 on average; 40 more close to a tie (their two likeliest "
@@ -46,13 +46,13 @@ def test_int8_is_kept_when_it_moves_little_and_ties_go_back_to_fp32():
 
 
 def test_int8_is_refused_when_it_moves_confidences_too_far():
-    check = Int8Check()
+    check = FastPathCheck()
     for _ in range(50):
         check.add([0.99, 0.01], [0.96, 0.04])
     assert not check.decide(1.0, 0.5)
     assert check.describe() == ("predicted in fp32: on 50 items predicted both ways int8 moved confidences by "
                                 "0.0300 on average (give or take 0.0000), too close to 0.01")
-    check = Int8Check()
+    check = FastPathCheck()
     for k in range(50):  # 0.008 on average, but so unevenly that the sample cannot tell it from 0.01
         check.add([0.99, 0.01], [0.95, 0.05] if k % 5 == 0 else [0.99, 0.01])
     assert not check.decide(1.0, 0.5) and check.reason == ("on 50 items predicted both ways int8 moved confidences "
@@ -60,7 +60,7 @@ def test_int8_is_refused_when_it_moves_confidences_too_far():
 
 
 def test_int8_is_refused_when_the_items_it_predicts_twice_would_eat_its_gain():
-    check = Int8Check()
+    check = FastPathCheck()
     for k in range(50):
         check.add([0.51, 0.49], [0.5, 0.5]) if k % 5 == 0 else check.add([0.9, 0.1], [0.9, 0.1])
     assert check.decide(1.0, 0.5)  # a fifth predicted twice: 1 / (0.5 + 0.2) = 1.43x
@@ -68,7 +68,7 @@ def test_int8_is_refused_when_the_items_it_predicts_twice_would_eat_its_gain():
     assert check.describe() == ("predicted in fp32: on 50 items predicted both ways int8 took 70% of fp32's time "
                                 "and 20% of them were close enough to a tie to need fp32 again, so it would be only "
                                 "1.11x as fast")
-    empty = Int8Check()
+    empty = FastPathCheck()
     assert not empty.decide(0.0, 0.0)
     assert empty.describe() == "predicted in fp32: too few items for int8 to pay for its check"
 
@@ -78,15 +78,15 @@ def test_checked_predictions_write_fp32_for_the_sample_and_for_ties_int8_for_the
     int8 = {"a": [0.899, 0.101], "b": [0.79, 0.21], "c": [0.501, 0.499], "d": [0.69, 0.31]}
     calls, batches_done = [], []
 
-    def forward(rows, use_int8):
-        calls.append((list(rows), use_int8))
-        return Probs((int8 if use_int8 else fp32)[row] for row in rows)
+    def forward(rows, use_fast):
+        calls.append((list(rows), use_fast))
+        return Probs((int8 if use_fast else fp32)[row] for row in rows)
 
-    check = Int8Check()
+    check = FastPathCheck()
     out = dict(checked_predictions(forward, [["a"]], [["b", "c", "d"]], check, lambda: batches_done.append(1)))
     assert out == {"a": fp32["a"], "b": int8["b"], "c": fp32["c"], "d": int8["d"]}  # c was near a tie
     assert calls == [(["a"], False), (["a"], True), (["b", "c", "d"], True), (["c"], False)]
-    assert (check.int8_items, check.redone, len(batches_done)) == (3, 1, 2)
+    assert (check.fast_items, check.redone, len(batches_done)) == (3, 1, 2)
 
 
 def test_a_cpu_capped_below_bf16_counts_as_without(monkeypatch):
