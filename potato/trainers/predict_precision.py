@@ -243,8 +243,10 @@ class OnnxModel:
     (trained on 400 reviews, 3 000 predicted in the same batches, 2 cores
     with AVX-512 but no bf16 in use) it predicted 96-105 items a second where
     torch in fp32 predicted 49, every label as torch's and confidences
-    0.00001 apart at most. The export takes 4-9 s and about 300 MB at its
-    peak (MiniLM), once per schema.
+    0.00001 apart at most. The export costs, once per schema, 4-9 s on a
+    quiet machine (over 20 s under load) and about 270 MB that stays resident
+    (the exporter's modules, mostly: garbage collection and malloc_trim return
+    none of it).
     Raises whatever the export or the session raise (the caller predicts in
     fp32 then).
     """
