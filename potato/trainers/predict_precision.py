@@ -254,6 +254,7 @@ class OnnxModel:
     def __init__(self, torch: Any, model: Any, work_dir: str, threads: int):
         import contextlib
         import io
+        import logging
         import shutil
         import tempfile
 
@@ -263,9 +264,14 @@ class OnnxModel:
         self._rmtree = shutil.rmtree
         try:
             path = os.path.join(self._dir, "model.onnx")
+            # The exporter reports its steps on stdout and logs what it skips (torchvision's operators) as
+            # warnings: both would land in the worker's log.
+            exporter_log = logging.getLogger("torch.onnx")
+            level = exporter_log.level
             merged = hasattr(model, "merge_adapter")
             if merged:
                 model.merge_adapter()
+            exporter_log.setLevel(logging.ERROR)
             try:
                 ids = torch.ones((2, 16), dtype=torch.long)
                 # A padded row: transformers drops the attention mask where it is all ones, and the export
@@ -273,7 +279,6 @@ class OnnxModel:
                 mask = torch.ones((2, 16), dtype=torch.long)
                 mask[1, 8:] = 0
                 batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
-                # The exporter reports its steps on stdout, which is the worker's log.
                 with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                     warnings.simplefilter("ignore")
                     torch.onnx.export(
@@ -282,6 +287,7 @@ class OnnxModel:
                         dynamic_shapes={"input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}},
                         dynamo=True, verbose=False)
             finally:
+                exporter_log.setLevel(level)
                 if merged:
                     model.unmerge_adapter()
             options = onnxruntime.SessionOptions()
