@@ -45,7 +45,11 @@ confidences 0.0005 from fp32's on average. ``--precision onnx`` (ONNX
 Runtime, its export and session included; fp32 on both sides, with AVX-512
 kernels on both: ONNX Runtime picks its kernels by the CPU and no variable
 holds them to AVX2, so ``--isa avx2`` would compare them with a pipeline held
-to AVX2): round 1 75.7 against 6.7 items/s at load 4. Peak RSS: ours 750 MB
+to AVX2): 65.4 against 5.4 items/s, 12.46x (11.31-13.61) at load 4-6, which
+slowed the pipeline most, every label as in fp32 and confidences 0.0000 from
+fp32's on average; ours in fp32, run after at load 2.6, 78.7 items/s — under
+such load the ratios are not to be trusted, to be measured again on a quiet
+machine. Peak RSS: ours 750 MB
 (bf16) and 898 MB (ONNX Runtime, whose export adds about 270 MB that stays)
 with the training step, pipeline 517-530 MB; ours at the start of
 prediction 561 MB.
