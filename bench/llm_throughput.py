@@ -59,7 +59,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench._reviews import make_reviews  # noqa: E402
-from bench.trainer_throughput import thread_env  # noqa: E402
+from bench._versus_trainer import thread_env  # noqa: E402
 
 SEED = 42
 LABELS = ["positive", "negative"]

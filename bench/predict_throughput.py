@@ -63,7 +63,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench._reviews import make_reviews  # noqa: E402
-from bench.trainer_throughput import LABELS, thread_env  # noqa: E402
+from bench._versus_trainer import thread_env  # noqa: E402
+from bench.trainer_throughput import LABELS  # noqa: E402
 
 MAX_LENGTH = 256
 N_LABELLED = 400
