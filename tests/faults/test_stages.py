@@ -40,7 +40,7 @@ def _copy_started(bench, run_id: int) -> bool:
 def test_kill_the_flow_during_code_sync(bench, case, backend):
     remote_dir = bench.remote_dirs[backend]
     shutil.rmtree(remote_dir / "code" / code_archive()[0], ignore_errors=True)  # this version is not there yet
-    bench.ssh_proxy.throttle(6000, "up")  # the code (~45 kB) takes seconds to reach the host
+    bench.ssh_proxy.throttle(6000, "up")  # the code (~130 kB) takes seconds to reach the host
     run_id = bench.server.start_run(backend)
     wait_for(lambda: list((remote_dir / "code").glob(".tmp-*")), 60, "the host to unpack the code", interval=0.02)
     os.kill(bench.store.get_run(run_id).flow_pid, signal.SIGKILL)

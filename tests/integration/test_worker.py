@@ -336,8 +336,9 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     assert runs["fp32"][0].endswith(", trains in full precision (fp32), predicts in fp32")
     auto, fp32 = runs["auto"][1], runs["fp32"][1]
     assert auto.keys() == fp32.keys() and len(auto) == 80
-    assert all(auto[i]["label"] == fp32[i]["label"] for i in auto)  # a trained model: no item near 0.5
     assert max(abs(auto[i]["confidence"] - fp32[i]["confidence"]) for i in auto) < (0.01 if bf16 else 1e-9)
+    # So only an item fp32 puts within 0.01 of the two labels' tie may change label.
+    assert all(auto[i]["label"] == fp32[i]["label"] for i in auto if fp32[i]["confidence"] >= 0.51)
 
 
 # What holds torch's kernels to AVX2 with no bf16, as on most laptops and small VMs (bench/predict_throughput.py).

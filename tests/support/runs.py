@@ -116,7 +116,13 @@ def potato_background(*args: str, log: Path) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     out = open(log, "wb")
     return subprocess.Popen([POTATO, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    # As from a terminal: a suite started in the background (`cmd &`) hands its children SIGINT ignored,
+    # and a CLI that inherits that cannot be stopped with Ctrl-C.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
