@@ -20,7 +20,8 @@ however many items there are; the pipeline's grows with its list of results.
 Ours also reports its memory apart from the training step: resident at the
 start of prediction (training's optimizer and gradients freed) and the peak
 of the predict phase alone (``VmHWM`` reset through ``/proc/self/clear_refs``),
-beside what the imports alone take.
+beside what the imports alone take and what the ONNX export and its session
+add; the last line says what each part of both peaks costs.
 Rounds alternate ours and the baseline (which goes first alternates too); the
 ratio printed is the median of the rounds' ratios, with their range. Target:
 >= 2.0. Ours predicts as a run does (``predict_precision: auto``: bf16
@@ -159,6 +160,16 @@ def ours_in_this_process(work: Path) -> dict:
         memory["predict_peak_mb"] = _rss_mb("VmHWM")
 
     hf_text_classification.predict = measured_predict
+    onnx_model = hf_text_classification.OnnxModel
+
+    def measured_onnx_model(*args, **kwargs):
+        """The export and its session, with what they add to the resident memory."""
+        before = _rss_mb("VmRSS")
+        made = onnx_model(*args, **kwargs)
+        memory["onnx_mb"] = memory.get("onnx_mb", 0.0) + _rss_mb("VmRSS") - before
+        return made
+
+    hf_text_classification.OnnxModel = measured_onnx_model
     job = work / "job"
     for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json"):
         (job / stale).unlink(missing_ok=True)
@@ -294,10 +305,21 @@ def main() -> None:
     top = {side: max(results[side], key=lambda f: f["peak_rss_mb"]) for side in results}
     print("peak RSS: ours {:.0f} MB with its training step, pipeline {:.0f} MB (max over rounds)".format(
         top["ours"]["peak_rss_mb"], top["pipeline"]["peak_rss_mb"]))
-    print("ours apart from training: {:.0f} MB at the start of prediction, predict-phase peak {:.0f} MB "
-          "(imports alone {:.0f} MB; the pipeline's imports {:.0f} MB)".format(
-              max(o["predict_start_mb"] for o in results["ours"]), max(o["predict_peak_mb"] for o in results["ours"]),
-              top["ours"]["imports_mb"], top["pipeline"]["imports_mb"]))
+    print(memory_parts(top["ours"], top["pipeline"]))
+
+
+def memory_parts(ours: dict, pipeline: dict) -> str:
+    """What each part of the two sides' peaks costs (ours: the round with the highest peak)."""
+    onnx = ours.get("onnx_mb")
+    start, peak = ours["predict_start_mb"], ours["predict_peak_mb"]
+    return ("ours apart from training: predict-phase peak {:.0f} MB = torch and transformers {:.0f} MB + the trainer's "
+            "packages, the model and what training left {:.0f} MB (at the start of prediction){} + the batches in "
+            "flight {:.0f} MB; pipeline: peak {:.0f} MB = torch and transformers with pipeline() {:.0f} MB + the model "
+            "and its results {:.0f} MB".format(
+                peak, ours["imports_mb"], start - ours["imports_mb"],
+                "" if onnx is None else " + the ONNX export and its session {:.0f} MB".format(onnx),
+                peak - start - (onnx or 0.0), pipeline["peak_rss_mb"], pipeline["imports_mb"],
+                pipeline["peak_rss_mb"] - pipeline["imports_mb"]))
 
 
 if __name__ == "__main__":

@@ -272,6 +272,10 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
                 check.refuse(reason)
             else:
                 events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
+        else:
+            if path == "onnx":
+                events.log("Schema {!r}: exported to ONNX by torch's {} exporter in {:.1f} s".format(
+                    schema, runner.exporter, runner.seconds))
     with torch.inference_mode(), runner:
         if path and dev.predict_checked:
             yield from checked_predictions(forward, sample, batches, check, after_batch)

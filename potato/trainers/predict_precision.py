@@ -58,16 +58,21 @@ To measure this path on a CPU that has bf16, set ``ONEDNN_MAX_CPU_ISA=AVX2``
 torch's other kernels (ATen, MKL, fbgemm) to AVX2, for both sides of the bench.
 
 Part of the remote half: importing this module loads only the standard
-library; torch is passed in, onnxruntime imported where a session starts.
+library (and potato.training.probe); torch is passed in, onnxruntime imported
+where a session starts.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from potato.training.probe import first_line
 
 PREDICT_PRECISIONS = ("auto", "fp32", "int8", "onnx")
 
@@ -230,74 +235,66 @@ def onnx_unavailable() -> Optional[str]:
     return None
 
 
+# torch's exporters, tried in this order: the TorchScript one exported bench/predict_throughput.py's MiniLM
+# in 1.6 s, and ONNX Runtime ran its graph at 144 items/s; the dynamo one took 7.4 s, and its graph ran at
+# 102 items/s (same 1 000 reviews, 2 threads). torch calls the first deprecated; the second is its future.
+ONNX_EXPORTERS = ("torchscript", "dynamo")
+# How far ONNX Runtime's logits may be from torch's on a batch of another shape than the one traced before an
+# export is taken: rounding moves them by 1e-6 or less; a shape baked into the graph, by far more.
+EXPORT_TOLERANCE = 1e-3
+EXPORT_SECONDS = 600  # a MiniLM exports in 2 s, a large encoder in a minute: past this, a stuck export
+
+
 class OnnxModel:
     """``model`` exported to ONNX in a directory of its own under ``work_dir`` and run by ONNX Runtime on
     the CPU, in ``threads`` threads; :meth:`close` (or leaving the ``with`` block) deletes the export.
 
-    The export is torch's own (``torch.onnx.export``, the dynamo exporter), with
-    the batch and the sequence dimensions free, so one session takes every
-    batch. A peft model is exported with its LoRA merged into the base weights
-    (a plain matrix product per layer) and unmerged again after, so it saves as
-    it was. ONNX Runtime computes in fp32 as torch does, with its own fused
-    attention and layer-norm kernels: on bench/predict_throughput.py's MiniLM
-    (trained on 400 reviews, 3 000 predicted in the same batches, 2 cores
-    with AVX-512 but no bf16 in use) it predicted 96-105 items a second where
-    torch in fp32 predicted 49, every label as torch's and confidences
-    0.00001 apart at most. The export costs, once per schema, 4-9 s on a
-    quiet machine (over 20 s under load) and about 270 MB that stays resident
-    (the exporter's modules, mostly: garbage collection and malloc_trim return
-    none of it).
-    Raises whatever the export or the session raise (the caller predicts in
-    fp32 then).
+    The export is torch's own (``torch.onnx.export``, the exporters of
+    ``ONNX_EXPORTERS`` in turn), with the batch and the sequence dimensions
+    free, so one session takes every batch; an export is taken only if ONNX
+    Runtime gives torch's logits, within ``EXPORT_TOLERANCE``, on a batch of
+    another shape than the one it was traced on. A peft model is exported with
+    its LoRA merged into the base weights (a plain matrix product per layer)
+    and unmerged again after, so it saves as it was. ONNX Runtime computes in
+    fp32 as torch does, with its own fused kernels: on
+    bench/predict_throughput.py's MiniLM (1 000 reviews, 2 threads, a quiet
+    machine with AVX-512 but no bf16 in use) it predicted 144 items a second
+    where torch in fp32 predicted 83, logits 1e-7 apart at most.
+    :attr:`exporter` names the exporter taken, :attr:`seconds` what the export
+    and the session took. Raises ``RuntimeError`` naming each exporter's
+    failure where none is taken (the caller predicts in fp32 then).
     """
 
     def __init__(self, torch: Any, model: Any, work_dir: str, threads: int):
-        import contextlib
-        import io
-        import logging
         import shutil
         import tempfile
 
-        import onnxruntime
-
+        started = time.perf_counter()
         self._dir = tempfile.mkdtemp(prefix="onnx-", dir=work_dir)
         self._rmtree = shutil.rmtree
+        self._session = None  # type: Any
+        self.exporter = None  # type: Optional[str]
+        failures = []
         try:
-            path = os.path.join(self._dir, "model.onnx")
-            # The exporter reports its steps on stdout and logs what it skips (torchvision's operators) as
-            # warnings: both would land in the worker's log.
-            exporter_log = logging.getLogger("torch.onnx")
-            level = exporter_log.level
-            merged = hasattr(model, "merge_adapter")
-            if merged:
-                model.merge_adapter()
-            exporter_log.setLevel(logging.ERROR)
-            try:
-                ids = torch.ones((2, 16), dtype=torch.long)
-                # A padded row: transformers drops the attention mask where it is all ones, and the export
-                # would keep that branch for every batch.
-                mask = torch.ones((2, 16), dtype=torch.long)
-                mask[1, 8:] = 0
-                batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
-                with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                    warnings.simplefilter("ignore")
-                    torch.onnx.export(
-                        model, (), path, kwargs={"input_ids": ids, "attention_mask": mask},
-                        input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                        dynamic_shapes={"input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}},
-                        dynamo=True, verbose=False)
-            finally:
-                exporter_log.setLevel(level)
-                if merged:
-                    model.unmerge_adapter()
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-            self._session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            for exporter in ONNX_EXPORTERS:
+                path = os.path.join(self._dir, exporter + ".onnx")
+                try:
+                    _export_apart(torch, model, path, exporter)
+                    session = _session(path, threads)
+                    _same_as_torch(torch, model, session)
+                except Exception as exc:  # the next exporter may do
+                    failures.append("{} exporter: {}".format(
+                        exporter, str(exc) if isinstance(exc, ExportFailed) else first_line(exc)))
+                    continue
+                self._session, self.exporter = session, exporter
+                break
         except BaseException:
             self.close()
             raise
+        if self._session is None:
+            self.close()
+            raise RuntimeError("; ".join(failures))
+        self.seconds = time.perf_counter() - started
 
     def logits(self, input_ids: Any, attention_mask: Any) -> Any:
         """The model's logits (a numpy array) for CPU tensors of token ids and their mask."""
@@ -313,6 +310,152 @@ class OnnxModel:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ExportFailed(RuntimeError):
+    """An export that did not give a graph to take; its message is the user's sentence as it is."""
+
+
+def _export_apart(torch: Any, model: Any, path: str, exporter: str) -> None:
+    """:func:`_export` in a child forked for it, where there is fork (Linux), else here.
+
+    What the exporter loads and builds stays resident after it (120 MB for a
+    MiniLM: garbage collection and malloc_trim return none of it), and the
+    LoRA it merges would have to be unmerged: in the child, both go when it
+    exits. The child computes in one thread: the OpenMP threads that trained
+    the model are not in it, and torch's one-thread path starts none. A child
+    still running after ``EXPORT_SECONDS`` is killed, and the export counts
+    as failed.
+    """
+    if not sys.platform.startswith("linux"):
+        _export_merged(torch, model, path, exporter)
+        return
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork in a process with threads: the child uses none of them (nor their locks).
+        warnings.simplefilter("ignore")
+        pid = os.fork()
+    if pid == 0:  # the child: export, say why not on the pipe, and leave without running the parent's exit code
+        status = 1
+        try:
+            os.close(read_end)
+            # The worker's SIGTERM handler only marks the run cancelled, for the parent to notice: the
+            # child stops at once instead, as at a Ctrl-C.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            torch.set_num_threads(1)
+            _export_merged(torch, model, path, exporter, unmerge=False)
+            status = 0
+        except BaseException as exc:
+            os.write(write_end, first_line(exc).encode("utf-8", "replace")[:2000])
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        try:
+            status = _wait(pid, time.monotonic() + EXPORT_SECONDS)
+        except BaseException:
+            _kill(pid)
+            raise
+        why = pipe.read().decode("utf-8", "replace")
+    if status is None:
+        raise ExportFailed("the export was still running after {} s and was stopped".format(EXPORT_SECONDS))
+    if status < 0:
+        raise ExportFailed("the export process was killed by signal {}".format(-status))
+    if status != 0:
+        raise ExportFailed(why or "the export process ended with status {}".format(status))
+
+
+def _wait(pid: int, deadline: float) -> Optional[int]:
+    """The child's exit status, or None (the child killed) once ``deadline`` passes."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            _kill(pid)
+            return None
+        time.sleep(0.05)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError):
+        pass
+
+
+def _export_merged(torch: Any, model: Any, path: str, exporter: str, unmerge: bool = True) -> None:
+    """:func:`_export`, a peft model's LoRA merged into its base weights for it (unmerged after, if asked)."""
+    merged = hasattr(model, "merge_adapter")
+    if merged:
+        model.merge_adapter()
+    try:
+        _export(torch, model, path, exporter)
+    finally:
+        if merged and unmerge:
+            model.unmerge_adapter()
+
+
+def _export(torch: Any, model: Any, path: str, exporter: str) -> None:
+    """Write ``model`` to ``path`` in ONNX through torch's ``exporter``, its outputs the logits."""
+    import contextlib
+    import io
+    import logging
+
+    ids = torch.ones((2, 16), dtype=torch.long)
+    # A padded row: transformers drops the attention mask where it is all ones, and the export would keep
+    # that branch for every batch.
+    mask = torch.ones((2, 16), dtype=torch.long)
+    mask[1, 8:] = 0
+    names = dict(input_names=["input_ids", "attention_mask"], output_names=["logits"])
+    # The exporters report their steps on stdout, warn of what they trace as constants and log what they skip
+    # (torchvision's operators): all of it would land in the worker's log.
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)
+    try:
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            if exporter == "torchscript":
+                torch.onnx.export(model, (ids, mask), path, dynamo=False, **names, dynamic_axes={
+                    "input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"},
+                    "logits": {0: "batch"}})
+            else:
+                batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
+                torch.onnx.export(model, (), path, kwargs={"input_ids": ids, "attention_mask": mask}, dynamo=True,
+                                  verbose=False, **names, dynamic_shapes={
+                                      "input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}})
+    finally:
+        exporter_log.setLevel(level)
+
+
+def _session(path: str, threads: int) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def _same_as_torch(torch: Any, model: Any, session: Any) -> None:
+    """Raise unless ``session`` gives ``model``'s logits on a batch of another shape than the traced one."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 100, (3, 37), generator=generator)  # ordinary tokens in any vocabulary
+    mask = torch.ones_like(ids)
+    mask[2, 20:] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits.float()
+    got = torch.from_numpy(session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+    if got.shape != expected.shape:
+        raise ExportFailed("its graph gives logits of shape {} for {} on a batch of another shape".format(
+            tuple(got.shape), tuple(expected.shape)))
+    apart = float((got - expected).abs().max())
+    if not apart <= EXPORT_TOLERANCE:  # NaN too
+        raise ExportFailed("its graph's logits are {:.2g} from the model's on a batch of another shape".format(apart))
 
 
 # -- the check against fp32 ------------------------------------------------------

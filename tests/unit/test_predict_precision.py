@@ -1,7 +1,12 @@
-"""int8 prediction checked against fp32 (potato/trainers/predict_precision.py): the sample, the decision,
-the run log's words, and the int8 twins of a model's linear layers."""
+"""Fast paths checked against fp32 (potato/trainers/predict_precision.py): the sample, the decision,
+the run log's words, the int8 twins of a model's linear layers, and the ONNX export's child."""
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
 
 import pytest
 
@@ -128,3 +133,56 @@ def test_int8_twins_compute_in_int8_only_when_on_and_leave_the_model_as_it_was()
     assert not torch.equal(int8, before) and torch.allclose(int8, before, atol=0.05)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+
+
+class OneThreadTorch:
+    """What the export's child asks of torch before it exports: one thread."""
+
+    @staticmethod
+    def set_num_threads(n):
+        assert n == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the export forks on Linux only")
+def test_an_export_that_dies_hangs_or_fails_in_its_child_says_how_and_leaves_nothing_running(tmp_path, monkeypatch):
+    written = tmp_path / "model.onnx"
+
+    def export(torch, model, path, exporter):
+        if exporter == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if exporter == "stuck":
+            time.sleep(60)
+        if exporter == "fails":
+            raise ValueError("Unsupported: ONNX export of operator 'aten::weird'\nand a trace")
+        with open(path, "w") as f:
+            f.write("a graph")
+
+    monkeypatch.setattr(pp, "_export", export)
+    children = []
+    fork = os.fork
+
+    def recorded_fork():
+        pid = fork()
+        if pid:
+            children.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", recorded_fork)
+    pp._export_apart(OneThreadTorch, object(), str(written), "works")
+    assert written.read_text() == "a graph"  # the child's file, in the parent's directory
+    with pytest.raises(pp.ExportFailed) as failed:
+        pp._export_apart(OneThreadTorch, object(), str(written), "fails")
+    assert str(failed.value) == "ValueError: Unsupported: ONNX export of operator 'aten::weird'"
+    with pytest.raises(pp.ExportFailed) as failed:
+        pp._export_apart(OneThreadTorch, object(), str(written), "killed")
+    assert str(failed.value) == "the export process was killed by signal 9"
+    monkeypatch.setattr(pp, "EXPORT_SECONDS", 0.5)
+    started = time.monotonic()
+    with pytest.raises(pp.ExportFailed) as failed:
+        pp._export_apart(OneThreadTorch, object(), str(written), "stuck")
+    assert str(failed.value) == "the export was still running after 0.5 s and was stopped"
+    assert time.monotonic() - started < 30
+    assert len(children) == 4
+    for pid in children:  # each waited for: none left running, nor unreaped
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
