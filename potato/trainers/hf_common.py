@@ -305,6 +305,7 @@ class ComputeDevice:
         self.predict_checked = False
         self._asked = predict_precision
         self._no_fast = None  # type: Optional[str]
+        self._faster_missing = None  # type: Optional[str]
         if predict_precision != "fp32":
             candidates = []  # type: List[str]
             if self.cuda:
@@ -322,6 +323,8 @@ class ComputeDevice:
                 if not self._no_fast:
                     self.predict_fast = path
                     break
+                if not self._faster_missing:  # the fastest path's, for the log: what installing it takes
+                    self._faster_missing = "{} would be faster: {}".format(FAST_PATH_NAMES[path], self._no_fast)
         # Tensor cores take matrices in multiples of 8; the CPU gains nothing from it.
         self.pad_multiple = 8 if self.cuda else 1
         # oneDNN's bf16 kernels are built and cached per matrix shape: batches of every width and row
@@ -354,7 +357,8 @@ class ComputeDevice:
         """How prediction computes, for the log."""
         path = self.predict_fast and FAST_PATH_NAMES[self.predict_fast]
         if path and self.predict_checked:
-            return path + " where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)"
+            return path + " where it agrees with fp32, checked per schema (the CPU has no bf16 instructions{})".format(
+                "; " + self._faster_missing if self._faster_missing else "")
         if path:
             return "{} ({}, as predict_precision asks)".format(path, FAST_PATH_HOW[self.predict_fast])
         if self.predict_dtype is None:

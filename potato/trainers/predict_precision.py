@@ -253,9 +253,11 @@ class OnnxModel:
     ``ONNX_EXPORTERS`` in turn), with the batch and the sequence dimensions
     free, so one session takes every batch; an export is taken only if ONNX
     Runtime gives torch's logits, within ``EXPORT_TOLERANCE``, on a batch of
-    another shape than the one it was traced on. A peft model is exported with
-    its LoRA merged into the base weights (a plain matrix product per layer)
-    and unmerged again after, so it saves as it was. ONNX Runtime computes in
+    another shape than the one it was traced on. Each export runs in a child
+    process of its own where it can (:func:`_export_apart`). A peft model is
+    exported with its LoRA merged into the base weights (a plain matrix
+    product per layer) in that child, so the model here stays as it was and
+    saves so. ONNX Runtime computes in
     fp32 as torch does, with its own fused kernels: on
     bench/predict_throughput.py's MiniLM (1 000 reviews, 2 threads, a quiet
     machine with AVX-512 but no bf16 in use) it predicted 144 items a second

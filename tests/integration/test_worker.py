@@ -474,7 +474,8 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
         "fp32 (onnxruntime not installed here: pip install onnxruntime)")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert ComputeDevice(torch, "cpu", "auto", fast=("onnx", "int8")).predict_precision == (
-        "int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions)")
+        "int8 where it agrees with fp32, checked per schema (the CPU has no bf16 instructions; ONNX Runtime would be "
+        "faster: onnxruntime not installed here: pip install onnxruntime)")
 
 
 def _close(predicted, fp32):
