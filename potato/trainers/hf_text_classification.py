@@ -152,7 +152,7 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
             ft.say("Schema {!r}: {}".format(schema, note))
     is_holdout = set(labelled.holdout)
     held = {}  # type: Dict[int, Any]
-    check = (FastPathCheck(FAST_PATH_NAMES[ft.dev.predict_fast])
+    check = (FastPathCheck(ft.dev.predict_fast)
              if ft.dev.predict_fast and ft.dev.predict_checked and answers.kind in FAST_KINDS else None)
     for (i, (item_id, _)), out in _predict_items(model, ft, items, labelled.to_predict(items, job.include_unlabeled),
                                                  schema, head, check):
@@ -193,7 +193,7 @@ def _predict_items(model: Any, ft: FineTune, items: Any, positions: List[int], s
     :func:`predict`)."""
     dev, max_length = ft.dev, ft.opts["max_length"]
     mine = shard(sorted(positions, key=lambda i: items.text_lengths[i], reverse=True), ft.group)
-    sample, mine = check_sample(mine) if check else ([], mine)
+    sample, mine = check_sample(mine, check.sample_size) if check else ([], mine)
     sample, batches = [token_budget_batches(
         order, lambda i: estimated_tokens(items.text_lengths[i], max_length, dev.predict_pad_multiple),
         dev.predict_budget, dev.predict_rows) for order in (sample, mine)]
