@@ -52,8 +52,10 @@ GROUP_BATCHES = 8
 # Prediction batches: at most this many padded tokens and rows, per kind of device. A CPU that
 # computes in fp32 or int8 (no bf16) takes smaller batches, whose activations stay in its caches:
 # MiniLM on AVX2 kernels, 300 reviews, items per CPU second at 4096 / 2048 / 1024 tokens: fp32
-# 45.8 / 50.2 / 50.3, int8 79.1 / 82.8 / 84.3, and peak RSS 612-647 / 582 / 543 MB.
-PREDICT_BUDGET = {"cpu": (1024, 256), "cpu-bf16": (4096, 256), "cuda": (65536, 1024)}
+# 45.8 / 50.2 / 50.3, int8 79.1 / 82.8 / 84.3, and peak RSS 612-647 / 582 / 543 MB. ONNX Runtime
+# gains from smaller still (MiniLM, 1 500 reviews, 2 threads, items/s at 1024 / 512 / 256 tokens, two
+# passes each: 119-151 / 158-173 / 152-164).
+PREDICT_BUDGET = {"cpu": (1024, 256), "cpu-onnx": (512, 256), "cpu-bf16": (4096, 256), "cuda": (65536, 1024)}
 
 
 # -- options -------------------------------------------------------------------
@@ -333,7 +335,8 @@ class ComputeDevice:
         # few: 398 -> 418 MB at the same speed; MiniLM 1 000 -> 20 000 items: 745 -> 743 MB.
         self.predict_pad_multiple = 16 if self.predict_dtype is not None and not self.cuda else self.pad_multiple
         self.predict_budget, self.predict_rows = PREDICT_BUDGET[
-            "cuda" if self.cuda else "cpu-bf16" if self.predict_dtype is not None else "cpu"]
+            "cuda" if self.cuda else "cpu-bf16" if self.predict_dtype is not None
+            else "cpu-onnx" if self.predict_fast == "onnx" else "cpu"]
         self._trim = None if self.cuda else _malloc_trim()
 
     def fit_padding(self, max_length: int, limit: Optional[int]) -> None:

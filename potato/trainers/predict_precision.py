@@ -78,8 +78,8 @@ PREDICT_PRECISIONS = ("auto", "fp32", "int8", "onnx")
 
 # Items of each schema predicted both ways before a fast path is trusted with the others. int8's sample measures
 # how far int8 moves outputs; ONNX Runtime computes in fp32 as torch does, so its sample only has to show the
-# export right on the project's own texts, and a quarter of int8's took the MiniLM's checked ONNX Runtime
-# pass (3 000 reviews, torch held to AVX2) from 1.9x to 2.2x the pipeline's speed.
+# export right on the project's own texts (bench/predict_throughput.py --isa avx2, 3 000 reviews, the
+# pipeline's speed times 2.04 with 256, 2.08 with 64).
 CHECK_ITEMS = {"int8": 256, "onnx": 64}
 SAFETY = 1.5  # how much more than the sample's largest change a tie must be apart to stay in int8
 MAX_MEAN_CHANGE = 0.01  # the bound on confidences' change, on average, that int8 must hold
