@@ -39,21 +39,30 @@ laptops' and small VMs' — on a CPU that has more: it caps oneDNN
 and fbgemm at AVX2 through their environment variables (``ISA_ENV``).
 
 Measured on this project's 2-core AMD EPYC (AVX-512 with bf16), 2 threads,
-3 000 items, 2 rounds, while a full test suite ran beside it (load 2-5, so
-the rounds' ratios spread wide): ``auto`` (bf16 autocast here) 66.2 against
-18.7 items/s, 4.27x (2.81-5.72), 2 999 of 3 000 labels as in fp32,
-confidences 0.0005 from fp32's on average. ``--precision onnx`` (ONNX
-Runtime, its export and session included; fp32 on both sides, with AVX-512
-kernels on both: ONNX Runtime picks its kernels by the CPU and no variable
-holds them to AVX2, so ``--isa avx2`` would compare them with a pipeline held
-to AVX2): 65.4 against 5.4 items/s, 12.46x (11.31-13.61) at load 4-6, which
-slowed the pipeline most, every label as in fp32 and confidences 0.0000 from
-fp32's on average; ours in fp32, run after at load 2.6, 78.7 items/s — under
-such load the ratios are not to be trusted, to be measured again on a quiet
-machine. Peak RSS: ours 750 MB
-(bf16) and 898 MB (ONNX Runtime, whose export adds about 270 MB that stays)
-with the training step, pipeline 517-530 MB; ours at the start of
-prediction 561 MB.
+3 000 items, 2 rounds, on a quiet machine (load about 1; the pipeline's own
+speed still moved by a fifth between rounds):
+
+- ``auto`` (bf16 autocast here): 149.5 against 48.6 items/s, 3.07x
+  (3.06-3.09), 2 999 of 3 000 labels as in fp32, confidences 0.0005 from
+  fp32's on average; ours in fp32 65.8 items/s.
+- ``--precision onnx`` (ONNX Runtime on every item, its export and session
+  included): 124.0 against 49.6 items/s, 2.50x (2.43-2.58), every label as
+  in fp32, confidences 0.0000 from fp32's; ours in fp32 75.2 items/s.
+- ``--isa avx2`` (``auto`` as on a CPU without bf16: ONNX Runtime, checked
+  against fp32 on 64 items): 98.2 against 51.7 items/s, 1.95x (1.61-2.28),
+  every label as in fp32; before the batches of ONNX Runtime went from 1 024
+  tokens to 512, 2.08x (2.01-2.15), and with a sample of 256 as well, 2.04x
+  (1.94-2.14). Only torch's kernels are held to AVX2 there: ONNX Runtime
+  picks its own by the CPU, and no variable holds them, so on a CPU with
+  AVX2 alone ours will be slower than this; the pipeline held to AVX2 was
+  no slower than on AVX-512 (44-59 items/s).
+- Peak RSS of the predict phase, apart from training (ONNX Runtime, the
+  last run): ours 742 MB = torch and transformers 240 + the trainer's
+  packages (peft 60 of them), the model and what training left 318 + the
+  export's session 147 (the exporter's own 120 MB leave with the child it
+  runs in) + the batches in flight 36; the pipeline 522 MB = its imports
+  368 + the model and its results 154. In bf16: 735 MB. Ours stays above
+  the pipeline's by what training leaves in the process.
 
     HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2] [--isa avx2]
 

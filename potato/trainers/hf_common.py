@@ -53,8 +53,9 @@ GROUP_BATCHES = 8
 # computes in fp32 or int8 (no bf16) takes smaller batches, whose activations stay in its caches:
 # MiniLM on AVX2 kernels, 300 reviews, items per CPU second at 4096 / 2048 / 1024 tokens: fp32
 # 45.8 / 50.2 / 50.3, int8 79.1 / 82.8 / 84.3, and peak RSS 612-647 / 582 / 543 MB. ONNX Runtime
-# gains from smaller still (MiniLM, 1 500 reviews, 2 threads, items/s at 1024 / 512 / 256 tokens, two
-# passes each: 119-151 / 158-173 / 152-164).
+# takes smaller still: MiniLM, 1 500 reviews, 2 threads, items/s over five passes each, alternated, at
+# 1024 tokens 112-151, at 512 124-173; in bench/predict_throughput.py the batches in flight took 36 MB
+# at 512 against 86 MB at 1024.
 PREDICT_BUDGET = {"cpu": (1024, 256), "cpu-onnx": (512, 256), "cpu-bf16": (4096, 256), "cuda": (65536, 1024)}
 
 
