@@ -59,7 +59,7 @@ speed still moved by a fifth between rounds):
 - Peak RSS of the predict phase, apart from training (ONNX Runtime, the
   last run): ours 742 MB = torch and transformers 240 + the trainer's
   packages (peft 60 of them), the model and what training left 318 + the
-  export's session 147 (the exporter's own 120 MB leave with the child it
+  export's session 147 (the exporter's own 29 MB leave with the child it
   runs in) + the batches in flight 36; the pipeline 522 MB = its imports
   368 + the model and its results 154. In bf16: 735 MB. Ours stays above
   the pipeline's by what training leaves in the process.
