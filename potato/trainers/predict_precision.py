@@ -377,8 +377,8 @@ def _wait(pid: int, deadline: float) -> Optional[int]:
     """The child's exit status, or None (the child killed) once ``deadline`` passes."""
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
+        if done:  # as os.waitstatus_to_exitcode (3.9) says it: a signal's number, negative
+            return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         if time.monotonic() > deadline:
             _kill(pid)
             return None
