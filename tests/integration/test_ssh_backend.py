@@ -278,7 +278,10 @@ def test_a_stalled_copy_fails_with_predictions_saved(
         artifacts.mkdir(exist_ok=True)
         with open(artifacts / "big.bin", "wb") as fh:  # 300 MB that take a while to stream
             fh.truncate(300 * 1024 * 1024)
-        shutil.chown(artifacts, sshd_service.user)
+        # The host user's own file, whatever umask this process has (once 077: the copy then failed on
+        # "Permission denied" before it could stall).
+        for path in (artifacts, artifacts / "big.bin"):
+            shutil.chown(path, sshd_service.user)
 
         def stop_the_copy():
             copies = [line for line in host_processes(sshd_service) if "big.bin" in line]
