@@ -7,6 +7,7 @@ reads anything.
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -66,7 +67,13 @@ def test_a_flow_run_naming_a_config_outside_the_allow_list_is_refused_before_it_
     assert create.update_allow_list([str(allowed)], None) == [str(allowed.resolve())]
     secret = tmp_path / "not-a-config.yaml"
     secret.write_text("password: hunter2\n")
-    state = training_run(config=str(secret), backend="local", return_state=True)
+    umask = os.umask(0o077)
+    try:
+        state = training_run(config=str(secret), backend="local", return_state=True)
+    finally:
+        # The flow sets its process's umask to 077 (what a run writes is private), here pytest's: the tests
+        # after this one that plant files for the ssh host's user would find them unreadable.
+        os.umask(umask)
     assert state.is_failed()
     message = (f"The config {str(secret)!r} is not one this Prefect deployment trains ({tmp_path}/allowed-configs.json "
                f"allows {str(allowed.resolve())!r}); nothing was read. If it should be, add it on the worker's "
