@@ -20,8 +20,11 @@ however many items there are; the pipeline's grows with its list of results.
 Ours also reports its memory apart from the training step: resident at the
 start of prediction (training's optimizer and gradients freed) and the peak
 of the predict phase alone (``VmHWM`` reset through ``/proc/self/clear_refs``),
-beside what the imports alone take and what the ONNX export and its session
-add; the last line says what each part of both peaks costs.
+beside what the imports alone take, what the ONNX export adds to the worker,
+the peak of ONNX Runtime's own process (the prediction pass), what moving
+the model's weights out of the worker gave back, and the worker's and that
+process's memory together, sampled every 20 ms; the last lines say what each
+part of both peaks costs.
 Rounds alternate ours and the baseline (which goes first alternates too); the
 ratio printed is the median of the rounds' ratios, with their range. Target:
 >= 2.0. Ours predicts as a run does (``predict_precision: auto``: bf16
@@ -39,30 +42,36 @@ laptops' and small VMs' — on a CPU that has more: it caps oneDNN
 and fbgemm at AVX2 through their environment variables (``ISA_ENV``).
 
 Measured on this project's 2-core AMD EPYC (AVX-512 with bf16), 2 threads,
-3 000 items, 2 rounds, on a quiet machine (load about 1; the pipeline's own
-speed still moved by a fifth between rounds):
+3 000 items, 2 rounds, on a quiet machine (the pipeline's own speed moves
+between runs: 44-59 items/s on some days, 62-73 on others, so compare the
+ratios, not the speeds):
 
-- ``auto`` (bf16 autocast here): 149.5 against 48.6 items/s, 3.07x
-  (3.06-3.09), 2 999 of 3 000 labels as in fp32, confidences 0.0005 from
-  fp32's on average; ours in fp32 65.8 items/s.
-- ``--precision onnx`` (ONNX Runtime on every item, its export and session
-  included): 124.0 against 49.6 items/s, 2.50x (2.43-2.58), every label as
-  in fp32, confidences 0.0000 from fp32's; ours in fp32 75.2 items/s.
-- ``--isa avx2`` (``auto`` as on a CPU without bf16: ONNX Runtime, checked
-  against fp32 on 64 items): 98.2 against 51.7 items/s, 1.95x (1.61-2.28),
-  every label as in fp32; before the batches of ONNX Runtime went from 1 024
-  tokens to 512, 2.08x (2.01-2.15), and with a sample of 256 as well, 2.04x
-  (1.94-2.14). Only torch's kernels are held to AVX2 there: ONNX Runtime
-  picks its own by the CPU, and no variable holds them, so on a CPU with
-  AVX2 alone ours will be slower than this; the pipeline held to AVX2 was
-  no slower than on AVX-512 (44-59 items/s).
-- Peak RSS of the predict phase, apart from training (ONNX Runtime, the
-  last run): ours 742 MB = torch and transformers 240 + the trainer's
-  packages (peft 60 of them), the model and what training left 318 + the
-  export's session 147 (the exporter's own 29 MB leave with the child it
-  runs in) + the batches in flight 36; the pipeline 522 MB = its imports
-  368 + the model and its results 154. In bf16: 735 MB. Ours stays above
-  the pipeline's by what training leaves in the process.
+- ``--isa avx2`` (``auto`` as on a CPU without bf16: ONNX Runtime in its own
+  process, checked against fp32 on 64 items): 153.2 against 71.6 items/s,
+  2.14x (2.09-2.19), every label as in fp32, confidences 0.0000 from fp32's;
+  ours in fp32 91.4 items/s. Before ONNX Runtime moved out of the worker and
+  the export to ``eager`` attention: 1.95x (1.61-2.28), 98.2 against 51.7.
+  Only torch's kernels are held to AVX2 there: ONNX Runtime picks its own by
+  the CPU, and no variable holds them, so on a CPU with AVX2 alone ours will
+  be slower than this; the pipeline held to AVX2 was no slower than on
+  AVX-512.
+- ``auto`` (bf16 autocast here, batches of 2 048 tokens): 201.5 against 73.4
+  items/s, 2.74x (2.67-2.82), 2 999 of 3 000 labels as in fp32, confidences
+  0.0005 from fp32's on average; ours in fp32 94.1. With batches of 4 096
+  tokens, 2.69x (2.63-2.75); an earlier day 149.5 against 48.6, 3.07x.
+- ``--precision onnx`` (ONNX Runtime on every item, in the worker then):
+  124.0 against 49.6 items/s, 2.50x (2.43-2.58), every label as in fp32.
+- Memory, ``--isa avx2``: the prediction pass, in ONNX Runtime's own process,
+  peaks at 191 MB; the pipeline at 527 MB (its imports 368 + the model and
+  its results 159). The worker itself peaked at 525 MB over the whole run,
+  training included: torch and transformers 240 + the model, its code and
+  what training left 259 + the check's fp32 batches 25; it gave back 86 MB
+  of weights before the export and ended at 417 MB; worker and session
+  process together peaked at 608 MB. Before (one process, peft imported
+  whatever the options): 742 MB = 240 + 318 (peft 60 of them) + the session
+  147 + batches 36. In bf16 (in the worker) the predict phase peaks at
+  631 MB = 240 + 259 + the batches and autocast's bf16 copy of the weights
+  132 (184 with batches of 4 096 tokens: 683 MB).
 
     HF_HUB_OFFLINE=1 python bench/predict_throughput.py [--items N] [--rounds 2] [--isa avx2]
 
@@ -82,6 +91,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -153,6 +163,7 @@ def ours_in_this_process(work: Path) -> dict:
     import transformers  # noqa: F401
 
     from potato.trainers import hf_text_classification
+    from potato.training import helper_processes
     from potato.training.events import read_events
     from potato.training.worker import run
 
@@ -161,12 +172,27 @@ def ours_in_this_process(work: Path) -> dict:
     predict = hf_text_classification.predict
 
     def measured_predict(*args, **kwargs):
-        """The trainer's predict, with its memory apart from what training took before it."""
+        """The trainer's predict, with its memory apart from what training took before it, and the worker's
+        and its helper processes' (ONNX Runtime's) together, sampled every 20 ms."""
         memory["predict_start_mb"] = _rss_mb("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM starts again from here
-        yield from predict(*args, **kwargs)
+        done = threading.Event()
+
+        def sample_both():
+            while not done.wait(0.02):
+                memory["both_peak_mb"] = max(memory.get("both_peak_mb", 0.0),
+                                             _rss_mb("VmRSS") + helper_processes.resident_mb())
+
+        sampler = threading.Thread(target=sample_both, daemon=True)
+        sampler.start()
+        try:
+            yield from predict(*args, **kwargs)
+        finally:
+            done.set()
+            sampler.join()
         memory["predict_peak_mb"] = _rss_mb("VmHWM")
+        memory["predict_end_mb"] = _rss_mb("VmRSS")
 
     hf_text_classification.predict = measured_predict
     onnx_model = hf_text_classification.OnnxModel
@@ -179,6 +205,28 @@ def ours_in_this_process(work: Path) -> dict:
         return made
 
     hf_text_classification.OnnxModel = measured_onnx_model
+    from potato.trainers import predict_precision
+
+    close = predict_precision.OnnxModel.close
+
+    def measured_close(self):
+        """The peak of ONNX Runtime's own process, read before it ends."""
+        if self._session is not None:
+            memory["session_peak_mb"] = max(memory.get("session_peak_mb", 0.0),
+                                            _rss_mb("VmHWM", "/proc/{}/status".format(self._session.pid)))
+        close(self)
+
+    predict_precision.OnnxModel.close = measured_close
+    page_out = hf_text_classification.page_out
+
+    def measured_page_out(*args, **kwargs):
+        """What moving the model's weights out of the worker gives back."""
+        before = _rss_mb("VmRSS")
+        moved = page_out(*args, **kwargs)
+        memory["paged_out_mb"] = before - _rss_mb("VmRSS") if moved else 0.0
+        return moved
+
+    hf_text_classification.page_out = measured_page_out
     job = work / "job"
     for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json"):
         (job / stale).unlink(missing_ok=True)
@@ -232,9 +280,9 @@ def _peak_rss_mb() -> float:
     return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
 
 
-def _rss_mb(field: str) -> float:
-    """``VmRSS`` (now) or ``VmHWM`` (the peak) of this process, from /proc (Linux)."""
-    with open("/proc/self/status") as f:
+def _rss_mb(field: str, status: str = "/proc/self/status") -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (the peak) of this process (or the one ``status`` is of), from /proc (Linux)."""
+    with open(status) as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024.0
@@ -319,16 +367,22 @@ def main() -> None:
 
 def memory_parts(ours: dict, pipeline: dict) -> str:
     """What each part of the two sides' peaks costs (ours: the round with the highest peak)."""
-    onnx = ours.get("onnx_mb")
+    onnx, session = ours.get("onnx_mb"), ours.get("session_peak_mb")
     start, peak = ours["predict_start_mb"], ours["predict_peak_mb"]
-    return ("ours apart from training: predict-phase peak {:.0f} MB = torch and transformers {:.0f} MB + the trainer's "
-            "packages, the model and what training left {:.0f} MB (at the start of prediction){} + the batches in "
-            "flight {:.0f} MB; pipeline: peak {:.0f} MB = torch and transformers with pipeline() {:.0f} MB + the model "
-            "and its results {:.0f} MB".format(
-                peak, ours["imports_mb"], start - ours["imports_mb"],
-                "" if onnx is None else " + the ONNX export and its session {:.0f} MB".format(onnx),
-                peak - start - (onnx or 0.0), pipeline["peak_rss_mb"], pipeline["imports_mb"],
-                pipeline["peak_rss_mb"] - pipeline["imports_mb"]))
+    export = "" if onnx is None else " + the export and its session's client {:.0f} MB".format(onnx)
+    lines = ["ours apart from training: the worker's predict-phase peak {:.0f} MB = torch and transformers {:.0f} MB "
+             "+ the model, its code and what training left {:.0f} MB (at the start of prediction){} + the batches "
+             "in flight {:.0f} MB".format(peak, ours["imports_mb"], start - ours["imports_mb"], export,
+                                          peak - start - (onnx or 0.0))]
+    if session is not None:
+        lines.append("ours' prediction pass in ONNX Runtime's own process: peak {:.0f} MB; the worker gave back "
+                     "{:.0f} MB of model weights before the export and ended prediction at {:.0f} MB; the two "
+                     "together peaked at {:.0f} MB (sampled every 20 ms)".format(
+                         session, ours.get("paged_out_mb", 0.0), ours["predict_end_mb"], ours["both_peak_mb"]))
+    lines.append("pipeline: peak {:.0f} MB = torch and transformers with pipeline() {:.0f} MB + the model and its "
+                 "results {:.0f} MB".format(pipeline["peak_rss_mb"], pipeline["imports_mb"],
+                                            pipeline["peak_rss_mb"] - pipeline["imports_mb"]))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from potato.trainers.predict_precision import (
 )
 from potato.trainers.registry import TRAINERS
 from potato.training.events import Cancelled, TrainerFailure
-from potato.training.probe import hub_offline, names_a_path  # one rule for the worker and the host probe
+from potato.training.probe import first_line, hub_offline, names_a_path  # one rule for the worker and the host probe
 
 # Training batches are sorted by length within random groups of this many batches. transformers'
 # LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on
@@ -55,8 +55,11 @@ GROUP_BATCHES = 8
 # 45.8 / 50.2 / 50.3, int8 79.1 / 82.8 / 84.3, and peak RSS 612-647 / 582 / 543 MB. ONNX Runtime
 # takes smaller still: MiniLM, 1 500 reviews, 2 threads, items/s over five passes each, alternated, at
 # 1024 tokens 112-151, at 512 124-173; in bench/predict_throughput.py the batches in flight took 36 MB
-# at 512 against 86 MB at 1024.
-PREDICT_BUDGET = {"cpu": (1024, 256), "cpu-onnx": (512, 256), "cpu-bf16": (4096, 256), "cuda": (65536, 1024)}
+# at 512 against 86 MB at 1024. bf16 autocast on a CPU with bf16 instructions: MiniLM, 800 reviews, two passes
+# each, at 4096 / 2048 / 1024 tokens 180-196 / 200-208 / 202-211 items/s, the batches in flight (and autocast's
+# bf16 copy of the weights) 184-198 / 143-148 / 137-144 MB; 2048 makes half as many shapes as 1024 (see
+# predict_pad_multiple).
+PREDICT_BUDGET = {"cpu": (1024, 256), "cpu-onnx": (512, 256), "cpu-bf16": (2048, 256), "cuda": (65536, 1024)}
 
 
 # -- options -------------------------------------------------------------------
@@ -77,6 +80,8 @@ FINE_TUNE_OPTIONS = {
 # (predict_precision.PREDICT_PRECISIONS).
 FINE_TUNE_PRECISIONS = PREDICT_PRECISIONS[:2]
 
+LORA_IMPORT_FAILED = ("lora needs the peft package, which could not be imported here ({}): pip install peft, or "
+                      "take lora out of the options")
 DEFAULT_LORA = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}  # None: peft's choice per model type
 FULL_LEARNING_RATE = 5e-5
 LORA_LEARNING_RATE = 2e-3
@@ -573,7 +578,10 @@ def build_model(auto_cls: Any, task_type: str, ft: FineTune, labels: List[str], 
         **{dtype_keyword(): torch.float32}
     )
     if opts["lora"]:
-        from peft import LoraConfig, TaskType, get_peft_model
+        try:  # the worker only looked it up (registry: imported_when_used): a broken install shows here
+            from peft import LoraConfig, TaskType, get_peft_model
+        except ImportError as exc:
+            raise TrainerFailure(LORA_IMPORT_FAILED.format(first_line(exc))) from exc
 
         lora = opts["lora"]
         config = LoraConfig(

@@ -72,6 +72,7 @@ from potato.trainers.hf_common import (
 )
 from potato.trainers.hf_heads import Head, make_head
 from potato.trainers.metrics import holdout_scores
+from potato.trainers.onnx_session import SessionFailed
 from potato.trainers.predict_precision import (
     FAST_PATH_NAMES,
     PREDICT_PRECISIONS,
@@ -80,6 +81,7 @@ from potato.trainers.predict_precision import (
     OnnxModel,
     check_sample,
     checked_predictions,
+    page_out,
 )
 from potato.trainers.registry import TRAINERS
 
@@ -225,7 +227,10 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     (``predict_precision: onnx`` or ``int8``) runs on every item of a nominal
     schema only. The ONNX export goes into a directory of its own under
     ``work_dir`` (the job's directory; the system's temporary one if None),
-    deleted when prediction ends.
+    deleted when prediction ends; ONNX Runtime predicts in a process of its
+    own, and the model's weights here move to page cache before the export
+    (:func:`page_out`). Should that process stop, the other items predict in
+    fp32 here, with a warning.
     """
     import torch
 
@@ -234,17 +239,25 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
     path = dev.predict_fast
     name = FAST_PATH_NAMES.get(path or "")
 
+    session_lost = []  # type: List[str]  # why ONNX Runtime's process stopped, once it has
+
     def forward(rows: List[Any], fast: bool) -> Any:
         events.check_cancelled()
         enc = tokenizer([text for _, (_, text) in rows], truncation=True, max_length=max_length, padding=True,
                         pad_to_multiple_of=dev.predict_pad_multiple if dev.predict_pad_multiple > 1 else None,
                         return_tensors="pt")
-        if fast and path == "onnx":
-            logits = torch.from_numpy(runner.logits(enc["input_ids"], enc["attention_mask"]))
-        else:
-            with runner.on() if fast else contextlib.nullcontext(), dev.predict_autocast():
-                ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
-                logits = model(input_ids=ids, attention_mask=mask).logits
+        if fast and path == "onnx" and not session_lost:
+            try:
+                logits = torch.from_numpy(runner.logits(enc["input_ids"], enc["attention_mask"]))
+                return head.activate(torch, logits.float())
+            except SessionFailed as exc:  # killed for memory, say: the model here still predicts
+                events.check_cancelled()  # a stop's SIGTERM reaches that process too
+                session_lost.append(str(exc))
+                events.log("Schema {!r}: ONNX Runtime stopped ({}); the other items predict in fp32".format(
+                    schema, exc), level="warning")
+        with runner.on() if fast and path == "int8" else contextlib.nullcontext(), dev.predict_autocast():
+            ids, mask = dev.put(enc["input_ids"]), dev.put(enc["attention_mask"])
+            logits = model(input_ids=ids, attention_mask=mask).logits
         return head.activate(torch, logits.float()).cpu()
 
     def after_batch() -> None:
@@ -260,28 +273,35 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
         if not dev.predict_checked:
             events.log("Schema {!r}: predicts in fp32: {} is for nominal schemas only".format(schema, name),
                        level="warning")
-    if path:
+
+    def set_up(stack: contextlib.ExitStack) -> Optional[str]:
+        """Ready the fast path (its runner closed with ``stack``); why it could not be (None: it is)."""
+        nonlocal runner
+        if path == "onnx":
+            # ONNX Runtime's process gets its own copy: the worker's goes to page cache (predict_precision.page_out).
+            page_out(torch, model, work_dir)
         try:
-            runner = (OnnxModel(torch, model, work_dir, torch.get_num_threads()) if path == "onnx"
-                      else Int8Linears(torch, model))
+            runner = stack.enter_context(OnnxModel(torch, model, work_dir, torch.get_num_threads())
+                                         if path == "onnx" else Int8Linears(torch, model))
         except Exception as exc:  # a torch or exporter that changed: fp32 rather than a failed run
-            path = None
-            reason = "{} could not be set up here: {}".format(
-                name, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
-            if check is not None:
-                check.refuse(reason)
-            else:
-                events.log("Schema {!r}: predicts in fp32: {}".format(schema, reason), level="warning")
-        else:
-            if path == "onnx":
-                events.log("Schema {!r}: exported to ONNX by torch's {} exporter in {:.1f} s".format(
-                    schema, runner.exporter, runner.seconds))
-    with torch.inference_mode(), runner:
+            return "{} could not be set up here: {}".format(name, (str(exc).strip().splitlines()
+                                                                   or [type(exc).__name__])[0])
+        if path == "onnx":
+            events.log("Schema {!r}: exported to ONNX by torch's {} exporter in {:.1f} s".format(
+                schema, runner.exporter, runner.seconds))
+        return None
+
+    with torch.inference_mode(), contextlib.ExitStack() as stack:
         if path and dev.predict_checked:
-            yield from checked_predictions(forward, sample, batches, check, after_batch)
-        else:  # fp32 (or bf16) unless a fast path was asked for; a caller with no check gets no unchecked one
-            yield from _unchecked(forward, itertools.chain(sample, batches), bool(path) and not dev.predict_checked,
-                                  after_batch)
+            yield from checked_predictions(forward, sample, batches, check, after_batch, lambda: set_up(stack))
+            return
+        if path:  # asked for by name: on every item, unchecked
+            why_not = set_up(stack)
+            if why_not:
+                path = None
+                events.log("Schema {!r}: predicts in fp32: {}".format(schema, why_not), level="warning")
+        # fp32 (or bf16) unless a fast path was asked for; a caller with no check gets no unchecked one
+        yield from _unchecked(forward, itertools.chain(sample, batches), bool(path), after_batch)
 
 
 def _unchecked(forward: Callable[[List[Any], bool], Any], batches: Iterable[List[Any]], fast: bool,

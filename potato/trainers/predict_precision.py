@@ -58,8 +58,8 @@ To measure this path on a CPU that has bf16, set ``ONEDNN_MAX_CPU_ISA=AVX2``
 torch's other kernels (ATen, MKL, fbgemm) to AVX2, for both sides of the bench.
 
 Part of the remote half: importing this module loads only the standard
-library (and potato.training.probe); torch is passed in, onnxruntime imported
-where a session starts.
+library (and potato.training.probe); torch is passed in, and onnxruntime
+is imported only in the session's own process (potato/trainers/onnx_session.py).
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from potato.trainers.onnx_session import SessionProcess
 from potato.training.probe import first_line
 
 PREDICT_PRECISIONS = ("auto", "fp32", "int8", "onnx")
@@ -247,11 +248,14 @@ ONNX_EXPORTERS = ("torchscript", "dynamo")
 # export is taken: rounding moves them by 1e-6 or less; a shape baked into the graph, by far more.
 EXPORT_TOLERANCE = 1e-3
 EXPORT_SECONDS = 600  # a MiniLM exports in 2 s, a large encoder in a minute: past this, a stuck export
+CHECK_LOGITS = ".check-logits.pt"  # beside an export: the model's logits on the check's batch (_same_as_torch)
 
 
 class OnnxModel:
     """``model`` exported to ONNX in a directory of its own under ``work_dir`` and run by ONNX Runtime on
-    the CPU, in ``threads`` threads; :meth:`close` (or leaving the ``with`` block) deletes the export.
+    the CPU, in ``threads`` threads, in a process of its own (:class:`SessionProcess`: the prediction pass
+    then carries none of what training left in the worker); :meth:`close` (or leaving the ``with`` block)
+    stops that process and deletes the export.
 
     The export is torch's own (``torch.onnx.export``, the exporters of
     ``ONNX_EXPORTERS`` in turn), with the batch and the sequence dimensions
@@ -286,8 +290,12 @@ class OnnxModel:
                 path = os.path.join(self._dir, exporter + ".onnx")
                 try:
                     _export_apart(torch, model, path, exporter)
-                    session = _session(path, threads)
-                    _same_as_torch(torch, model, session)
+                    session = SessionProcess(path, threads)
+                    try:
+                        _same_as_torch(torch, path, session)
+                    except BaseException:
+                        session.close()
+                        raise
                 except Exception as exc:  # the next exporter may do
                     failures.append("{} exporter: {}".format(
                         exporter, str(exc) if isinstance(exc, ExportFailed) else first_line(exc)))
@@ -304,11 +312,12 @@ class OnnxModel:
 
     def logits(self, input_ids: Any, attention_mask: Any) -> Any:
         """The model's logits (a numpy array) for CPU tensors of token ids and their mask."""
-        return self._session.run(["logits"], {"input_ids": input_ids.numpy(),
-                                              "attention_mask": attention_mask.numpy()})[0]
+        return self._session.logits(input_ids.numpy(), attention_mask.numpy())
 
     def close(self) -> None:
-        self._session = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
         self._rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> "OnnxModel":
@@ -316,6 +325,40 @@ class OnnxModel:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def page_out(torch: Any, model: Any, work_dir: Optional[str]) -> bool:
+    """Move ``model``'s weights out of the process's memory into a file mapped in their place; whether it did.
+
+    Once the sample's fp32 pass is done, and ONNX Runtime is to predict in its
+    own process (potato/trainers/onnx_session.py), the model here is needed
+    only by the export (in its child), for the few items predicted again in
+    fp32 and for saving: its weights go to a file under ``work_dir`` that is
+    mapped back (``torch.load(mmap=True)``) and unlinked at once, so they are
+    page cache the system can take back, not the worker's own memory (86 MB
+    for a MiniLM, in 0.2 s), and vanish with the model. Linux only, where a
+    mapped file can be unlinked; a model that cannot be moved stays as it was.
+    """
+    import tempfile
+
+    if not sys.platform.startswith("linux"):
+        return False
+    handle, path = tempfile.mkstemp(prefix="weights-", suffix=".pt", dir=work_dir)
+    os.close(handle)
+    try:
+        # Outside inference mode: tensors made in it could not become the model's parameters.
+        with torch.inference_mode(False), torch.no_grad():
+            tensors = model.state_dict(keep_vars=True)
+            torch.save({name: tensor.detach() for name, tensor in tensors.items()}, path)
+            mapped = torch.load(path, mmap=True, weights_only=True)
+            # Each parameter keeps its identity (an optimizer's list may still hold it) and takes the mapped data.
+            for name, tensor in tensors.items():
+                tensor.data = mapped[name]
+    except Exception:  # an older torch (mmap came in 2.1), a full disk: the weights stay where they were
+        return False
+    finally:
+        os.unlink(path)
+    return True
 
 
 class ExportFailed(RuntimeError):
@@ -394,19 +437,44 @@ def _kill(pid: int) -> None:
 
 
 def _export_merged(torch: Any, model: Any, path: str, exporter: str, unmerge: bool = True) -> None:
-    """:func:`_export`, a peft model's LoRA merged into its base weights for it (unmerged after, if asked)."""
+    """:func:`_export`, a peft model's LoRA merged into its base weights for it and its attention computed as
+    written out (transformers' ``eager``) rather than by torch's fused kernel (restored after, if asked)."""
     merged = hasattr(model, "merge_adapter")
     if merged:
         model.merge_adapter()
+    attention = _written_out_attention(model)
     try:
         _export(torch, model, path, exporter)
     finally:
-        if merged and unmerge:
-            model.unmerge_adapter()
+        if unmerge:
+            if attention:
+                model.set_attn_implementation(attention)
+            if merged:
+                model.unmerge_adapter()
+
+
+def _written_out_attention(model: Any) -> Optional[str]:
+    """Switch ``model`` to transformers' ``eager`` attention; the implementation it had (None: not switched).
+
+    The fused kernel (``sdpa``, transformers' default) is traced as plain
+    operators anyway, with a mask built for it that ONNX Runtime runs slowly:
+    the graph of the ``eager`` one predicted 15 % more items a second with
+    15 MB less memory (bench/predict_throughput.py's MiniLM, 600 reviews).
+    """
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if before in (None, "eager") or not hasattr(model, "set_attn_implementation"):
+        return None
+    try:
+        model.set_attn_implementation("eager")
+    except Exception:  # a model without it exports as it is
+        return None
+    return before
 
 
 def _export(torch: Any, model: Any, path: str, exporter: str) -> None:
-    """Write ``model`` to ``path`` in ONNX through torch's ``exporter``, its outputs the logits."""
+    """Write ``model`` to ``path`` in ONNX through torch's ``exporter``, its outputs the logits, and beside it
+    the logits ONNX Runtime must give on :func:`_check_batch` (``CHECK_LOGITS``, for :func:`_same_as_torch`)."""
     import contextlib
     import io
     import logging
@@ -436,27 +504,26 @@ def _export(torch: Any, model: Any, path: str, exporter: str) -> None:
                                       "input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}})
     finally:
         exporter_log.setLevel(level)
+    with torch.no_grad():
+        ids, mask = _check_batch(torch)
+        torch.save(model(input_ids=ids, attention_mask=mask).logits.float(), path + CHECK_LOGITS)
 
 
-def _session(path: str, threads: int) -> Any:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
-def _same_as_torch(torch: Any, model: Any, session: Any) -> None:
-    """Raise unless ``session`` gives ``model``'s logits on a batch of another shape than the traced one."""
+def _check_batch(torch: Any) -> Tuple[Any, Any]:
+    """Token ids and their mask of another shape than the traced batch's, one row padded."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 100, (3, 37), generator=generator)  # ordinary tokens in any vocabulary
     mask = torch.ones_like(ids)
     mask[2, 20:] = 0
-    with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask).logits.float()
-    got = torch.from_numpy(session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+    return ids, mask
+
+
+def _same_as_torch(torch: Any, path: str, session: Any) -> None:
+    """Raise unless ``session`` gives the logits the model gave where it was exported to ``path`` (in the
+    export's child: the worker's copy of the weights stays untouched, in page cache) on :func:`_check_batch`."""
+    expected = torch.load(path + CHECK_LOGITS, weights_only=True)
+    ids, mask = _check_batch(torch)
+    got = torch.from_numpy(session.logits(ids.numpy(), mask.numpy()))
     if got.shape != expected.shape:
         raise ExportFailed("its graph gives logits of shape {} for {} on a batch of another shape".format(
             tuple(got.shape), tuple(expected.shape)))
@@ -554,28 +621,43 @@ class FastPathCheck:
 
 
 def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Iterable[List[Any]],
-                        batches: Iterable[List[Any]], check: FastPathCheck,
-                        after_batch: Callable[[], None]) -> Iterator[Tuple[Any, List[float]]]:
+                        batches: Iterable[List[Any]], check: FastPathCheck, after_batch: Callable[[], None],
+                        set_up: Callable[[], Optional[str]] = lambda: None) -> Iterator[Tuple[Any, List[float]]]:
     """``(row, probabilities)`` for every row of ``sample``'s and then ``batches``' batches.
 
     ``forward(rows, fast)`` returns the rows' probabilities (a CPU tensor, one
     row each); ``after_batch`` runs after each batch (progress, cancel). The
-    sample's rows come out in fp32; the rest, as :class:`FastPathCheck`
-    decides, on the fast path, but in fp32 for the rows it puts close to a tie.
+    sample's batches are predicted in fp32 first; then ``set_up()`` readies
+    the fast path (it returns None, or why it could not, and the schema stays
+    in fp32) — after fp32's pass, so what fp32 needs can leave memory before
+    the fast path takes its own (potato/trainers/hf_text_classification.py:
+    the model's weights before ONNX Runtime's process starts) — and the
+    sample is predicted on it. The sample's rows come out in fp32; the rest,
+    as :class:`FastPathCheck` decides, on the fast path, but in fp32 for the
+    rows it puts close to a tie.
     """
-    seconds = [0.0, 0.0]  # the sample's time in fp32, on the fast path
+    sample = list(sample)  # a few batches (CHECK_ITEMS items), predicted twice
+    fp32, fp32_seconds = [], 0.0
     for rows in sample:
         started = time.perf_counter()
-        fp32 = forward(rows, False)
-        middle = time.perf_counter()
-        fast = forward(rows, True)
-        seconds[0] += middle - started
-        seconds[1] += time.perf_counter() - middle
-        for row, p, q in zip(rows, fp32.tolist(), fast.tolist()):
-            check.add(p, q)
+        fp32.append(forward(rows, False).tolist())
+        fp32_seconds += time.perf_counter() - started
+        after_batch()  # the progress event, and what the batch freed goes back to the system
+    why_not = set_up() if sample else None
+    if why_not is not None:
+        check.refuse(why_not)
+    else:
+        fast_seconds = 0.0
+        for rows, probs in zip(sample, fp32):
+            started = time.perf_counter()
+            fast = forward(rows, True).tolist()
+            fast_seconds += time.perf_counter() - started
+            for p, q in zip(probs, fast):
+                check.add(p, q)
+        check.decide(fp32_seconds, fast_seconds)
+    for rows, probs in zip(sample, fp32):
+        for row, p in zip(rows, probs):
             yield row, p
-        after_batch()
-    check.decide(*seconds)
     for rows in batches:
         probs = forward(rows, check.use_fast).tolist()
         if check.use_fast:

@@ -67,6 +67,9 @@ class TrainerInfo:
     kinds: Tuple[str, ...]                       # the answer kinds it trains (potato.answer_kinds)
     description: str = ""
     required_modules: Tuple[str, ...] = ()       # import names the worker needs beside the standard library
+    # Of those, the ones the worker only looks up at start: the trainer imports them where a job's options
+    # need them (peft, for ``lora``: importing it costs 180 MB of memory and seconds, and brings bitsandbytes).
+    imported_when_used: Tuple[str, ...] = ()
     install_hint: str = ""                       # how to install them
     local_only: str = ""                         # why it runs only on this machine ("" when it runs anywhere)
     uses_device: bool = True                     # False: no torch device, threads or data-parallel processes
@@ -98,7 +101,8 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
     TrainerInfo(
         "hf-text-classification", "potato.trainers.hf_text_classification", (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL),
         "Fine-tunes a Hugging Face encoder on the item text (full or LoRA), one model per schema",
-        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
+        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA,
+        imported_when_used=("peft",)),
     TrainerInfo(
         "decision-calibrate", "potato.trainers.decision_calibrate", (NOMINAL,),
         "Recalibrates an earlier run's confidences, kept only if holdout log-loss and ECE fall",
@@ -112,7 +116,8 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
     TrainerInfo(
         "hf-span-tagging", "potato.trainers.hf_span_tagging", (SPAN,),
         "Fine-tunes a Hugging Face encoder to tag labelled spans of the item text (BIO tags, full or LoRA)",
-        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA),
+        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA,
+        imported_when_used=("peft",)),
     # bitsandbytes is not required: load_in_4bit auto loads 16-bit weights where it is missing (with a
     # warning), and true names it in its failure; sacrebleu is asked for only when a schema is text.
     TrainerInfo(

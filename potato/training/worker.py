@@ -22,6 +22,7 @@ supervisor signals.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from potato.answer_kinds import NOMINAL
 from potato.trainers import registry
 from potato.trainers.registry import import_failure_message
+from potato.training import helper_processes
 from potato.training.device import THREAD_VARIABLES
 from potato.training.events import Cancelled, EventWriter, OutOfGpuMemory, TrainerFailure, write_atomic
 from potato.training.job_paths import BUNDLE, JobPaths
@@ -198,12 +200,12 @@ def _finish(job_dir: str, events: Optional[EventWriter], code: int, status: str,
 
 
 def read_rss_mb() -> Optional[float]:
-    """This process's resident memory in MB (VmRSS), or None where it cannot be read."""
+    """This process's resident memory in MB (VmRSS) with its helper processes', or None where it cannot be read."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
+                    return int(line.split()[1]) / 1024.0 + helper_processes.resident_mb()
     except OSError:
         pass
     try:  # macOS: no /proc; the peak is the best stdlib figure (bytes there)
@@ -380,7 +382,10 @@ def _import_trainer(name: str, exit_dir: str, events: EventWriter, announce: boo
     try:
         trainer = registry.load(info)
         for tried in info.required_modules:
-            importlib.import_module(tried)
+            if tried not in info.imported_when_used:
+                importlib.import_module(tried)
+            elif importlib.util.find_spec(tried) is None:
+                raise ModuleNotFoundError("No module named {!r}".format(tried), name=tried)
     except ImportError as exc:
         message = import_error_message(name, exc, tried)
         events.log("{}: {}".format(message, _one_line(exc)), level="error")

@@ -225,9 +225,17 @@ def test_over_max_ram_mb_exits_4_with_the_fix(tmp_path, tiny_model):
 
 
 def test_a_missing_trainer_module_exits_3_with_the_spec_text(tmp_path):
+    """peft is only looked up at start (the trainer imports it for lora alone): not there, the run ends at once."""
     hide = tmp_path / "hide"
     hide.mkdir()
-    (hide / "peft.py").write_text('raise ModuleNotFoundError("No module named \'peft\'", name="peft")\n')
+    # As where peft is not installed: the interpreter's import system finds no such module.
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoPeft:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'peft':\n"
+        "            raise ModuleNotFoundError(\"No module named 'peft'\", name='peft')\n"
+        "sys.meta_path.insert(0, NoPeft())\n")
     job = write_job(tmp_path / "job", items=easy_items(20))
     result = run_worker(job, env=worker_env(extra_path=hide), timeout=60)
     assert result.returncode == 3, result.stderr
@@ -236,6 +244,25 @@ def test_a_missing_trainer_module_exits_3_with_the_spec_text(tmp_path):
                     "error": "Trainer 'hf-text-classification' could not be imported (missing module: peft)"}
     assert [e["type"] for e in events_of(job)] == ["log", "log", "done"]  # loading…, the import error, done
     assert (job / "exit_code").read_text().strip() == "3"
+
+
+def test_peft_is_imported_only_for_lora(tmp_path, tiny_model):
+    """A peft that breaks on import does not stop a full fine-tune, which never imports it (180 MB and seconds
+    saved); a LoRA run stops on it with what to do."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "peft.py").write_text('raise ImportError("cannot import name \'x\' from \'transformers\'")\n')
+    options = dict(TINY, model=tiny_model, epochs=1)
+    full = write_job(tmp_path / "full", items=easy_items(20), options=options)
+    result = run_worker(full, env=worker_env(extra_path=hide))
+    assert result.returncode == 0, result.stderr
+    assert done_of(full)["status"] == "succeeded"
+    lora = write_job(tmp_path / "lora", items=easy_items(20), options=dict(options, lora={"r": 4}))
+    result = run_worker(lora, env=worker_env(extra_path=hide))
+    assert result.returncode == 1, result.stderr
+    assert done_of(lora) == {**done_of(lora), "status": "failed", "error": (
+        "lora needs the peft package, which could not be imported here (ImportError: cannot import name 'x' from "
+        "'transformers'): pip install peft, or take lora out of the options")}
 
 
 def test_a_hub_id_that_is_not_here_fails_fast_offline(tmp_path):
@@ -408,6 +435,7 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
     from potato.trainers.answers import Answers
     from potato.trainers.hf_common import ComputeDevice
     from potato.trainers.hf_heads import make_head
+    from potato.training import helper_processes
 
     logs = []
 
@@ -440,6 +468,18 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
     assert all(torch.allclose(weights[k], v, atol=1e-6) for k, v in model.state_dict().items())
     assert len(logs) == 1 and re.fullmatch(
         r"Schema 's': exported to ONNX by torch's torchscript exporter in \d+\.\d s", logs[0]), logs
+    assert helper_processes._pids == set()  # ONNX Runtime's process ended with prediction
+
+    # ONNX Runtime's process killed (for memory, say) while it predicts: the model here predicts the rest.
+    logs.clear()
+    predicted = hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "s", head, work_dir=str(tmp_path))
+    first = next(predicted)
+    (session,) = helper_processes._pids
+    os.kill(session, signal.SIGKILL)
+    assert _close([first] + list(predicted), fp32)
+    assert logs[1:] == ["Schema 's': ONNX Runtime stopped (the session process was killed by signal 9); the other "
+                        "items predict in fp32"], logs
+    assert list(tmp_path.iterdir()) == [] and helper_processes._pids == set()
 
     # A torch without the TorchScript exporter (torch calls it deprecated): the dynamo one exports.
     real_export = precision._export

@@ -186,3 +186,37 @@ def test_an_export_that_dies_hangs_or_fails_in_its_child_says_how_and_leaves_not
     for pid in children:  # each waited for: none left running, nor unreaped
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024.0 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="weights are paged out on Linux only")
+def test_paging_out_gives_the_weights_memory_back_and_the_model_predicts_as_before(tmp_path):
+    """While ONNX Runtime predicts in its own process the worker's copy of the weights goes to page cache: the
+    process's memory falls by their size, even with the parameters still listed elsewhere (as an optimizer
+    lists them), and the model computes and saves the same numbers from the file, which is gone already."""
+    import ctypes
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 2048))  # 48 MB
+    listed = list(model.parameters())
+    x = torch.randn(3, 1024)
+    with torch.no_grad():
+        before_out = model(x)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc_trim(0)
+    rss = _rss_mb()
+    with torch.inference_mode():  # as the trainer's predict calls it
+        assert pp.page_out(torch, model, str(tmp_path))
+    libc.malloc_trim(0)
+    assert rss - _rss_mb() > 40
+    assert list(tmp_path.iterdir()) == []
+    assert [p is q for p, q in zip(listed, model.parameters())] == [True] * 4
+    with torch.no_grad():
+        assert torch.equal(model(x), before_out)
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
