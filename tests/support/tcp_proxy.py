@@ -194,8 +194,8 @@ class TcpProxy:
 
     def _pump(self, link: _Link, direction: str) -> None:
         source, sink = (link.client, link.server) if direction == "up" else (link.server, link.client)
-        source.settimeout(TICK_S)
         try:
+            source.settimeout(TICK_S)  # the other direction may have cut the link already: then, EBADF
             while not link.closed.is_set() and not self._expired():
                 try:
                     data = source.recv(CHUNK)
