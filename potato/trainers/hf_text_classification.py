@@ -293,7 +293,8 @@ def predict(model: Any, tokenizer: Any, batches: Iterable[List[Tuple[Any, Tuple[
 
     with torch.inference_mode(), contextlib.ExitStack() as stack:
         if path and dev.predict_checked:
-            yield from checked_predictions(forward, sample, batches, check, after_batch, lambda: set_up(stack))
+            yield from checked_predictions(forward, sample, batches, check, after_batch, lambda: set_up(stack),
+                                           stack.close)  # refused: ONNX Runtime's process ends at once
             return
         if path:  # asked for by name: on every item, unchecked
             why_not = set_up(stack)

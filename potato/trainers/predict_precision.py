@@ -622,7 +622,8 @@ class FastPathCheck:
 
 def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Iterable[List[Any]],
                         batches: Iterable[List[Any]], check: FastPathCheck, after_batch: Callable[[], None],
-                        set_up: Callable[[], Optional[str]] = lambda: None) -> Iterator[Tuple[Any, List[float]]]:
+                        set_up: Callable[[], Optional[str]] = lambda: None,
+                        tear_down: Callable[[], None] = lambda: None) -> Iterator[Tuple[Any, List[float]]]:
     """``(row, probabilities)`` for every row of ``sample``'s and then ``batches``' batches.
 
     ``forward(rows, fast)`` returns the rows' probabilities (a CPU tensor, one
@@ -632,7 +633,8 @@ def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Itera
     in fp32) — after fp32's pass, so what fp32 needs can leave memory before
     the fast path takes its own (potato/trainers/hf_text_classification.py:
     the model's weights before ONNX Runtime's process starts) — and the
-    sample is predicted on it. The sample's rows come out in fp32; the rest,
+    sample is predicted on it; ``tear_down()`` frees what ``set_up`` took
+    where the check keeps fp32. The sample's rows come out in fp32; the rest,
     as :class:`FastPathCheck` decides, on the fast path, but in fp32 for the
     rows it puts close to a tie.
     """
@@ -654,7 +656,8 @@ def checked_predictions(forward: Callable[[List[Any], bool], Any], sample: Itera
             fast_seconds += time.perf_counter() - started
             for p, q in zip(probs, fast):
                 check.add(p, q)
-        check.decide(fp32_seconds, fast_seconds)
+        if not check.decide(fp32_seconds, fast_seconds):
+            tear_down()
     for rows, probs in zip(sample, fp32):
         for row, p in zip(rows, probs):
             yield row, p

@@ -94,6 +94,30 @@ def test_checked_predictions_write_fp32_for_the_sample_and_for_ties_int8_for_the
     assert (check.fast_items, check.redone, len(batches_done)) == (3, 1, 2)
 
 
+def test_the_fast_path_is_set_up_after_the_samples_fp32_pass_and_torn_down_when_refused():
+    fp32 = {"a": [0.9, 0.1], "b": [0.8, 0.2]}
+    far = {"a": [0.6, 0.4], "b": [0.5, 0.5]}  # moves confidences far past MAX_MEAN_CHANGE
+    steps = []
+
+    def forward(rows, use_fast):
+        steps.append(("fast" if use_fast else "fp32", list(rows)))
+        return Probs((far if use_fast else fp32)[row] for row in rows)
+
+    check = FastPathCheck("onnx")
+    out = list(checked_predictions(forward, [["a"]], [["b"]], check, lambda: None,
+                                   set_up=lambda: steps.append("set up"), tear_down=lambda: steps.append("torn down")))
+    assert out == [("a", fp32["a"]), ("b", fp32["b"])]
+    assert steps == [("fp32", ["a"]), "set up", ("fast", ["a"]), "torn down", ("fp32", ["b"])]
+    assert check.describe().startswith("predicted in fp32: on 1 items predicted both ways ONNX Runtime ")
+    # A fast path that cannot be set up is never run: the schema predicts in fp32 and the log says why.
+    steps.clear()
+    check = FastPathCheck("onnx")
+    out = list(checked_predictions(forward, [["a"]], [["b"]], check, lambda: None,
+                                   set_up=lambda: "ONNX Runtime could not be set up here: no"))
+    assert out == [("a", fp32["a"]), ("b", fp32["b"])] and steps == [("fp32", ["a"]), ("fp32", ["b"])]
+    assert check.describe() == "predicted in fp32: ONNX Runtime could not be set up here: no"
+
+
 def test_a_cpu_capped_below_bf16_counts_as_without(monkeypatch):
     class Cpu:
         @staticmethod
