@@ -11,7 +11,7 @@ Part of the remote half: standard library only.
 """
 
 import threading
-from typing import Set
+from typing import Optional, Set
 
 _pids = set()  # type: Set[int]
 _lock = threading.Lock()
@@ -27,18 +27,20 @@ def discard(pid: int) -> None:
         _pids.discard(pid)
 
 
+def vm_rss_mb(pid: str = "self") -> Optional[float]:
+    """A process's resident memory (VmRSS) in MB, from /proc; None where it cannot be read (gone; no /proc)."""
+    try:
+        with open("/proc/{}/status".format(pid), encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def resident_mb() -> float:
     """The helper processes' resident memory (VmRSS) together, in MB; 0 for one gone or unreadable."""
     with _lock:
         pids = sorted(_pids)
-    total = 0.0
-    for pid in pids:
-        try:
-            with open("/proc/{}/status".format(pid), encoding="ascii", errors="replace") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) / 1024.0
-                        break
-        except (OSError, ValueError):
-            continue
-    return total
+    return sum(vm_rss_mb(str(pid)) or 0.0 for pid in pids)

@@ -201,13 +201,9 @@ def _finish(job_dir: str, events: Optional[EventWriter], code: int, status: str,
 
 def read_rss_mb() -> Optional[float]:
     """This process's resident memory in MB (VmRSS) with its helper processes', or None where it cannot be read."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0 + helper_processes.resident_mb()
-    except OSError:
-        pass
+    own = helper_processes.vm_rss_mb()
+    if own is not None:
+        return own + helper_processes.resident_mb()
     try:  # macOS: no /proc; the peak is the best stdlib figure (bytes there)
         import resource
 
