@@ -28,6 +28,23 @@ lone surrogate and on a 2 MB id, 5,000 planted ids and then the annotator
 removed, and an annotator who agrees with the truth except on items they
 chose. Each case's answer is what happened (the run's state, what consensus
 decided, whether auto-retraining went on) against what should.
+
+**Data providers.** A third project keeps its items in a watched
+``data_directory`` with the live writeback on, and this script plays whoever
+may write that directory while an agent run is under way: it keeps planting
+links to a victim file (an ``authorized_keys``) at every temporary name a
+writer with a guessable name would use, links a data file to a dataset
+outside the directory, drops in a CSV the run cannot read (a cell past the
+csv module's 128 kB), and runs a feed that appends items by the feeds' rule
+while the writeback rewrites. Then a fourth project's ``potato start`` is
+killed (SIGKILL) between the two files of its first live writeback, and
+started again. Each answer is what happened to the victim, the outside
+dataset, the run, the fed items and the second start.
+
+**The Hub's credentials.** The third project's server publishes to an
+``HF_ENDPOINT`` holding ``user:password``, where a Hub answers 502 with an
+empty body; the password must appear nowhere: not in the admin API's
+answer, the run page, the run store's bytes or the server's log.
 """
 
 from __future__ import annotations
@@ -43,6 +60,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +69,15 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.support.potato_project import ADMIN_API_KEY as ADMIN_KEY  # noqa: E402  (the generated projects' key)
+
 V1 = "/training/agent/v1"
 API = "/admin/training/api"
-ADMIN_KEY = "change-me"
 MIB = 1024 * 1024
 ANSWER_WITHIN_S = 10
 # potato's store waits this long for a write lock before it answers 503.
 BUSY_WAIT_S = 30
+POTATO = str(Path(sys.executable).with_name("potato"))
 
 
 @dataclass
@@ -85,7 +105,7 @@ class Row:
 class Server:
     """A live ``potato start`` on the project whose config is *config_path*, and the run store it writes."""
 
-    def __init__(self, root: Path, config_path: Path):
+    def __init__(self, root: Path, config_path: Path, env: dict[str, str] | None = None, log_name: str = "server.log"):
         from potato.runs.paths import open_store
         from potato.config import load_config
         from potato.tokens import register_agent
@@ -97,11 +117,11 @@ class Server:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.log = root / "server.log"
-        potato = str(Path(sys.executable).with_name("potato"))
+        self.log = root / log_name
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([potato, "start", str(self.config_path), "--port", str(self.port)],
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen([POTATO, "start", str(self.config_path), "--port", str(self.port)],
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, **(env or {})})
         wait_for(lambda: self.alive(), 120, "potato start to serve", self)
 
     def alive(self) -> bool:
@@ -164,13 +184,14 @@ class Server:
         return self.request(method, path, raw, headers)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, server: Server | None = None) -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, server: Server | None = None,
+             interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(interval)
     log = server.log.read_text()[-3000:] if server else ""
     raise TimeoutError(f"Waited {timeout:g} s for {what}\n{log}")
 
@@ -298,7 +319,7 @@ def case_huge_run_id(server: Server, run_id: int) -> tuple[int, bool]:
 
 
 def case_crlf_next(server: Server, run_id: int) -> tuple[int, bool]:
-    body = "api_key=change-me&next=/admin/training%0D%0ASet-Cookie:%20owned=1".encode()
+    body = f"api_key={ADMIN_KEY}&next=/admin/training%0D%0ASet-Cookie:%20owned=1".encode()
     answer = server.request("POST", "/admin/training/login", body,
                             {"Content-Type": "application/x-www-form-urlencoded"})
     return answer.status, answer.headers.get("Location") == "/admin/training" and \
@@ -307,7 +328,7 @@ def case_crlf_next(server: Server, run_id: int) -> tuple[int, bool]:
 
 def case_score_not_a_mapping(server: Server, run_id: int) -> tuple[int, bool]:
     answer = server.agent("POST", f"{V1}/runs/{run_id}/result", {"exit_code": 0, "scores": {"sentiment": 0.9}})
-    listed = subprocess.run([str(Path(sys.executable).with_name("potato")), "training", "runs",
+    listed = subprocess.run([POTATO, "training", "runs",
                              str(server.config_path)], capture_output=True, text=True, timeout=60)
     nothing = server.store.get_run(run_id).scores == {} and not (server.run_dir(run_id) / "exit_code").exists()
     return answer.status, nothing and listed.returncode == 0
@@ -521,6 +542,289 @@ def annotator_cases(server: Server, targets: list[str]) -> list[Row]:
     return rows
 
 
+# -- the data providers' cases ------------------------------------------------------------------------
+
+PER_FILE = 3000
+SHARED = 10
+VICTIM = b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHv the server's own key\n"
+UNREADABLE_CSV = b'id,text\nd0,"' + b"x" * 200_000 + b'"\n'  # a cell past the csv module's 128 kB
+PASSWORD = "s3cr3t-Pa55word"
+
+
+def _provider_config(root: Path, files: dict[str, list[str]], *, written_back: bool = False) -> Path:
+    """A project whose items are in the watched data_directory items/ (*files*: name -> ids), live writeback
+    on, an agent backend; with *written_back*, its writeback file already holds a prediction for each item
+    (a run whose live writeback has not happened yet). Alice labelled the first ten items."""
+    import yaml
+
+    from tests.support.potato_project import write_user_state
+
+    items = root / "items"
+    items.mkdir(parents=True)
+    for name, ids in files.items():
+        (items / name).write_text("".join(json.dumps({"id": i, "text": f"review {i}: {('good', 'bad')[k % 2]}"})
+                                          + "\n" for k, i in enumerate(ids)))
+    first = next(iter(files.values()))
+    write_user_state(root / "annotations", "alice", {i: {"sentiment": ("positive", "negative")[k % 2]}
+                                                    for k, i in enumerate(first[:10])})
+    if written_back:
+        training = root / "annotations" / "training"
+        training.mkdir(parents=True)
+        (training / "predictions.jsonl").write_text("".join(json.dumps({"id": i, "predictions": {"sentiment": {
+            "label": "positive", "confidence": 0.9, "run_id": 1}}}) + "\n" for ids in files.values() for i in ids))
+    raw = {
+        "annotation_task_name": "Provider", "task_dir": ".", "data_directory": "items", "admin_api_key": ADMIN_KEY,
+        "watch_data_directory": True, "watch_poll_interval": 1, "output_annotation_dir": "annotations",
+        "annotation_schemes": [{"annotation_type": "radio", "name": "sentiment", "labels": ["positive", "negative"]}],
+        "pre_annotation": {"enabled": True},
+        "model_training": {"enabled": True, "grace_seconds": 1, "holdout_fraction": 0.0,
+                           "writeback": {"schemas": ["sentiment"], "include_unlabeled": True, "live": True},
+                           "backends": {"lab-workstation": {"type": "agent", "queue_timeout_s": 600}}},
+    }
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _potato_pids(root: Path) -> set[int]:
+    """The processes working on the project under *root* (the server and its runs' flows), as /proc shows them."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if str(root).encode() in fh.read():
+                        found.add(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+class Attacker(threading.Thread):
+    """Keeps a link to the victim at every temporary name a writer with a guessable name would use (its pid)
+    for each data file, as someone who may write the directory and watches /proc would."""
+
+    def __init__(self, items: Path, root: Path, victim: Path):
+        super().__init__(daemon=True)
+        self.items, self.root, self.victim = items, root, victim
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for pid in _potato_pids(self.root):
+                for name in ("a.jsonl", "b.jsonl", "shared.jsonl"):
+                    try:
+                        (self.items / f".{name}.live-{pid}.tmp").symlink_to(self.victim)
+                    except OSError:
+                        pass
+            self.stop.wait(0.01)
+
+
+class Feed(threading.Thread):
+    """Appends items to a data file by the feeds' rule (per batch: open, flock, check it is still the file,
+    append, close), each batch a few milliseconds long, until stopped; ``fed`` is what it appended."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.path = path
+        self.fed: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import fcntl
+
+        while not self.stop.is_set():
+            item = f"fed{len(self.fed)}"
+            line = json.dumps({"id": item, "text": "a review a feed brought"}).encode() + b"\n"
+            with open(self.path, "ab") as out:
+                fcntl.flock(out, fcntl.LOCK_EX)
+                if os.fstat(out.fileno()).st_ino != os.stat(self.path).st_ino:
+                    continue  # the writeback replaced it meanwhile: open the name again
+                out.write(line[:12])
+                out.flush()
+                time.sleep(0.002)
+                out.write(line[12:])
+            self.fed.append(item)
+            time.sleep(0.005)
+
+
+def _ids_in(path: Path) -> list[str]:
+    """The ids of a JSON lines file's records (a line that is not one, half an appended item, counts none)."""
+    found = []
+    for line in path.read_bytes().splitlines():
+        try:
+            found.append(json.loads(line)["id"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    return found
+
+
+def _safely(case: str, expected: str, check: Callable[[], tuple[str, bool]]) -> Row:
+    """The case's row; a check that raises is a "no" (the answer says what it raised)."""
+    try:
+        answer, nothing_lost = check()
+    except Exception as exc:  # noqa: BLE001 - a broken case is a failed row, not a broken report
+        answer, nothing_lost = f"{type(exc).__name__}: {str(exc)[:200]}", False
+    return Row(case, expected, answer, nothing_lost)
+
+
+def _stat_of(path: Path) -> tuple[bytes, int, int, int]:
+    st = os.lstat(path)
+    return path.read_bytes(), st.st_mode, st.st_uid, st.st_gid
+
+
+def provider_cases(root: Path) -> list[Row]:
+    rows: list[Row] = []
+    ids = {"a.jsonl": [f"a{i}" for i in range(PER_FILE)], "b.jsonl": [f"b{i}" for i in range(PER_FILE)]}
+    config = _provider_config(root, ids)
+    items = root / "items"
+    shared = root / "shared" / "dataset.jsonl"  # another project's too
+    shared.parent.mkdir()
+    shared.write_text("".join(json.dumps({"id": f"s{i}", "text": f"review s{i}"}) + "\n" for i in range(SHARED)))
+    (items / "shared.jsonl").symlink_to(shared)
+    shared_before = shared.read_bytes()
+    victim = root / "victim" / ".ssh" / "authorized_keys"
+    victim.parent.mkdir(parents=True)
+    victim.write_bytes(VICTIM)
+    victim.chmod(0o600)
+    victim_before = _stat_of(victim)
+    from tests.support.hub import bad_gateway
+
+    gateway, port = bad_gateway()
+    hub = {"HF_ENDPOINT": f"http://publisher:{PASSWORD}@127.0.0.1:{port}", "HF_TOKEN": "hf_abuseReportToken0123456789",
+           "HF_HOME": str(root / "hf-home")}
+    cases = [
+        ("a link planted at each guessable temporary name of the live writeback (a data provider)",
+         "victim unchanged"),
+        ("a data file that is a link to a dataset outside data_directory", "not live"),
+        ("a CSV the run cannot read, dropped into data_directory mid-run", "succeeded"),
+        ("a feed appending items (by the feeds' rule) while the writeback rewrites", "0 items lost"),
+        ("publish to an HF_ENDPOINT holding user:password, its Hub answering 502 with an empty body", "failed"),
+    ]
+    server = Server(root, config, env=hub)
+    attacker, feed = Attacker(items, root, victim), Feed(items / "a.jsonl")
+    seen: dict[str, Any] = {}
+
+    def run_it() -> tuple[str, bool]:
+        """The agent run, the provider at work meanwhile; what each case reads is kept in *seen*."""
+        run_id = start_and_claim(server)
+        (items / "d.csv").write_bytes(UNREADABLE_CSV)  # dropped in while the run trains
+        attacker.start()
+        feed.start()
+        every = [i for name_ids in ids.values() for i in name_ids] + [f"s{i}" for i in range(SHARED)]
+        # Both labels, as a model that learned something answers: one label for all, the quality gate holds back.
+        body = b"".join(json.dumps({"id": i, "schema": "sentiment", "label": ("negative", "positive")[k % 2],
+                                    "confidence": 0.9}).encode() + b"\n" for k, i in enumerate(every))
+        uploaded = server.agent("PUT", f"{V1}/runs/{run_id}/predictions", raw=body)
+        assert uploaded.status == 200, uploaded.body
+        seen["state"] = finish_as_agent(server, run_id)
+        feed.stop.set()
+        attacker.stop.set()
+        feed.join(10)
+        attacker.join(10)
+        seen["log"] = server.run_dir(run_id).joinpath("run.log").read_text(encoding="utf-8")
+        seen["written"] = b'"predictions"' in (items / "b.jsonl").read_bytes()
+        return "ran", True
+
+    def victim_case() -> tuple[str, bool]:
+        return ("victim unchanged" if _stat_of(victim) == victim_before else "victim written",
+                seen["written"] and seen["state"] == "succeeded")
+
+    def link_case() -> tuple[str, bool]:
+        linked = "a symbolic link to a file outside the directory" in seen["log"]
+        return ("not live" if linked else "rewritten",
+                shared.read_bytes() == shared_before and sorted(os.listdir(shared.parent)) == ["dataset.jsonl"])
+
+    def csv_case() -> tuple[str, bool]:
+        named = "items/d.csv line 1: not valid CSV: field larger than field limit (131072)" in seen["log"]
+        return seen["state"], named and seen["written"]
+
+    def feed_case() -> tuple[str, bool]:
+        kept = set(_ids_in(items / "a.jsonl"))
+        lost = [i for i in feed.fed if i not in kept]
+        live = "Live writeback: " in seen["log"]
+        return (f"{len(lost)} items lost", bool(feed.fed) and live and
+                [i for i in _ids_in(items / "a.jsonl") if i.startswith("a")] == ids["a.jsonl"])
+
+    try:
+        ran = _safely("the data providers' run", "ran", run_it)
+        checks = [victim_case, link_case, csv_case, feed_case, lambda: hub_case(server)]
+        rows += [_safely(case, expected, check) if ran.ok else Row(case, expected, ran.answer, False)
+                 for (case, expected), check in zip(cases, checks)]
+    finally:
+        feed.stop.set()
+        attacker.stop.set()
+        server.stop()
+        gateway.shutdown()
+    rows.append(_safely("potato start killed (SIGKILL) between the two files of its first live writeback, then "
+                        "started again", "finished", lambda: killed_first_writeback(root.parent / "killed")))
+    return rows
+
+
+def hub_case(server: Server) -> tuple[str, bool]:
+    """Publish a run (its model files here) to the Hub of HF_ENDPOINT=http://publisher:password@…, which answers 502."""
+    from potato.runs.paths import run_paths
+
+    run = server.store.create_run("hf-text-classification", ["sentiment"], "local")
+    server.store.update_run(run.id, state="succeeded", started_at=time.time() - 1, finished_at=time.time())
+    model = run_paths(server.config, run.id).dir / "artifacts" / "sentiment"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    (model / "labels.json").write_text(json.dumps({"kind": "full", "labels": ["positive", "negative"]}))
+    asked = server.admin("POST", f"{API}/runs/{run.id}/publish", json.dumps({"repo": "lab/x"}).encode())
+    assert asked.status == 202, asked.body
+    wait_for(lambda: server.admin("GET", f"{API}/runs/{run.id}/publish").json()["publication"]["state"] != "uploading",
+             120, "the publish to end", server)
+    shown = server.admin("GET", f"{API}/runs/{run.id}/publish")
+    page = server.request("POST", "/admin/training/login", f"api_key={ADMIN_KEY}".encode(),
+                          {"Content-Type": "application/x-www-form-urlencoded"})
+    cookie = page.headers.get("Set-Cookie", "").split(";")[0]
+    run_page = server.request("GET", f"/admin/training/runs/{run.id}", headers={"Cookie": cookie})
+    state = shown.json()["publication"]["state"]
+    seen = [shown.body, run_page.body, server.store.path.read_bytes(), server.log.read_bytes()]
+    nowhere = all(PASSWORD.encode() not in text for text in seen) and b"502" in shown.body
+    return state, nowhere and run_page.status == 200
+
+
+def killed_first_writeback(root: Path) -> tuple[str, bool]:
+    """potato start, catching the records up at its start, is killed between the two files of the first live
+    writeback; the next start must finish it (not refuse: "already holds a field of its own")."""
+    # The second file large enough that its rewrite (about a second) is caught under way.
+    ids = {"a.jsonl": [f"a{i}" for i in range(20_000)], "b.jsonl": [f"b{i}" for i in range(150_000)]}
+    config = _provider_config(root, ids, written_back=True)
+    items = root / "items"
+    before = {name: (items / name).read_bytes() for name in ids}
+    second = os.stat(items / "b.jsonl").st_ino
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(root / "killed.log", "wb") as log:
+        killed = subprocess.Popen([POTATO, "start", str(config), "--port", str(port)], stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+
+    def second_file_begun() -> bool:
+        if killed.poll() is not None:
+            raise RuntimeError("potato start ended before its live writeback was caught")
+        if os.stat(items / "b.jsonl").st_ino != second:
+            raise RuntimeError("the second file was rewritten before the kill could catch it")
+        return any(e.name.startswith(".b.jsonl.live-") for e in os.scandir(items))
+    wait_for(second_file_begun, 180, "potato start to begin its live writeback's second file", interval=0.005)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait(10)
+    left = {name: (items / name).read_bytes() for name in ids}
+    server = Server(root, config, log_name="second-start.log")
+    try:
+        said = server.log.read_text()
+        after = {name: (items / name).read_bytes() for name in ids}
+        finished = (f"Live writeback: {len(ids['b.jsonl'])} record(s) in 1 file(s) of items/ changed (items/b.jsonl "
+                    f"{len(ids['b.jsonl'])})") in said and "The live writeback was refused" not in said
+        whole = all(left[n] in (before[n], after[n]) for n in ids) and all(b'"predictions"' in after[n] for n in ids)
+    finally:
+        server.stop()
+    return "finished" if finished else "not finished", whole
+
+
 def table(rows: list[Row]) -> str:
     width = max(len(r.case) for r in rows)
     lines = [f"{'case':<{width}}  {'answer':>16}  {'expected':>16}  nothing stored/lost", "-" * (width + 58)]
@@ -550,6 +854,7 @@ def main() -> int:
             rows += annotator_cases(server, targets)
         finally:
             server.stop()
+        rows += provider_cases(Path(tmp) / "provider")
     if args.json:
         print(json.dumps([{"case": r.case, "answer": r.answer, "expected": r.expected, "nothing_lost": r.nothing_lost,
                            "ok": r.ok} for r in rows], indent=2))

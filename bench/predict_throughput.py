@@ -162,7 +162,7 @@ def ours_in_this_process(work: Path) -> dict:
     import torch  # noqa: F401  (the imports' memory, apart from the run's)
     import transformers  # noqa: F401
 
-    from potato.trainers import hf_text_classification
+    from potato.training.trainers import hf_text_classification
     from potato.training import helper_processes
     from potato.training.events import read_events
     from potato.training.worker import run
@@ -205,7 +205,7 @@ def ours_in_this_process(work: Path) -> dict:
         return made
 
     hf_text_classification.OnnxModel = measured_onnx_model
-    from potato.trainers import predict_precision
+    from potato.training.trainers import predict_precision
 
     close = predict_precision.OnnxModel.close
 
@@ -259,7 +259,7 @@ def pipeline_in_this_process(work: Path, model: str, threads: int) -> dict:
     imports_mb = _rss_mb("VmRSS")
     hf_logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    from potato.trainers.hf_common import model_max_length as _model_max_length
+    from potato.training.trainers.hf_common import model_max_length as _model_max_length
 
     rows = [json.loads(line) for line in open(work / "texts.jsonl")]
     classify = pipeline("text-classification", model=model, device=0 if torch.cuda.is_available() else -1)

@@ -17,7 +17,7 @@ train on the same ones, with 2.12.1's default ``params``.
 - ours: ``potato start`` here, with its embedded Prefect API; the same
   ``POST`` to our admin API, then the run until it has finished (bundle,
   Prefect flow, worker, writeback). Scored from our ``predictions.jsonl``
-  on the same items with the same metric (``potato.trainers.metrics``).
+  on the same items with the same metric (``potato.training.trainers.metrics``).
 
 Wall time is from the ``POST`` to the finished run as each server reports it
 done (for ours that includes starting the run's Prefect flow process); the
@@ -64,7 +64,7 @@ import yaml  # noqa: E402
 
 from bench._reviews import make_reviews  # noqa: E402
 from potato.holdout import split_of  # noqa: E402
-from potato.trainers import metrics  # noqa: E402
+from potato.training.trainers import metrics  # noqa: E402
 from tests.support.potato212 import VENV, Potato212Server  # noqa: E402
 from tests.support.potato_project import write_items, write_user_state  # noqa: E402
 from tests.support.runs import POTATO, free_port, stop_group, wait_for  # noqa: E402

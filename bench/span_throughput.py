@@ -51,8 +51,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench import _versus_trainer as vs  # noqa: E402
 from bench._reviews import SPAN_LABELS, make_span_reviews  # noqa: E402
-from potato.trainers import hf_span_tagging as st  # noqa: E402
-from potato.trainers.metrics import holdout_scores  # noqa: E402
+from potato.training.trainers import hf_span_tagging as st  # noqa: E402
+from potato.training.trainers.metrics import holdout_scores  # noqa: E402
 
 SCHEMA = "aspects"
 

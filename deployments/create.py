@@ -13,8 +13,8 @@
         as above, and the configs the flow accepts
         from a flow run's parameters; without an allow-list it accepts any.
         Anyone who can reach the Prefect API can start a flow run with any
-        ``config`` parameter (README, "The Prefect API is an admin
-        interface"): with an allow-list, a config not on it is refused before
+        ``config`` parameter (docs/prefect.md, "The Prefect API is an
+        admin interface"): with an allow-list, a config not on it is refused before
         it is read, naming the allow-list. It lives on the worker's host,
         beside this file (``deployments/allowed-configs.json``); once it
         exists, ``--config`` adds its project's config to it.
@@ -27,7 +27,7 @@ from Potato to go through it too.
 
 The pool has no concurrency limit of Potato's making: several projects may
 share it (and one Prefect server), and each project's flows hold that
-project's limit ``potato-training-<project>`` (``potato.prefect_runs``), so
+project's limit ``potato-training-<project>`` (``potato.runs.prefect_runs``), so
 one project's queue never waits for another's. A limit its operator set on it
 is theirs and stays; only the limit 1 that Potato before this version gave the
 pools it made (and no description) is lifted. Deployments are registered by
@@ -44,7 +44,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from potato import prefect_runs
+from potato.runs import prefect_runs
 
 POOL = "potato-training"
 FLOW = "training-run"
@@ -151,7 +151,7 @@ def load_project(config_path: str, cron: str | None, timezone: str | None):
 def deploy_project(config, cron: str | None, timezone: str | None) -> str:
     """Register the project's own deployment and its concurrency limit; return ``training-run/<project>``."""
     from potato.prefect_api import ensure_concurrency_limit
-    from potato.prefect_runs import limit_name, project_key_of
+    from potato.runs.prefect_runs import limit_name, project_key_of
 
     key = project_key_of(config)
     ensure_concurrency_limit(limit_name(config), 1)
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cron", help='with --config: retrain on this cron schedule, e.g. "0 3 * * *"')
     parser.add_argument("--timezone", help="the cron schedule's time zone, e.g. Europe/Berlin (default UTC)")
     parser.add_argument("--allow-config", action="append", default=[], metavar="CONFIG",
-                        help="accept only these configs (repeatable) in flow runs' parameters; see README")
+                        help="accept only these configs (repeatable) in flow runs' parameters; see docs/prefect.md")
     args = parser.parse_args(argv)
     if (args.cron or args.timezone) and not args.config:
         parser.error("--cron and --timezone schedule one project's runs: give its --config too")

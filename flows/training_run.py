@@ -1,7 +1,7 @@
 """THE flow: one training run, as its steps (docs/architecture.md, "One run, end to end").
 
     build bundle → connect → pick GPU → sync code → spawn → relay events
-    → (record results, write back) → fetch artifacts → clean up
+    → (record results, write back) → (report to trackers) → fetch artifacts → clean up
 
 Each step is a Prefect task named for what it does on this run, so the Prefect
 UI traces a run the way its log reads. Step bodies live in the run's backend
@@ -18,7 +18,7 @@ Prefect work pool through the deployment ``training-run/potato``, or by
 ``prefect deployment run`` or a schedule with ``config`` (and ``backend``)
 parameters, in which case the flow creates the run record itself.
 
-The Prefect side of a run (``potato.prefect_runs``): the flow holds its
+The Prefect side of a run (``potato.runs.prefect_runs``): the flow holds its
 project's concurrency limit, tags its flow run, and turns a cancel in Prefect
 into the store's cancel request, which it then carries out as Cancel run does.
 """
@@ -38,34 +38,42 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from prefect import flow, task
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.flow_engine import run_flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
-from potato import prefect_runs
+from potato import quality_gate, run_report
 from potato.backends.base import RunContext, Steps, steps_of
 from potato.backends.relay import check_limits, describe_worker_failure, watch
 from potato.backends.ssh.openssh import is_transient
 from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
+from potato.evaluation import read_evaluation
 from potato.jobs import make_job
 from potato.prefect_api import ensure_concurrency_limit
-from potato.prefect_runs import CancelWatch
 from potato.project import build_bundle, describe_bundle, read_manifest
 from potato.publish.facts import record_training_data
 from potato.results import record_results
 from potato.retention import prune_run_dirs
 from potato.runlog import RunLog
+from potato.runs import prefect_runs
 from potato.runs.ending import after_flow, end_run
-from potato.runs.paths import open_store, private_dir, run_paths
+from potato.runs.prefect_runs import CancelWatch
+from potato.runs.paths import open_store, private_dir, run_page, run_paths
 from potato.runs.queue import create_run
 from potato.store import MANUAL, SCHEDULE, Store
-from potato.score_text import table_rows
+from potato.score_text import curve_lines, curve_rows, table_rows
+from potato.trackers import report_to_trackers
 from potato.trainer_choice import describe_plan
-from potato.trainers.registry import hooks
+from potato.training.escaping import escaped
+from potato.training.trainers.registry import hooks
+from potato.writeback import read_report
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (measured).
@@ -109,10 +117,27 @@ def _retry_transient_ssh(task, task_run, state) -> bool:
 
 
 # Connecting is the one step retried: it is idempotent, and only a flaky network is retried.
-@task(name="connect", cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=[5, 15],
-      retry_condition_fn=_retry_transient_ssh)
+CONNECT_RETRY_DELAYS_S = [5, 15]
+
+
+@task(name="connect", cache_policy=NO_CACHE, persist_result=False, retries=len(CONNECT_RETRY_DELAYS_S),
+      retry_delay_seconds=CONNECT_RETRY_DELAYS_S, retry_condition_fn=_retry_transient_ssh)
 def connect_task(ctx: RunContext, backend) -> Any:
-    return backend.connect(ctx)
+    from prefect.runtime import task_run
+
+    attempts = len(CONNECT_RETRY_DELAYS_S) + 1
+    attempt = max(1, task_run.run_count or 1)
+    # Seen in the step row ("connecting to gpu.example.org (attempt 2 of 3)"), so a host that hangs is not
+    # mistaken for a run that hangs.
+    ctx.attempt = f" (attempt {attempt} of {attempts})" if attempt > 1 else ""
+    try:
+        return backend.connect(ctx)
+    except Exception as exc:
+        if attempt < attempts and is_transient(exc):
+            delay = CONNECT_RETRY_DELAYS_S[attempt - 1]
+            ctx.log.warning(f"{exc}; connecting again in {delay:g} s (attempt {attempt + 1} of {attempts})")
+            ctx.set_step(f"waiting {delay:g} s to connect again (attempt {attempt + 1} of {attempts})")
+        raise
 
 
 @_task("pick-gpu")
@@ -145,7 +170,37 @@ def record_results_task(ctx: RunContext) -> dict:
             key=f"run-{ctx.run_id}-scores",
             description=f"Holdout scores of run {ctx.run_id}",
         )
+    curve = curve_rows(scores)
+    if curve:
+        create_table_artifact(curve, key=f"run-{ctx.run_id}-learning-curve",
+                              description=f"Learning curve of run {ctx.run_id}: " + "; ".join(curve_lines(scores)))
+    _project_artifacts(ctx, scores)
     return scores
+
+
+def _project_artifacts(ctx: RunContext, scores: dict) -> None:
+    """The run's report, per-label table and page link under the project's keys (potato.run_report)."""
+    project = prefect_runs.project_key_of(ctx.config)
+    evaluation = read_evaluation(ctx.run_dir)
+    page = run_page(ctx.config, ctx.run_id)
+    name = escaped(ctx.config.annotation_task_name or project)
+    create_markdown_artifact(
+        run_report.report_markdown(ctx.run_id, name, scores, evaluation, quality_gate.read(ctx.paths),
+                                   read_report(ctx.config, ctx.run_id), page),
+        key=run_report.artifact_key(project, run_report.REPORT), description=f"Run {ctx.run_id} of {name}")
+    rows = run_report.label_rows(evaluation)
+    if rows:
+        create_table_artifact(rows, key=run_report.artifact_key(project, run_report.LABEL_SCORES),
+                              description=f"Holdout scores per label of run {ctx.run_id}")
+    if page:
+        create_link_artifact(page, link_text=f"Run {ctx.run_id} on the Training page",
+                             key=run_report.artifact_key(project, run_report.RUN_PAGE),
+                             description=f"Run {ctx.run_id} of {name}")
+
+
+@_task("report-to-trackers")
+def report_to_trackers_task(ctx: RunContext) -> list[str]:
+    return report_to_trackers(ctx)
 
 
 @_task("fetch-artifacts")
@@ -311,6 +366,8 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         if code != 0:
             raise RunError(describe_worker_failure(ctx, code))
         step(record_results_task, f"record results of run {run_id}")
+        if cfg.model_training.report_to:
+            step(report_to_trackers_task, f"report run {run_id} to {', '.join(cfg.model_training.report_to)}")
         step(fetch_artifacts_task, f"fetch artifacts from {where}", backend, session, handle)
         final_state = "succeeded"
     except RunCancelled as exc:

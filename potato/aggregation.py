@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
-from potato.answers import Answers
+from potato.answers import AnnotatorAnswers
 from potato.config import Scheme
 from potato.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
 
@@ -76,7 +76,7 @@ class Aggregated:
     changed_by_consensus: dict[str, int] | None = None
 
 
-def aggregate(votes: Votes, answers: Answers | None, schemes: Sequence[Scheme], consensus: bool) -> Aggregated:
+def aggregate(votes: Votes, answers: AnnotatorAnswers | None, schemes: Sequence[Scheme], consensus: bool) -> Aggregated:
     """Every schema's one answer per item, by its kind's rule (module docstring)."""
     out = Aggregated()
     by_kind: dict[str, list[Scheme]] = {}
@@ -181,7 +181,7 @@ def majority_label_sets(per_item: Mapping[str, int], answered: Mapping[str, int]
     return masks, ties
 
 
-def consensus_label_sets(votes: Votes, answers: Answers, scheme: Scheme) -> tuple[dict[str, int], int]:
+def consensus_label_sets(votes: Votes, answers: AnnotatorAnswers, scheme: Scheme) -> tuple[dict[str, int], int]:
     """Dawid–Skene per label: each label a yes/no question to every annotator who saved the item."""
     from potato.consensus import dawid_skene
 

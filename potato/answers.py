@@ -52,7 +52,7 @@ _SPAN_ID = re.compile(r"^(?P<prefix>.*?)_{1,3}(?P<start>\d+)_(?P<end>\d+)$")
 
 
 @dataclass
-class Answers:
+class AnnotatorAnswers:
     """What the annotators answered beyond label votes.
 
     ``answered[item]``: how many annotators saved an answer on the item;
@@ -76,7 +76,7 @@ def needs_answers(schemes: Iterable[Scheme]) -> bool:
 
 
 def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterable[str] | None = None,
-                 base: Path | None = None, *, per_user: bool = False) -> Answers:
+                 base: Path | None = None, *, per_user: bool = False) -> AnnotatorAnswers:
     """Read the answers of *schemes* that ``potato.labels`` does not count, from *users*' files (all when None).
 
     Never raises on a bad file: it is skipped with a warning (the vote reader
@@ -85,8 +85,8 @@ def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterabl
     not before its end) are skipped and counted, in grouped warnings.
     """
     wanted = set(users) if users is not None else None
-    result = Answers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
-                     spans={s.name: {} for s in schemes if s.kind == SPAN})
+    result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
+                              spans={s.name: {} for s in schemes if s.kind == SPAN})
     reader = _FileReader({s.name: s for s in schemes})
     for user, path in find_user_states(annotation_dir):
         if wanted is not None and user not in wanted:
@@ -116,7 +116,7 @@ class _FileAnswers:
     problems: list[tuple[tuple, str]] = field(default_factory=list)
 
 
-def _merge(result: Answers, user: str, one: _FileAnswers, per_user: bool) -> None:
+def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: bool) -> None:
     for item_id in one.answered:
         result.answered[item_id] = result.answered.get(item_id, 0) + 1
     if per_user:

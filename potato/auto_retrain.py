@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from potato.config import AutoRetrainConfig, ProjectConfig, data_directory_files
-from potato.errors import ProjectDataError
+from potato.errors import ProjectDataError, RunRequestError
 from potato.labels import UserStateError, annotated_ids, find_user_states
 from potato.project import item_ids
 from potato.runs.queue import create_run
@@ -219,12 +219,16 @@ class AutoRetrainWatcher:
                           last_finished_at=self.store.last_finished_at(), now=self.clock())
         run = None
         if decision.queue:
-            run = create_run(
-                self.config, self.store, trainer=settings.trainer, schemas=list(settings.schemas),
-                backend=settings.backend, options=dict(settings.params), trigger=AUTO,
-                annotation_count=annotations, only_when_idle=True,
-            )
-            decision = Decision(False, f"queued run {run.id}" if run else "a run is queued or running")
+            try:
+                run = create_run(
+                    self.config, self.store, trainer=settings.trainer, schemas=list(settings.schemas),
+                    backend=settings.backend, options=dict(settings.params), trigger=AUTO,
+                    annotation_count=annotations, only_when_idle=True,
+                )
+            except RunRequestError as exc:  # refused before queueing (a trainer's missing model): say why
+                decision = Decision(False, f"no run queued: {exc}")
+            else:
+                decision = Decision(False, f"queued run {run.id}" if run else "a run is queued or running")
         if run is not None:
             log.info("Auto-retrain: %d annotations, %d since the last automatic run; queued run %d on %s",
                      annotations, annotations - at_last, run.id, run.backend)

@@ -59,6 +59,21 @@ def _load(config: str):
         raise click.ClickException(str(exc)) from None
 
 
+def _named(exc: Exception, config: str) -> str:
+    """The error's message; an unknown run's names the command that lists this project's runs."""
+    from potato.errors import UnknownRun
+
+    return str(UnknownRun(exc.run_id, config)) if isinstance(exc, UnknownRun) else str(exc)
+
+
+def _not_started(store, run_id: int, exc: Exception, config: str) -> str:
+    """Why the run this command queued did not start (its Prefect API did not), and what to do: it ends failed,
+    so that a later run does not queue behind it; one a ``potato start`` took meanwhile goes on there."""
+    if store.transition(run_id, "failed", from_states=("queued",), error=str(exc)):
+        return f"{exc}. Run {run_id} did not start and is marked failed; start it again: potato training run {config}"
+    return f"{exc}. Run {run_id} was started by another process (a potato start?): potato training runs {config}"
+
+
 def _parse_options(pairs: tuple[str, ...]) -> dict:
     import json
 
@@ -87,23 +102,31 @@ def _parse_options(pairs: tuple[str, ...]) -> dict:
               "hf-text-classification for radio, hf-span-tagging for span).")
 @click.option("--schema", "schemas", multiple=True, help="A schema to train (repeatable; default: writeback.schemas).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A trainer option (JSON value), e.g. epochs=3.")
+@click.option("--curve", is_flag=True, help="Also a learning curve: train on 25/50/75 % of the labels and score "
+              "each on the same holdout (the trainer option curve=true; it adds up to about twice the run's training time).")
 @click.option("--detach", is_flag=True, help="Queue the run and return; a running `potato start` dispatches it.")
-def training_run(config, backend, trainer, schemas, options, detach) -> None:
+def training_run(config, backend, trainer, schemas, options, curve, detach) -> None:
     """Queue a training run and follow it to its end (exit 0 when it succeeds)."""
-    from potato.errors import RunRequestError
-    from potato.follow import follow
+    import time
+    from contextlib import ExitStack
+
+    from potato.errors import PrefectApiError, RunRequestError
+    from potato.follow import follow, next_steps, prefect_ready, prefect_starting, still_waiting
     from potato.prefect_api import embedded_prefect
     from potato.runs.dispatcher import Dispatcher
     from potato.runs.paths import open_store
-    from potato.runs.queue import cancel_run, create_run
+    from potato.runs.queue import by_account, cancel_run, create_run
     from potato.runs.reconcile import reconcile
     from potato.trainer_choice import NoTrainerFor, describe_plan
+    from potato.validate import warning_lines
 
     cfg = _load(config)
+    for line in warning_lines(cfg.warnings):  # as potato validate and potato start say them
+        click.echo(line, err=True)
     store = open_store(cfg)
     try:
         run = create_run(cfg, store, trainer=trainer, schemas=list(schemas) or None, backend=backend,
-                         options=_parse_options(options))
+                         options={**_parse_options(options), **({"curve": True} if curve else {})})
     except NoTrainerFor as exc:
         raise click.UsageError(str(exc)) from None
     except RunRequestError as exc:
@@ -112,7 +135,15 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
     click.echo(f"Run {run.id} queued: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, runs on {where}")
     if detach:
         return
-    with embedded_prefect(cfg.training_dir):
+    click.echo(prefect_starting())
+    started = time.monotonic()
+    with ExitStack() as stack:
+        try:
+            with still_waiting(sys.stdout, "Prefect is still starting"):
+                api = stack.enter_context(embedded_prefect(cfg.training_dir))
+        except PrefectApiError as exc:
+            raise click.ClickException(_not_started(store, run.id, exc, config)) from None
+        click.echo(prefect_ready(api, time.monotonic() - started))
         dispatcher = Dispatcher(cfg, store)
         reconcile(cfg, store)
         tty = sys.stdout.isatty()
@@ -123,17 +154,26 @@ def training_run(config, backend, trainer, schemas, options, detach) -> None:
             except KeyboardInterrupt:
                 click.echo("")
                 if not sys.stdin.isatty() or click.confirm(f"Cancel run {run.id}?", default=True):
-                    cancel_run(cfg, store, run.id)
+                    cancel_run(cfg, store, run.id, by=by_account("Ctrl-C in potato training run"))
                     click.echo(f"Cancelling run {run.id}…")
                     continue
                 click.echo(f"Run {run.id} goes on; see it with: potato training runs {config}")
                 sys.exit(130)
         dispatcher.wait_for_flows()
     if final.state == "succeeded":
-        from potato.writeback import writeback_path
+        from potato.quality_gate import read as read_gate
+        from potato.runs.paths import run_paths
+        from potato.score_text import curve_lines
+        from potato.writeback import live_run_ids, writeback_path
 
-        if writeback_path(cfg).exists() and cfg.model_training.writeback.schemas:
+        for line in curve_lines(final.scores):
+            click.echo(line)
+        for verdict in (read_gate(run_paths(cfg, final.id)) or {}).get("schemas", []):
+            click.echo(f"Quality gate: {verdict['text']}")
+        if final.id in live_run_ids(cfg):
             click.echo(f"Predictions written back to {writeback_path(cfg)}")
+    for line in next_steps(config, final.id):
+        click.echo(line)
     sys.exit(0 if final.state == "succeeded" else 1)
 
 
@@ -145,8 +185,12 @@ def training_runs(config, limit, as_json) -> None:
     """List the project's runs, newest first."""
     import json
 
-    from potato.follow import format_duration, format_scores, run_duration
+    from potato.follow import format_duration, format_scores, format_time, run_duration
+    from potato import stability
+    from potato.promote import predictions_state
+    from potato.quality_gate import read_pins
     from potato.runs.paths import open_store
+    from potato.writeback import live_run_ids
 
     cfg = _load(config)
     store = open_store(cfg)
@@ -157,21 +201,17 @@ def training_runs(config, limit, as_json) -> None:
     if not listed:
         click.echo("No runs yet. Start one with: potato training run " + config)
         return
-    header = ("ID", "STATE", "TRIGGER", "RAN ON", "STARTED", "DURATION", "SCORES")
+    header = ("ID", "STATE", "TRIGGER", "RAN ON", "STARTED", "DURATION", "PREDICTIONS", "CHANGED", "SCORES")
+    live, pins = live_run_ids(cfg), read_pins(cfg)
     rows = []
     for r in listed:
-        started = _format_time(r.started_at)
+        started = format_time(r.started_at)
         rows.append((str(r.id), r.state, r.trigger, r.backend, started, format_duration(run_duration(r)),
+                     predictions_state(cfg, r, live, pins), stability.cell(stability.read(cfg, r.id)),
                      format_scores(r.scores)))
     widths = [max(len(row[i]) for row in rows + [header]) for i in range(len(header) - 1)]
     for row in [header] + rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-
-
-def _format_time(stamp):
-    import time as _time
-
-    return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(stamp)) if stamp else "-"
 
 
 @training.command("cancel")
@@ -181,15 +221,15 @@ def training_cancel(config, run_id) -> None:
     """Cancel run RUN_ID (a queued run ends at once; an active one is stopped)."""
     from potato.errors import StoreError
     from potato.runs.paths import open_store
-    from potato.runs.queue import cancel_run
+    from potato.runs.queue import by_account, cancel_run
 
     cfg = _load(config)
     store = open_store(cfg)
     try:
         before = store.get_run(run_id)
-        run = cancel_run(cfg, store, run_id)
+        run = cancel_run(cfg, store, run_id, by=by_account("potato training cancel"))
     except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(_named(exc, config)) from None
     if before.state in ("succeeded", "failed", "cancelled"):
         click.echo(f"Run {run_id} already ended: {before.state}")
     elif run.state == "cancelled":
@@ -197,6 +237,26 @@ def training_cancel(config, run_id) -> None:
     else:
         grace = cfg.model_training.grace_seconds
         click.echo(f"Run {run_id}: cancel requested; the worker gets SIGTERM, then SIGKILL after {grace:g} s")
+
+
+@training.command("compare")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_ids", type=int, nargs=-1, required=True, metavar="RUN_ID RUN_ID...")
+@click.option("--json", "as_json", is_flag=True)
+def training_compare(config, run_ids, as_json) -> None:
+    """Show runs side by side: options, data, scores per schema and label, curves, confusion matrices."""
+    import json
+
+    from potato.errors import CompareError, StoreError
+    from potato.run_comparison import compare
+    from potato.runs.paths import open_store
+
+    cfg = _load(config)
+    try:
+        comparison = compare(cfg, open_store(cfg), run_ids)
+    except (CompareError, StoreError) as exc:
+        raise click.ClickException(_named(exc, config)) from None
+    click.echo(json.dumps(comparison.as_dict(), indent=2, ensure_ascii=False) if as_json else comparison.text())
 
 
 @training.command("retract")
@@ -212,10 +272,59 @@ def training_retract(config, run_id) -> None:
     try:
         result = retract(cfg, open_store(cfg), run_id)
     except (RetractError, StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(_named(exc, config)) from None
     click.echo(result.describe())
     if result.live is not None and not result.live.error and (result.live.files or result.live.problems):
         click.echo(result.live.describe())
+
+
+@training.command("promote")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+def training_promote(config, run_id) -> None:
+    """Write run RUN_ID's predictions back although the quality gate held them back."""
+    from potato.errors import PromoteError, StoreError, WritebackError
+    from potato.promote import promote
+    from potato.runs.paths import open_store
+    from potato.runs.queue import by_account
+
+    cfg = _load(config)
+    try:
+        summary, live = promote(cfg, open_store(cfg), run_id, by=by_account("potato training promote"))
+    except (PromoteError, StoreError, WritebackError) as exc:
+        raise click.ClickException(_named(exc, config)) from None
+    click.echo(f"Run {run_id} promoted: annotators see its predictions now")
+    click.echo(summary.describe())
+    if live is not None:
+        click.echo(live.describe())
+
+
+@training.command("pin")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+def training_pin(config, run_id) -> None:
+    """Keep run RUN_ID's predictions with annotators: the quality gate holds back newer runs until unpin."""
+    _pin(config, run_id, True)
+
+
+@training.command("unpin")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("run_id", type=int)
+def training_unpin(config, run_id) -> None:
+    """Let newer runs that pass the quality gate replace run RUN_ID's predictions again."""
+    _pin(config, run_id, False)
+
+
+def _pin(config: str, run_id: int, pinned: bool) -> None:
+    from potato.errors import PromoteError, StoreError
+    from potato.promote import pin
+    from potato.runs.paths import open_store
+
+    cfg = _load(config)
+    try:
+        click.echo(pin(cfg, open_store(cfg), run_id, pinned))
+    except (PromoteError, StoreError) as exc:
+        raise click.ClickException(_named(exc, config)) from None
 
 
 @training.command("publish")
@@ -281,11 +390,11 @@ def training_check(backend, config, as_json) -> None:
     import json
 
     from potato.backends.checks import check_backend
+    from potato.errors import UnknownBackendError
 
     cfg = _load(config)
     if backend not in cfg.model_training.backends:
-        known = ", ".join(sorted(cfg.model_training.backends))
-        raise click.ClickException(f"No backend named {backend!r} in model_training.backends; known backends: {known}")
+        raise click.ClickException(str(UnknownBackendError(backend, cfg.model_training.backends)))
     report = check_backend(cfg, backend)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.text())
     sys.exit(0 if report.ok else 1)

@@ -19,7 +19,7 @@ CONTRACT (other modules rely on these names; keep them):
   ``BackendConfig``; always holds ``local``).
 - ``BackendConfig``: ``name``, ``type``, ``options`` (every key of the type's
   table, defaults applied), ``get(key)``, ``host``, ``type_info`` (what the type
-  declares in ``potato.backends.registry``), ``describe()`` (the Runs on menu
+  declares in ``potato.backend_types.registry``), ``describe()`` (the Runs on menu
   text, e.g. ``gpu-server (ssh to gpu.example.org)``).
 
 Added here (also public):
@@ -53,7 +53,6 @@ Added here (also public):
 from __future__ import annotations
 
 import codecs
-import difflib
 import math
 import os
 import re
@@ -64,13 +63,17 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from potato.backends.contract import BackendType
-from potato.backends.local import LOCAL
-from potato.backends.registry import BACKEND_TYPES, backend_type, configurable_types
-from potato.config_keys import SLURM_TIME_FORMS, Issue, Issues, Key, parse_slurm_time
+from potato.backend_types.contract import BackendType
+from potato.backend_types.local import LOCAL
+from potato.backend_types.registry import BACKEND_TYPES, backend_type, configurable_types
+from potato.closest_name import did_you_mean
+from potato.config_keys import (
+    SLURM_TIME_FORMS, TRACKERS, TRACKERS_NOT_HERE, Issue, Issues, Key, parse_slurm_time,
+)
 from potato.errors import ConfigError
-from potato.trainers.registry import TRAINERS
-from potato.trainers.registry import check_options as check_trainer_options
+from potato.training.trainers.registry import TRAINERS
+from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
+from potato.training.trainers.registry import check_options as check_trainer_options
 
 # ---------------------------------------------------------------------------
 # Typed config
@@ -110,6 +113,11 @@ class WritebackConfig:
     min_confidence: float = 0.0
     field: str = "predictions"
     live: bool = False  # also into the items' own records in the watched data_directory (potato.live_writeback)
+    order: str = DEFAULT_STRATEGY  # the order Potato 2.12 serves items in under model_review (potato.review_order)
+    order_batch: int | None = None  # the diverse order's batch; None: auto_retrain's update_frequency, else 50
+    gate: bool = True  # hold back a run no better than the trivial baseline or the live run (potato.quality_gate)
+    gate_confidence: float = 0.9
+    min_holdout: int = 5
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,7 @@ class BackendConfig:
 
     @property
     def type_info(self) -> BackendType:
-        """What its type declares: keys, capabilities, where its code is (``potato.backends.registry``)."""
+        """What its type declares: keys, capabilities, where its code is (``potato.backend_types.registry``)."""
         return backend_type(self.type)
 
     def describe(self) -> str:
@@ -169,11 +177,13 @@ class ModelTrainingConfig:
     split_seed: int | None = None
     aggregation: str = "majority"
     retain_runs: int | None = None
+    stable_below: float = 0.01  # the stopping signal's threshold (potato.stability)
     writeback: WritebackConfig = field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = field(default_factory=AutoRetrainConfig)
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     prefect_deployment: str | None = None
     license: str | None = None
+    report_to: tuple[str, ...] = ()  # experiment trackers (potato.trackers)
     backends: Mapping[str, BackendConfig] = field(
         default_factory=lambda: {"local": LOCAL_BACKEND}
     )
@@ -189,6 +199,8 @@ class ModelTrainingConfig:
 # directories, the writeback file). Potato 2.12 would take it for an annotator's directory
 # if a user named it so; the label reader never reads it.
 TRAINING_DIR = "training"
+# In it, the writeback file: what Potato 2.12 reads through pre_annotation.predictions_file (potato.writeback).
+WRITEBACK_FILE = "predictions.jsonl"
 
 
 @dataclass(frozen=True)
@@ -214,6 +226,10 @@ class ProjectConfig:
     @property
     def training_dir(self) -> Path:
         return self.output_annotation_dir / TRAINING_DIR
+
+    @property
+    def writeback_file(self) -> Path:
+        return self.training_dir / WRITEBACK_FILE
 
     def scheme(self, name: str) -> Scheme | None:
         return next((s for s in self.schemes if s.name == name), None)
@@ -344,7 +360,7 @@ KINDS: Mapping[str, Callable[[Any], Any]] = {
 MODEL_TRAINING_KEYS: tuple[Key, ...] = (
     Key("enabled", "bool", "Potato 2.12's switch for its own in-process training; this project trains "
         "either way. In a config shared with a Potato 2.12 server set it `false`, so that only this "
-        "project trains (README, \"Beside Potato 2.12\")", default=False),
+        "project trains (docs/beside-potato-2.12.md)", default=False),
     Key("backend", "str", "the backend runs use by default (the Runs on menu's first choice)",
         default="local"),
     Key("max_wall_seconds", "float", "stop any run not finished within this many seconds",
@@ -369,6 +385,9 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
         "run and backend)", default_text="— (`holdout_fraction`); `0` when `splits` is set"),
     Key("aggregation", "aggregation", "how several annotators' labels become one: `majority` (most votes, "
         "ties to the label listed first) or `consensus` (Dawid-Skene)", default="majority"),
+    Key("stable_below", "float", "the stopping signal: when fewer than this share of the unlabelled items' "
+        "predicted labels changed since the previous run of a schema, the run log, `potato training runs` and "
+        "the Training page say its predictions have settled", default=0.01, minimum=0, maximum=1),
     Key("retain_runs", "int", "keep the directories of the newest this many succeeded training runs and "
         "of every run that finished after them; older ones are deleted (their records stay; a queued or "
         "running run, one whose predictions are written back, and the run a kept decision-calibrate run "
@@ -382,6 +401,10 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
         "instead of a child process of the server", default_text="— (child process)"),
     Key("license", "str", "the license of models published to the Hugging Face Hub (their card's `license`), "
         "e.g. `apache-2.0`; a publish request's own `license` wins", default_text="— (none stated)"),
+    Key("report_to", "list of str", "experiment trackers the annotation server reports each run to, from the "
+        "events it receives (a GPU host needs no route to them): `mlflow` (`MLFLOW_TRACKING_URI`, "
+        "`MLFLOW_EXPERIMENT_NAME`), `tensorboard` (event files under `training/tensorboard/`); docs/trackers.md",
+        default=()),
 )
 
 WRITEBACK_KEYS: tuple[Key, ...] = (
@@ -395,6 +418,22 @@ WRITEBACK_KEYS: tuple[Key, ...] = (
     Key("live", "bool", "also put each item's predictions into its own record in the watched "
         "`data_directory` (this one field only, every other byte kept), where a running Potato 2.12 shows "
         "them within `watch_poll_interval`, without a restart", default=False),
+    Key("order", "str", "under `assignment_strategy: model_review`, the order Potato 2.12 serves items in: "
+        "`margin` (the gap between the two likeliest labels), `entropy`, `least-confidence` (2.12's own: the "
+        "lowest confidence) or `diverse` (the most uncertain items spread over the model's embeddings); "
+        "docs/answer-types.md, \"The order under model_review\"", default=DEFAULT_STRATEGY),
+    Key("order_batch", "int", "how many items annotators label between two runs, which the `diverse` order and "
+        "cold start spread", minimum=1, maximum=MAX_BATCH,
+        default_text=f"`auto_retrain.update_frequency` when auto-retraining, else {DEFAULT_BATCH}"),
+    Key("gate", "bool", "the quality gate: a schema whose run is no better than the trivial baseline (the "
+        "commonest label, the mean, no span) or than the run annotators see now, or that gives one label to "
+        "every item, is not written back until `potato training promote`; docs/trainers.md, \"The quality "
+        "gate\"", default=True),
+    Key("gate_confidence", "float", "how sure the gate must be, over bootstrap resamples of the held-out "
+        "answers, that a run beats the baseline (or is worse than the live run)", default=0.9,
+        minimum=0.5, maximum=0.999),
+    Key("min_holdout", "int", "below this many held-out answers of a schema the gate cannot judge a run, and "
+        "its predictions are written back unjudged", default=5, minimum=1),
 )
 
 AUTO_RETRAIN_KEYS: tuple[Key, ...] = (
@@ -538,12 +577,6 @@ def _type_name(value: Any) -> str:
 
 def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
-
-
-def did_you_mean(word: Any, choices: Any, end: str = "") -> str:
-    """``"; did you mean `python`?"`` for the closest of *choices*, else *end*."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f"; did you mean `{close[0]}`?" if close else end
 
 
 def _check_value(key: Key, value: Any, path: str, issues: Issues) -> tuple[bool, Any]:
@@ -853,6 +886,15 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
                       issues, unknown="warn")
     scheme_names = [s.name for s in schemes]
     _check_schema_names(wb["schemas"], f"{path}.writeback.schemas", scheme_names, issues)
+    if isinstance(wb["order"], str) and wb["order"] not in STRATEGIES:
+        issues.error(f"{path}.writeback.order", f"{path}.writeback.order is {wb['order']!r}, not an order"
+                     f"{did_you_mean(wb['order'], STRATEGIES, '.')} Orders: {', '.join(STRATEGIES)}")
+    for k, name in enumerate(mt["report_to"] or ()):
+        if name not in TRACKERS:
+            why = ("a tracker this project does not report to yet." if name in TRACKERS_NOT_HERE
+                   else "not a tracker" + did_you_mean(name, TRACKERS, "."))
+            issues.error(f"{path}.report_to[{k}]", f"{path}.report_to names {name!r}, {why} "
+                         f"Trackers: {', '.join(TRACKERS)}")
     if wb["field"] in ("", "id", "instance_id"):
         issues.error(f"{path}.writeback.field", f"{path}.writeback.field is {wb['field']!r}; each record "
                      "names its item under id, so use another key, e.g. predictions")
@@ -909,17 +951,24 @@ def _build_model_training(raw: Any, schemes: tuple[Scheme, ...], debug: bool,
         split_seed=(mt["split_seed"] or 0) if split_set else None,
         aggregation=mt["aggregation"],
         retain_runs=mt["retain_runs"],
+        stable_below=mt["stable_below"],
         writeback=WritebackConfig(
             schemas=tuple(wb["schemas"] or ()),
             include_unlabeled=wb["include_unlabeled"],
             min_confidence=wb["min_confidence"],
             field=wb["field"],
             live=wb["live"],
+            order=wb["order"] if wb["order"] in STRATEGIES else DEFAULT_STRATEGY,
+            order_batch=wb["order_batch"],
+            gate=wb["gate"],
+            gate_confidence=wb["gate_confidence"],
+            min_holdout=wb["min_holdout"],
         ),
         auto_retrain=auto_retrain,
         trainers=trainers,
         prefect_deployment=mt["prefect_deployment"],
         license=mt["license"],
+        report_to=tuple(dict.fromkeys(n for n in mt["report_to"] or () if n in TRACKERS)),
         backends=backends,
     )
 
@@ -1075,7 +1124,7 @@ def _check_pre_annotation(raw: Mapping[str, Any], task_dir: Path, output_dir: Pa
     pre = raw.get("pre_annotation")
     if not isinstance(pre, dict) or not pre.get("enabled") or not writeback.schemas:
         return
-    ours = output_dir / "training" / "predictions.jsonl"
+    ours = output_dir / TRAINING_DIR / WRITEBACK_FILE
     named = pre.get("predictions_file")
     is_ours = isinstance(named, str) and (task_dir / named).resolve() == ours.resolve()
     if writeback.live:
@@ -1157,8 +1206,8 @@ def describe_live(config: ProjectConfig) -> str | None:
             f"records in {shown}/ (.json and .jsonl files; nothing else in them changes), and Potato 2.12 "
             f"shows them within {watch_poll_interval(config.raw):g} s (watch_poll_interval)")
     if assignment_strategy(config.raw) == MODEL_REVIEW:
-        line += ("; under assignment_strategy: model_review an item below min_confidence holds its confidence "
-                 "only, so that the items the model is least sure of are served first")
+        line += (f"; under assignment_strategy: model_review Potato 2.12 serves the items in the order {wb.order!r} "
+                 "ranks them, and an item below min_confidence holds its confidence only, pre-filling nothing")
     return line
 
 
@@ -1182,6 +1231,10 @@ _TOP_LEVEL: Mapping[str, tuple[str, Any]] = {
 }
 
 
+# Keys that examples and tutorials ship with: a server that keeps one is open to anyone who read them.
+PLACEHOLDER_ADMIN_KEYS = frozenset({"change-me", "changeme"})
+
+
 def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     """Check and type the parsed config *raw* read from *path*; collect every issue."""
     issues = Issues()
@@ -1198,6 +1251,11 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     if admin_api_key is not None and not isinstance(admin_api_key, (str, int)):
         issues.error("admin_api_key", f"admin_api_key is {admin_api_key!r}; use a string")
         admin_api_key = None
+    elif str(admin_api_key).strip().lower() in PLACEHOLDER_ADMIN_KEYS:
+        issues.warn("admin_api_key", f"admin_api_key is {admin_api_key!r}, the example's placeholder: anyone "
+                    "who has read the example can log in to the Training page and start, cancel, retract and "
+                    "publish runs. Set a secret of your own, e.g. the output of: "
+                    "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
 
     task_dir = (path.parent / Path(top["task_dir"]).expanduser()).resolve()
     sources = _build_item_sources(raw, task_dir, issues)
@@ -1321,7 +1379,8 @@ def render_backends_doc() -> str:
         *(f"| `{key}` | {meaning} |" for key, meaning in POTATO_212_KEYS),
         "",
         "Keys that only this project has: `backend`, `heartbeat_timeout_s`, `max_predictions_mb`,",
-        "`holdout_fraction`, `backends`, `trainers`, `prefect_deployment`, `license`, `auto_retrain.backend`.",
+        "`holdout_fraction`, `backends`, `trainers`, `prefect_deployment`, `license`, `report_to`,",
+        "`auto_retrain.backend`.",
         "Potato 2.12 ignores them with one warning each at its start.",
         "",
     ]

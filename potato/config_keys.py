@@ -72,6 +72,12 @@ class Issues:
         self.warnings.append(Issue(path, message))
 
 
+# The experiment trackers a run reports to (model_training.report_to), named as transformers' report_to names them.
+TRACKERS = ("mlflow", "tensorboard")
+# Known to transformers, not (yet) reported to here: a config naming one is told so rather than "unknown".
+TRACKERS_NOT_HERE = ("wandb", "comet_ml", "clearml", "neptune", "dagshub", "dvclive", "swanlab", "trackio")
+
+
 SLURM_TIME_FORMS = (
     "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, "
     "DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS or UNLIMITED"

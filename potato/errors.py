@@ -12,6 +12,7 @@ Importable without I/O. The tree::
     │   └── StoreBusy           another writer held the lock too long      (HTTP 503, retried)
     ├── RunRequestError         a run request names an unknown trainer or schema, or a misfit  (HTTP 400)
     │   ├── UnknownBackendError   it names a backend the config lacks      (HTTP 409)
+    │   ├── UnknownTrainerError   it names a trainer that is not registered (HTTP 400)
     │   └── LocalOnlyTrainerError a trainer that runs only here, elsewhere (HTTP 409)
     ├── RunError                a run ends failed with a message meant for the user
     │   ├── HeartbeatTimeout    the worker or agent sent nothing for heartbeat_timeout_s
@@ -48,9 +49,11 @@ the ``__init__`` of the class named for it.
 
 from __future__ import annotations
 
+import shlex
 from typing import Iterable
 
-from potato.trainers.registry import import_failure_message
+from potato.closest_name import did_you_mean
+from potato.training.trainers.registry import import_failure_message
 from potato.training.escaping import quote
 from potato.training.safe_paths import MAX_NAME_BYTES
 
@@ -83,12 +86,23 @@ class StoreError(PotatoError):
     """Raised when the run store refuses an operation."""
 
 
-class UnknownRun(StoreError):
-    """Raised when no run has the id asked for."""
+class TrackerError(PotatoError):
+    """Raised when an experiment tracker cannot take a run's report: what it refused, or why it could not be
+    reached, in words that name the fix. The run goes on: its log keeps it as a warning."""
 
-    def __init__(self, run_id: object):
+
+class CompareError(PotatoError):
+    """Raised when what was asked cannot be compared side by side: fewer than two runs, too many, or one
+    named twice."""
+
+
+class UnknownRun(StoreError):
+    """Raised when no run has the id asked for; *config*, where known, is named in the command that lists them."""
+
+    def __init__(self, run_id: object, config: object = None):
         self.run_id = run_id
-        super().__init__(f"No run with id {run_id!r}")
+        where = shlex.quote(str(config)) if config else "config.yaml"
+        super().__init__(f"No run with id {run_id!r}; list the project's runs with: potato training runs {where}")
 
 
 class RunEnded(StoreError):
@@ -113,21 +127,36 @@ class RunRequestError(PotatoError):
 
 
 class UnknownBackendError(RunRequestError):
-    """Raised when a run request names a backend not in the config."""
+    """Raised when a run request (or ``potato training check``) names a backend not in the config."""
 
     def __init__(self, name: str, known: Iterable[str]):
         self.name = name
         self.known = sorted(known)
-        super().__init__(
-            f"No backend named {name!r} in model_training.backends; known backends: {', '.join(self.known)}"
-        )
+        super().__init__(f"No backend named {name!r} in model_training.backends"
+                         f"{_suggested(name, self.known, 'backends')}")
+
+
+class UnknownTrainerError(RunRequestError):
+    """Raised when a run request names a trainer that is not registered."""
+
+    def __init__(self, name: str, known: Iterable[str]):
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(f"Unknown trainer {name!r}{_suggested(name, self.known, 'trainers')}")
+
+
+def _suggested(name: str, known: list[str], what: str) -> str:
+    """``; did you mean `gpu-server`? Known backends: …`` for a near miss, else ``; known backends: …``."""
+    guess = did_you_mean(name, known)
+    listed = ", ".join(known)
+    return f"{guess} Known {what}: {listed}" if guess else f"; known {what}: {listed}"
 
 
 class LocalOnlyTrainerError(RunRequestError):
     """Raised when a trainer that runs only on this machine is asked for on another backend.
 
     *what* names the backend's type with its article (``an ssh backend``);
-    *why* is the trainer's declared reason (``potato.trainers.registry``).
+    *why* is the trainer's declared reason (``potato.training.trainers.registry``).
     """
 
     def __init__(self, trainer: str, backend: str, what: str, why: str):
@@ -344,6 +373,10 @@ class LiveWritebackError(WritebackError):
 
 class RetractError(PotatoError):
     """Raised when a run's predictions cannot be retracted: no such run, or it made none to retract."""
+
+
+class PromoteError(PotatoError):
+    """Raised when a run's predictions cannot be promoted past the quality gate: no such run, or none to show."""
 
 
 class PrefectApiError(PotatoError):

@@ -35,7 +35,6 @@ Files in ``runs/<id>/``:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -43,6 +42,7 @@ from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, 
 from potato.prediction_shapes import Prediction, parse_prediction
 from potato.project import dump_line, load_line
 from potato.runs.paths import RunPaths
+from potato.training import atomic_files
 from potato.training.calibration import expected_calibration_error, reliability_bins
 
 FORMAT = 1
@@ -147,12 +147,17 @@ class _Picture:
         return out
 
 
-def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Sequence[str]) -> dict[str, Any]:
-    """Write ``labels.jsonl`` and ``evaluation.json`` for the run's *schemas*; return the evaluation."""
+def schema_answers(bundle_dir: Path, schemas: Sequence[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The run's *schemas*' labels and answer kinds, as the server's bundle's manifest holds them."""
     manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
     labels = {s: list(manifest["schemas"][s]) for s in schemas if s in manifest.get("schemas", {})}
     answers = manifest.get("answers") or {}
-    kinds = {s: (answers.get(s) or {}).get("kind", NOMINAL) for s in labels}
+    return labels, {s: (answers.get(s) or {}).get("kind", NOMINAL) for s in labels}
+
+
+def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Sequence[str]) -> dict[str, Any]:
+    """Write ``labels.jsonl`` and ``evaluation.json`` for the run's *schemas*; return the evaluation."""
+    labels, kinds = schema_answers(bundle_dir, schemas)
     held: dict[str, set[str]] = {s: set() for s in labels}
     for item in _bundle_items(bundle_dir):
         if item.get("holdout"):
@@ -163,8 +168,7 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
     predicted = _holdout_predictions(paths.predictions, kinds, labels, held)
 
     pictures = {s: _Picture(kinds[s], names) for s, names in labels.items()}
-    tmp = paths.labels.with_name(f".{paths.labels.name}.tmp")
-    with open(tmp, "wb") as out:
+    with atomic_files.replacing(paths.labels) as out:
         for item in _bundle_items(bundle_dir):
             for schema, gold in (item.get("labels") or {}).items():
                 if schema not in labels:
@@ -178,7 +182,6 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
                         line.update(_prediction_fields(prediction))
                         pictures[schema].add(gold, prediction)
                 out.write(dump_line(line))  # answers may hold any string JSON carries (a lone surrogate)
-    os.replace(tmp, paths.labels)
 
     evaluation = {"format": FORMAT, "run_id": run_id,
                   "schemas": {schema: picture.as_dict() for schema, picture in pictures.items()}}
@@ -187,10 +190,7 @@ def record_evaluation(run_id: int, run_dir: Path, bundle_dir: Path, schemas: Seq
 
 
 def write_evaluation(run_dir: Path, evaluation: dict[str, Any]) -> None:
-    target = RunPaths(run_dir).evaluation
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(evaluation, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    atomic_files.write_text(RunPaths(run_dir).evaluation, json.dumps(evaluation, indent=1) + "\n")
 
 
 def read_evaluation(run_dir: Path) -> dict[str, Any] | None:

@@ -8,14 +8,23 @@ holdout items): such a value shows as ``?`` or ``-`` and never stops
 
 from __future__ import annotations
 
+import os
+import shlex
+import threading
 import time
-from typing import Callable, TextIO
+from contextlib import contextmanager
+from typing import Callable, Iterator, TextIO
 
 from potato.score_text import number_text, score_line
 from potato.store import END_STATES, Run, Store
-from potato.trainers import metrics
+from potato.training.trainers import metrics
 
 BAR_WIDTH = 24
+# A step without a progress bar (the flow starting, the bundle, a copy) shows how long it has taken
+# once it has taken this long, so that a slow one is seen to be alive.
+SAY_ELAPSED_AFTER_S = 2.0
+# How often a wait with nothing else to show (the Prefect API starting) says it is still waiting.
+STILL_WAITING_EVERY_S = 15.0
 
 
 def progress_bar(fraction: float | None) -> str:
@@ -37,6 +46,22 @@ def format_duration(seconds: float | None) -> str:
         return f"{minutes}m{seconds:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def format_time(stamp: float | None) -> str:
+    """``2025-03-01 14:02:11 UTC+01:00``: local time with its offset from UTC (``UTC`` when there is none),
+    as the pages show it, so a time read on the server and one read in a browser elsewhere can be compared."""
+    if not stamp:
+        return "-"
+    local = time.localtime(stamp)
+    return time.strftime("%Y-%m-%d %H:%M:%S ", local) + utc_offset(local.tm_gmtoff)
+
+
+def utc_offset(seconds: int) -> str:
+    if not seconds:
+        return "UTC"
+    sign, seconds = ("+" if seconds > 0 else "-"), abs(seconds)
+    return f"UTC{sign}{seconds // 3600:02d}:{seconds % 3600 // 60:02d}"
 
 
 def run_duration(run: Run, now: float | None = None) -> float | None:
@@ -77,6 +102,7 @@ class Follower:
         self.last_kind = ""
         self.last_printed = 0.0
         self.line_open = False
+        self.step_text, self.step_since = "", time.monotonic()
 
     def _emit(self, text: str) -> None:
         if self.line_open:
@@ -99,16 +125,22 @@ class Follower:
             self.cursor = event.seq
             if event.kind == "log" and event.data.get("level") in ("warning", "error"):
                 self._emit(f"{event.data['level']}: {event.data.get('message', '')}")
+            elif event.kind == "cancel":
+                self._emit(f"Cancel requested {event.data.get('by', '')}")
         line = run.step or run.state
         if run.state == "queued":
             position = self.store.queue_position(run.id)
             line = f"queued (position {position} in the queue)" if position else "queued"
-        bar = progress_bar(run.progress) if run.state == "running" else ""
-        text = f"[run {run.id}] {line} {bar}".rstrip()
         now = time.monotonic()
         # Off a terminal (a log file, CI), print a new kind of step at once ("training",
         # "predicting", …) but its moving numbers at most every 5 s.
         kind = line.split(":", 1)[0]
+        if line != self.step_text:
+            self.step_text, self.step_since = line, now
+        bar = progress_bar(run.progress) if run.state == "running" else ""
+        if not bar and now - self.step_since >= SAY_ELAPSED_AFTER_S:
+            line += f" ({format_duration(now - self.step_since)})"  # a step without a bar still moves
+        text = f"[run {run.id}] {line} {bar}".rstrip()
         if text != self.last_line and (self.tty or kind != self.last_kind or now - self.last_printed > 5):
             self._status(text)
             self.last_line, self.last_kind, self.last_printed = text, kind, now
@@ -147,3 +179,45 @@ def follow(store: Store, run_id: int, out: TextIO, *, tty: bool, tick: Callable[
             follower.finish(run)
             return run
         time.sleep(interval)
+
+
+def prefect_starting() -> str:
+    """Said before the run's Prefect API is started (or found): starting one takes seconds to a minute."""
+    if os.environ.get("PREFECT_API_URL"):
+        return f"Connecting to the Prefect API at {os.environ['PREFECT_API_URL']} (PREFECT_API_URL)…"
+    return "Starting Prefect, which runs each run as a flow (the project's own API, reused once it runs)…"
+
+
+def prefect_ready(api: str, seconds: float) -> str:
+    return f"Prefect API ready at {api} after {format_duration(seconds)}"
+
+
+@contextmanager
+def still_waiting(out: TextIO, what: str, every: float | None = None) -> Iterator[None]:
+    """While the block runs, say every *every* seconds (``STILL_WAITING_EVERY_S``) that *what* is still
+    going on, and for how long: a wait that says nothing for a minute reads as a hang."""
+    every = every or STILL_WAITING_EVERY_S
+    done, started = threading.Event(), time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            out.write(f"  … {what} ({format_duration(time.monotonic() - started)})\n")
+            out.flush()
+
+    ticker = threading.Thread(target=tick, name="potato-still-waiting", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+
+
+def next_steps(config: str, run_id: int) -> list[str]:
+    """What to do after a run: where its page is (``potato start`` serves it) and how to list the runs."""
+    config = shlex.quote(config)
+    return [
+        f"Next: potato training runs {config}   (every run, its state and scores)",
+        f"      potato start {config}   then open http://127.0.0.1:8000/admin/training/runs/{run_id} "
+        "(log in with the config's admin_api_key)",
+    ]

@@ -7,12 +7,13 @@ Below both the flow's steps (potato/backends) and the agent protocol
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from potato.config import ProjectConfig
+from potato.review_order import order_spec
 from potato.store import Run
+from potato.training import atomic_files
 from potato.training.job_paths import JobPaths
 
 
@@ -41,6 +42,9 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
         "grace_seconds": mt.grace_seconds,
         "processes": processes_for(backend),
     }
+    order = order_spec(config)
+    if order is not None:  # what a trainer that orders where its model is needs (potato.training.trainers.diverse_order)
+        job["order"] = order
     if len(plan) > 1:  # several trainers, one after the other (potato/training/parts.py)
         job["parts"] = [{"trainer": trainer, "schemas": list(schemas), "options": options_of(trainer)}
                         for trainer, schemas in plan.items()]
@@ -50,8 +54,12 @@ def make_job(config: ProjectConfig, run: Run, *, bundle: str) -> dict[str, Any]:
 def trainer_options(config: ProjectConfig, run: Run | None, trainer: str) -> dict[str, Any]:
     """The options *trainer* gets in *run*: the config's for it, then the run's own (*run* None: the config's
     alone, what ``potato training check`` assumes a run has)."""
-    own = (run.options or {}) if run is not None else {}
-    return {**config.model_training.trainers.get(trainer, {}), **own}
+    return options_with(config, trainer, (run.options or {}) if run is not None else {})
+
+
+def options_with(config: ProjectConfig, trainer: str, own: dict[str, Any] | None) -> dict[str, Any]:
+    """The config's options for *trainer*, then a run's *own* over them."""
+    return {**config.model_training.trainers.get(trainer, {}), **(own or {})}
 
 
 def processes_for(backend: Any) -> int | str | None:
@@ -68,7 +76,5 @@ def processes_for(backend: Any) -> int | str | None:
 def write_job(job_dir: Path, job: dict[str, Any]) -> Path:
     job_dir.mkdir(parents=True, exist_ok=True)
     path = Path(JobPaths(job_dir).job)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(job, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_files.write_text(path, json.dumps(job, indent=2))
     return path

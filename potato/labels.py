@@ -103,8 +103,9 @@ class Votes:
 
 
 @dataclass(frozen=True)
-class Aggregated:
-    """Majority labels: ``labels[schema][item_id]`` = label index; ties per schema."""
+class ChosenLabels:
+    """One label per item, by majority vote or by consensus: ``labels[schema][item_id]`` = label index; ties
+    per schema."""
 
     schemes: dict[str, tuple[str, ...]]
     labels: dict[str, dict[str, int]]
@@ -811,7 +812,7 @@ def _fast_entries(labels: Any) -> list[tuple[str, str, Any]]:
     return list(parse_label_entries(labels))
 
 
-def aggregate_votes(votes: Votes) -> Aggregated:
+def aggregate_votes(votes: Votes) -> ChosenLabels:
     """Majority label per item and schema; ties go to the earliest label in the schema.
 
     Returns the labels and the number of tied (item, schema) pairs per schema.
@@ -831,10 +832,10 @@ def aggregate_votes(votes: Votes) -> Aggregated:
                 tied.add(packed)
         labels[schema] = dict(zip(per_item, map(winner.__getitem__, per_item.values())))
         ties[schema] = sum(map(tied.__contains__, per_item.values())) if tied else 0
-    return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+    return ChosenLabels(schemes=dict(votes.schemes), labels=labels, ties=ties)
 
 
-def consensus_votes(votes: Votes) -> Aggregated:
+def consensus_votes(votes: Votes) -> ChosenLabels:
     """Dawid-Skene labels per schema (``potato.consensus``) from ``read_votes(..., per_user=True)``.
 
     Each label an annotator selected is one observation (a multiselect item
@@ -862,7 +863,7 @@ def consensus_votes(votes: Votes) -> Aggregated:
         label_of = {code: decided[pattern] for code, pattern in pattern_of.items()}
         labels[schema] = dict(zip(ids, map(label_of.__getitem__, _answers(columns, ids, width))))
         ties[schema] = sum(n for code, n in seen.items() if pattern_of[code] in tied)
-    return Aggregated(schemes=dict(votes.schemes), labels=labels, ties=ties)
+    return ChosenLabels(schemes=dict(votes.schemes), labels=labels, ties=ties)
 
 
 def _answers(columns: list[dict[str, int]], ids: list[str], width: int) -> Iterator[int]:
@@ -882,7 +883,7 @@ def _observed(code: int, n_users: int, width: int, n_labels: int) -> tuple[tuple
                  for label, n in enumerate(unpack_counts(packed, n_labels)) if n)
 
 
-def changed_labels(chosen: Aggregated, majority: Aggregated) -> dict[str, int]:
+def changed_labels(chosen: ChosenLabels, majority: ChosenLabels) -> dict[str, int]:
     """Per schema, how many items *chosen* labels otherwise than *majority* does."""
     return {schema: sum(map(ne, map(majority.labels[schema].get, per_item), per_item.values()))
             for schema, per_item in chosen.labels.items()}

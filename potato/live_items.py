@@ -18,29 +18,51 @@ reach a running 2.12 only through the record it was first read from:
   (U+2028, U+0085, a form feed…) is one 2.12 cannot read at all: it splits
   the record that holds it.
 
-``unwritable`` says which of these holds for a file. Reading only: the
-writing is ``potato.live_writeback``'s.
+``unwritable`` says which of these holds for a file. And some files are the
+data provider's in a way a rewrite would break, so they are never rewritten
+either (``not_rewritten``): a **symbolic link** (its file may be outside the
+directory, shared with another project: a rewrite would change it there, or
+replace the link by a copy); a **hard-linked** file (a rewrite is a new file,
+cut off from its other names); a **read-only** file (its owner may not write
+it, so neither does the writeback); a file **owned by another account** when
+the server is not root (the rewritten file could not be given back to its
+owner, who would lose write access to it). Their items' predictions reach
+annotators only through ``pre_annotation.predictions_file``, at 2.12's next
+start; ``potato validate`` names each such file (``not_rewritten_files``).
+Reading only: the writing is ``potato.live_writeback``'s.
 
-**Whose field it is.** The live writeback owns ``writeback.field`` of every
-record it may change. Before its first writeback into a directory (no
-``training/live-writeback.json`` naming that field), a record that already
-holds the field holds something of the project's own, which the writeback
-would replace: ``foreign_field`` names it, ``potato validate`` reports it, and
-the writeback refuses to start (``LiveWritebackError``).
+**Whose field it is.** The live writeback owns ``writeback.field`` of the
+records it wrote. ``training/live-writeback.json`` (the marker) names the
+field and the ids of the records that hold what the writeback wrote there;
+it is written before the first record changes. Before the first writeback
+into a directory (no marker naming that field), a record that already holds
+the field, with a value other than the writeback file's for it, holds
+something of the project's own, which the writeback would replace:
+``foreign_field`` names it, ``potato validate`` reports it, and the writeback
+refuses to start (``LiveWritebackError``). Afterwards a record holding the
+field that the marker does not list is reported and left as it is. A marker
+from before the list (``{"field": …}`` alone) keeps its old meaning: every
+record's field is the writeback's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
+
+import orjson
 
 from potato.config import ProjectConfig, data_directory_files
 from potato.data_warnings import GroupedWarnings, show_path
 from potato.json_records import Record, ascii_safe, records, starts_array
 from potato.project import item_ids_of_files, read_items_file
-from potato.training.escaping import quote
+from potato.training import atomic_files
+from potato.training.escaping import json_bytes, quote
 
 # In training/: which field of the directory's records the live writeback owns.
 MARKER = "live-writeback.json"
@@ -61,17 +83,120 @@ class DataFile(NamedTuple):
     records: list[Record]
 
 
+def read_targets(config: ProjectConfig) -> dict[str, Any]:
+    """What the writeback file holds for each item: its id, the value of its ``writeback.field``."""
+    field_name = config.model_training.writeback.field
+    targets: dict[str, Any] = {}
+    try:
+        handle = open(config.writeback_file, "rb")
+    except FileNotFoundError:
+        return targets
+    with handle:
+        for raw in handle:
+            if not raw.strip():
+                continue
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                record = json.loads(raw.decode("utf-8"))
+            if isinstance(record, dict) and isinstance(record.get("id"), str) and field_name in record:
+                targets[record["id"]] = record[field_name]
+    return targets
+
+
 def marker_path(config: ProjectConfig) -> Path:
     return config.training_dir / MARKER
 
 
-def owns_field(config: ProjectConfig) -> bool:
-    """Whether the live writeback has written ``writeback.field`` into this directory's records before."""
+@dataclass
+class Marker:
+    """What the marker says: the field the writeback owns, and the records holding what it wrote there
+    (None: a marker from before the list, under which every record's field is the writeback's)."""
+
+    field: str
+    ids: set[str] | None
+
+    def ours(self, item_id: str) -> bool:
+        return self.ids is None or item_id in self.ids
+
+
+def read_marker(config: ProjectConfig) -> Marker | None:
+    """The marker, when it names ``writeback.field``; None before the first live writeback of that field."""
     try:
         found = json.loads(marker_path(config).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(found, dict) and found.get("field") == config.model_training.writeback.field
+        return None
+    field_name = config.model_training.writeback.field
+    if not (isinstance(found, dict) and found.get("field") == field_name):
+        return None
+    ids = found.get("ids")
+    if not isinstance(ids, list):
+        return Marker(field_name, None)
+    return Marker(field_name, {i for i in ids if isinstance(i, str)})
+
+
+def write_marker(config: ProjectConfig, marker: Marker) -> None:
+    """Keep *marker* (``potato.training.atomic_files``: the old one or the new one, never half)."""
+    content: dict[str, Any] = {"field": marker.field}
+    if marker.ids is not None:
+        content["ids"] = sorted(marker.ids)
+    atomic_files.write_bytes(marker_path(config), json_bytes(content) + b"\n")
+
+
+def owns_field(config: ProjectConfig) -> bool:
+    """Whether the live writeback has written ``writeback.field`` into this directory's records before."""
+    return read_marker(config) is not None
+
+
+# Why a data file is not rewritten (module docstring); each is said with the file's name.
+SYMLINK = ("a symbolic link{where}: the live writeback never rewrites where a link points (a file outside the "
+           "directory may be another project's too); link the file's directory instead, or copy the file in")
+HARD_LINKED = ("hard-linked ({links} names): a rewrite would be a new file, cut off from its other names; keep one "
+               "name of it in the directory")
+READ_ONLY = "read-only (mode {mode:04o}): its owner may not write it, so neither does the live writeback"
+OTHER_OWNER = ("owned by another account (uid {uid}, gid {gid}), to which this server's account (uid {me}) could not "
+               "give the rewritten file back: its owner would lose write access to it; run Potato as the files' "
+               "owner, or give the files to its account")
+NOT_REGULAR = "not a regular file"
+
+
+def not_rewritten(directory: Path, name: str, st: os.stat_result) -> str | None:
+    """Why the data file *name* of *directory* (``st``: its ``lstat``) is the provider's in a way a rewrite
+    would break (module docstring), or None."""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = Path(os.path.realpath(directory / name))
+            inside = target.parent == Path(os.path.realpath(directory))
+        except OSError:
+            inside = False
+        return SYMLINK.format(where=" to a file in the directory" if inside else " to a file outside the directory")
+    if not stat.S_ISREG(st.st_mode):
+        return NOT_REGULAR
+    if st.st_nlink > 1:
+        return HARD_LINKED.format(links=st.st_nlink)
+    if not st.st_mode & stat.S_IWUSR:
+        return READ_ONLY.format(mode=stat.S_IMODE(st.st_mode))
+    me = os.geteuid()
+    if me != 0 and (st.st_uid != me or (st.st_gid != os.getegid() and st.st_gid not in os.getgroups())):
+        return OTHER_OWNER.format(uid=st.st_uid, gid=st.st_gid, me=me)
+    return None
+
+
+def not_rewritten_files(config: ProjectConfig) -> list[tuple[Path, str]]:
+    """The data files of the watched directory that the live writeback leaves as they are, and why."""
+    directory = config.data_directory
+    if directory is None:
+        return []
+    found = []
+    for path in data_directory_files(directory):
+        try:
+            why = unwritable(path, config.data_directory_encoding) or not_rewritten(
+                directory, path.name, os.lstat(path))
+        except OSError:
+            continue
+        if why and why != TABLE_FILE:
+            found.append((path, why))
+    return found
 
 
 def unwritable(path: Path, encoding: str) -> str | None:
@@ -86,7 +211,11 @@ def unwritable(path: Path, encoding: str) -> str | None:
 
 def read_data_file(path: Path, encoding: str) -> DataFile:
     """*path*'s bytes and records; ``ValueError`` saying why Potato 2.12 reads none of it."""
-    data = path.read_bytes()
+    return parse_data_file(path, path.read_bytes(), encoding)
+
+
+def parse_data_file(path: Path, data: bytes, encoding: str) -> DataFile:
+    """The records of *data*, the bytes of *path*; ``ValueError`` saying why Potato 2.12 reads none of it."""
     array = starts_array(data)
     if not array:
         if encoding == "utf-8":
@@ -127,22 +256,30 @@ def line_of(data_file: DataFile, record: Record) -> int:
     return data_file.data.count(b"\n", 0, record.start) + 1
 
 
-def foreign_field(config: ProjectConfig) -> str | None:
+def foreign_field(config: ProjectConfig, targets: Mapping[str, Any] | None = None,
+                  seen: set[str] | None = None) -> str | None:
     """Before the live writeback's first writeback, the first record that already holds ``writeback.field``
-    (a sentence naming it and the fix), else None."""
+    with a value other than what the writeback file holds for it (*targets*; read when None) — a sentence
+    naming it and the fix — else None. A record holding exactly the file's value is the writeback's own, left
+    by a first writeback cut short. *seen*: the ids read before the directory (``earlier_ids``; read when
+    None), updated."""
     wb = config.model_training.writeback
     if not (wb.live and wb.schemas) or config.data_directory is None or owns_field(config):
         return None
-    seen = earlier_ids(config)
+    if targets is None:
+        targets = read_targets(config)
+    if seen is None:
+        seen = earlier_ids(config)
     for path in data_directory_files(config.data_directory):
-        if unwritable(path, config.data_directory_encoding):
-            continue
         try:
+            if unwritable(path, config.data_directory_encoding) or not_rewritten(
+                    config.data_directory, path.name, os.lstat(path)):
+                continue
             data_file = read_data_file(path, config.data_directory_encoding)
         except (OSError, ValueError):
             continue
         for record, item_id in first_records(data_file, config.id_key, seen):
-            if wb.field in record.value:
+            if wb.field in record.value and record.value[wb.field] != targets.get(item_id, _NONE):
                 return (f"{show_path(path, config.task_dir)} line {line_of(data_file, record)}: item "
                         f"{quote(item_id)} already holds a field {wb.field!r} of its own, which the live "
                         f"writeback (model_training.writeback.live) would replace; set "
@@ -150,8 +287,12 @@ def foreign_field(config: ProjectConfig) -> str | None:
     return None
 
 
+_NONE = object()
+
+
 def table_ids(config: ProjectConfig, path: Path) -> list[str]:
-    """The ids of a CSV or TSV file of the directory, read as a run reads them."""
+    """The ids of a file of the directory the writeback does not rewrite (a CSV or TSV file…), read as a run
+    reads them; ``ProjectDataError`` when it cannot be read."""
     return [item.id for item in read_items_file(path, config.id_key, config.text_key, config.task_dir,
                                                 encoding=config.data_directory_encoding,
                                                 skipped=GroupedWarnings())]

@@ -22,20 +22,53 @@ The rules, because these are the project's own files:
   order mark stay as they are. Taking a prediction away removes the field
   with the comma before it, so a record whose predictions all go is its
   original bytes again.
-- **Atomic.** A changed file is written whole under a temporary name 2.12 does
-  not watch (``.<name>.live-<pid>.tmp``: hidden, and not ``.json``), fsynced,
-  and renamed over the file, then the directory is fsynced: 2.12 reads the old
-  file or the new one. A writer killed in between leaves the old file and a
-  temporary, which the next writeback removes.
+- **Atomic, and no way in.** A changed file is written whole under a
+  temporary name 2.12 does not watch (``.<name>.live-<random>.tmp``: hidden,
+  and not ``.json``), fsynced, and renamed over the file, then the directory
+  is fsynced: 2.12 reads the old file or the new one. The directory is one a
+  data provider can write, so the temporary is made as
+  ``potato.training.atomic_files`` makes every one (exclusively, never
+  through a link, under a name nobody can guess, relative to the directory's
+  descriptor, its mode and owner — the old file's — set through its
+  descriptor), and the rename happens only while the name still holds the
+  regular file that was read. A writer killed in between leaves the old file
+  and a temporary, which the next writeback removes.
+- **Only the directory's own files.** A data file that is a symbolic link,
+  hard-linked, read-only, or (for a server that is not root) owned by
+  another account is never rewritten (``potato.live_items.not_rewritten``):
+  its items are "not live", with the reason in the run log and in ``potato
+  validate``. No temporary is ever made outside the watched directory.
+- **Feeds that append.** A program that appends items to a data file (a
+  feed) and this writeback take turns through an advisory lock: the
+  writeback holds ``flock(LOCK_EX)`` on each file it rewrites (waiting at
+  most ``LOCK_WAIT_S``, else the file is left as it was and reported), and
+  on its new version until the new version is complete. The rule for a
+  feed: for each batch, open the file for appending, take
+  ``flock(f, LOCK_EX)``, check that the name still holds the file it opened
+  (``os.fstat(f.fileno()).st_ino == os.stat(path).st_ino``; if not, close it
+  and open the name again), append, close. A feed that follows it never
+  loses an item. Bytes a feed appended to the old file after it was read
+  (one that skipped the lock) are put back at the end of the new version,
+  up to the moment the writeback lets go of the old file; a feed that keeps
+  the file open for good writes into the old file after that, and those
+  items are lost to it.
 - **Only what changed.** A file none of whose records change is not written,
   so 2.12 does not re-read it (its re-read parses the whole file and rebuilds
   its search index: bench/live_writeback.py). A file another program changed
   while it was being rewritten is read again and rewritten (three tries).
 - **Whose field.** Before the first live writeback into a directory, a record
-  that already holds the field is the project's own and stops it
-  (``potato.live_items.foreign_field``); afterwards the field is this
-  writeback's. Which records can carry predictions at all (not a CSV cell,
-  not an item 2.12 keeps from ``data_files``): ``potato.live_items``.
+  that already holds the field (with another value than the writeback
+  file's) is the project's own and stops it
+  (``potato.live_items.foreign_field``). The marker
+  (``training/live-writeback.json``) is written before the first record
+  changes and lists the records that hold what the writeback wrote, so a
+  first writeback cut short is finished by the next one; a record holding
+  the field that the marker does not list is reported and left as it is.
+  Which records can carry predictions at all (not a CSV cell, not an item
+  2.12 keeps from ``data_files``): ``potato.live_items``.
+- **Reported, never raised.** A file that cannot be read or rewritten (not
+  UTF-8, a CSV cell past the csv module's limit, a full disk) is named in
+  the report and left as it was; the run does not fail for it.
 
 The writeback file stays the truth: the same rules decide what it holds
 (``potato.writeback``: schemas, the item of the run, the leak guard,
@@ -43,11 +76,16 @@ The writeback file stays the truth: the same rules decide what it holds
 half-way is finished by the next one, or by ``potato start``, which catches
 the records up with the file when it starts (``catch_up``). One writer at a
 time: ``potato.writeback.writeback_lock``.
+
+The refusal's line (``The live writeback was refused, …``) starts otherwise
+than every line of a writeback that ran (``Live writeback: …``), so a log
+and a test tell them apart.
 """
 
 from __future__ import annotations
 
-import json
+import errno
+import fcntl
 import os
 import stat
 import time
@@ -55,16 +93,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import orjson
-
 from potato.config import ProjectConfig, data_directory_files, watch_poll_interval
 from potato.data_warnings import show_path
-from potato.errors import LiveWritebackError
+from potato.errors import LiveWritebackError, ProjectDataError
 from potato.json_records import EditError, set_member
 from potato.live_items import (
-    earlier_ids, first_records, foreign_field, marker_path, owns_field, read_data_file, table_ids, unwritable,
+    Marker, earlier_ids, first_records, foreign_field, line_of, not_rewritten, owns_field,
+    parse_data_file, read_marker, read_targets, table_ids, unwritable, write_marker,
 )
-from potato.writeback import WritebackSummary, write_back, write_report, writeback_lock, writeback_path
+from potato.training import atomic_files
+from potato.training.escaping import quote
+from potato.writeback import WritebackSummary, write_back, write_report, writeback_lock
+
+__all__ = ["LiveReport", "catch_up", "is_live", "publish", "read_targets", "sync_items", "sync_reported"]
 
 # A file another program changes while it is rewritten is read again this many times at most.
 TRIES = 3
@@ -72,7 +113,15 @@ TRIES = 3
 # size or mtime changed (its directory watcher compares mtime with >), and a same-size file rewritten within
 # the file system's clock tick would otherwise look unchanged.
 MTIME_STEP_NS = 10_000_000
+# How long the writeback waits for a feed's lock on a data file (a feed holds it for one batch), and how often
+# it asks.
+LOCK_WAIT_S = 10.0
+LOCK_POLL_S = 0.05
 FROM_DATA_FILES = "read from data_files, where Potato 2.12 keeps them"
+# What this writeback's temporaries are called (.<name>.live-<random>.tmp), so that a killed one's are removed.
+TEMPORARY_TAG = "live"
+LEFTOVERS = atomic_files.leftover_pattern(TEMPORARY_TAG)
+REFUSED = "The live writeback was refused, and no record of {directory}/ changed: {error}"
 
 
 @dataclass
@@ -83,9 +132,12 @@ class LiveReport:
     poll_s: float
     files: dict[str, int] = field(default_factory=dict)  # each file rewritten: records changed
     not_live: dict[str, int] = field(default_factory=dict)  # why: items with predictions 2.12 cannot show live
-    problems: list[str] = field(default_factory=list)  # files left as they were, and why
+    problems: list[str] = field(default_factory=list)  # files (or records) left as they were, and why
     seconds: float = 0.0
     error: str | None = None
+    # The files whose records may not hold what the writeback file holds, because they were left as they
+    # were (the directory itself, for a refusal after an earlier writeback): a retract must not say all is well.
+    behind: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> int:
@@ -94,12 +146,14 @@ class LiveReport:
     def describe(self) -> str:
         """The run log's line (a warning when ``error`` or ``problems``)."""
         if self.error:
-            return f"Live writeback: no record of {self.directory}/ was changed: {self.error}"
+            return REFUSED.format(directory=self.directory, error=self.error)
         if self.files:
             listed = ", ".join(f"{name} {n}" for name, n in self.files.items())
             text = (f"Live writeback: {self.changed} record(s) in {len(self.files)} file(s) of {self.directory}/ "
                     f"changed ({listed}) in {self.seconds:.1f} s; Potato 2.12 shows them within "
                     f"{self.poll_s:g} s (watch_poll_interval)")
+        elif self.behind:
+            text = f"Live writeback: no file of {self.directory}/ was changed, because of problems"
         else:
             text = f"Live writeback: the records in {self.directory}/ already hold these predictions; no file changed"
         if self.not_live:
@@ -121,15 +175,17 @@ def is_live(config: ProjectConfig) -> bool:
 
 
 def publish(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], predictions: Path, bundle_dir: Path,
-            *, trained_on: Mapping[str, set[str]] | None = None) -> tuple[WritebackSummary, LiveReport | None]:
+            *, trained_on: Mapping[str, set[str]] | None = None,
+            gate: Sequence[str] = ()) -> tuple[WritebackSummary, LiveReport | None]:
     """Write run *run_id*'s predictions back (``potato.writeback.write_back``), then, when live, into the
-    items' records; keep the run's writeback report for the Training page. Raises ``WritebackError`` as
-    ``write_back`` does; a live writeback that fails is reported, never raised: the file is written."""
+    items' records; keep the run's writeback report for the Training page, with the quality gate's *gate*
+    verdicts in words. Raises ``WritebackError`` as ``write_back`` does; a live writeback that fails is
+    reported, never raised: the file is written."""
     with writeback_lock(config):
         summary = write_back(config, run_id, run_schemas, predictions, bundle_dir, trained_on=trained_on)
         live = sync_reported(config) if is_live(config) and summary.schemas else None
     write_report(config, run_id, {**summary.as_dict(), "run_id": run_id, "written_at": time.time(),
-                                  "live": live.as_dict() if live is not None else None})
+                                  "live": live.as_dict() if live is not None else None, "gate": list(gate)})
     return summary, live
 
 
@@ -138,7 +194,10 @@ def sync_reported(config: ProjectConfig) -> LiveReport:
     try:
         return sync_items(config)
     except LiveWritebackError as exc:
-        return LiveReport(_shown_directory(config), watch_poll_interval(config.raw), error=str(exc))
+        shown = _shown_directory(config)
+        # After an earlier writeback the records may hold what the writeback file no longer does.
+        return LiveReport(shown, watch_poll_interval(config.raw), error=str(exc),
+                          behind=[f"{shown}/"] if owns_field(config) else [])
 
 
 def catch_up(config: ProjectConfig, log: Callable[[str], None]) -> None:
@@ -156,76 +215,44 @@ def _shown_directory(config: ProjectConfig) -> str:
     return show_path(config.data_directory, config.task_dir)
 
 
-def read_targets(config: ProjectConfig) -> dict[str, Any]:
-    """What the writeback file holds for each item: its id, the value of its ``writeback.field``."""
-    field_name = config.model_training.writeback.field
-    targets: dict[str, Any] = {}
-    try:
-        handle = open(writeback_path(config), "rb")
-    except FileNotFoundError:
-        return targets
-    with handle:
-        for raw in handle:
-            if not raw.strip():
-                continue
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                record = json.loads(raw.decode("utf-8"))
-            if isinstance(record, dict) and isinstance(record.get("id"), str) and field_name in record:
-                targets[record["id"]] = record[field_name]
-    return targets
-
-
 def sync_items(config: ProjectConfig) -> LiveReport:
     """Make every record of the watched data_directory hold, under ``writeback.field``, what the writeback
     file holds for its item (module docstring). Call it holding ``writeback_lock``.
 
-    Raises ``LiveWritebackError`` (before changing anything) when a record holds the field of its own.
+    Raises ``LiveWritebackError`` (before changing anything) when a record holds the field of its own before
+    the first writeback, when ``data_files`` cannot be read (which of the directory's items 2.12 keeps from
+    there is then unknown), or when the directory cannot be opened.
     """
     started = time.monotonic()
     directory = config.data_directory
-    encoding = config.data_directory_encoding
     report = LiveReport(_shown_directory(config), watch_poll_interval(config.raw))
-    problem = foreign_field(config)
-    if problem:
-        raise LiveWritebackError(problem)
     targets = read_targets(config)
-    _remove_temporaries(directory)
-    seen = earlier_ids(config)
-    before_directory = sum(1 for item_id in seen if item_id in targets)
-    if before_directory:
-        report.not_live[FROM_DATA_FILES] = before_directory
-    for path in data_directory_files(directory):
-        shown = show_path(path, config.task_dir)
-        why = unwritable(path, encoding)
-        if why:
-            fresh = [i for i in table_ids(config, path) if i not in seen]
-            seen.update(fresh)
-            held = sum(1 for i in fresh if i in targets)
-            if held:
-                report.not_live[why] = report.not_live.get(why, 0) + held
-            continue
-        for attempt in range(TRIES):
-            taken: list[str] = []
-            try:
-                changed = _sync_file(config, path, targets, seen, taken)
-            except _ChangedMeanwhile:
-                seen.difference_update(taken)
-                if attempt + 1 == TRIES:
-                    report.problems.append(f"{shown} (another program kept changing it)")
-                continue
-            except (OSError, ValueError, EditError) as exc:
-                seen.difference_update(taken)
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                report.problems.append(f"{shown} ({why})")
-            else:
-                if changed:
-                    report.files[shown] = changed
-            break
-    if not owns_field(config):
-        marker = marker_path(config)
-        marker.write_text(json.dumps({"field": config.model_training.writeback.field}) + "\n", encoding="utf-8")
+    try:
+        seen = earlier_ids(config)
+    except ProjectDataError as exc:
+        raise LiveWritebackError(f"{exc}; until data_files can be read it is not known which of the "
+                                 "directory's items Potato 2.12 keeps from there") from None
+    marker = read_marker(config)
+    if marker is None:
+        problem = foreign_field(config, targets, set(seen))
+        if problem:
+            raise LiveWritebackError(problem)
+    try:
+        dir_fd = atomic_files.open_directory(directory)
+    except OSError as exc:
+        raise LiveWritebackError(f"{report.directory}/ cannot be opened: {exc.strerror or exc}") from None
+    try:
+        atomic_files.remove_leftovers(dir_fd, LEFTOVERS)
+        if marker is None:  # before the first record changes: a first writeback cut short is the next one's
+            marker = Marker(config.model_training.writeback.field, set())
+            write_marker(config, marker)
+        before_directory = sum(1 for item_id in seen if item_id in targets)
+        if before_directory:
+            report.not_live[FROM_DATA_FILES] = before_directory
+        for path in data_directory_files(directory):
+            _sync_path(config, dir_fd, path, targets, seen, marker, report)
+    finally:
+        os.close(dir_fd)
     report.seconds = time.monotonic() - started
     return report
 
@@ -234,74 +261,168 @@ class _ChangedMeanwhile(Exception):
     """The file changed while it was being rewritten (another program wrote it)."""
 
 
-def _sync_file(config: ProjectConfig, path: Path, targets: Mapping[str, Any], seen: set[str],
-               taken: list[str]) -> int:
-    """Rewrite one file so that its records hold their targets; return how many changed (0: not written)."""
-    real = path.resolve()  # a symlink stays one: its file is rewritten where it is
-    before = os.stat(real)
-    encoding = config.data_directory_encoding
-    field_name = config.model_training.writeback.field
-    data_file = read_data_file(real, encoding)
-    data = data_file.data
-    pieces: list[bytes] = []
-    pos = changed = 0
-    for record, item_id in first_records(data_file, config.id_key, seen):
-        taken.append(item_id)
-        want = targets.get(item_id)
-        have = record.value.get(field_name, _MISSING)
-        if (want is None and have is _MISSING) or (want is not None and have == want):
+class _Locked(Exception):
+    """Another program held the file's lock for longer than ``LOCK_WAIT_S``."""
+
+
+def _sync_path(config: ProjectConfig, dir_fd: int, path: Path, targets: Mapping[str, Any], seen: set[str],
+               marker: Marker, report: LiveReport) -> None:
+    """Bring one data file's records up to the writeback file, or say why it is not, or not live."""
+    shown = show_path(path, config.task_dir)
+    for attempt in range(TRIES):
+        try:
+            st = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return  # gone since the directory was listed: nothing of it to show
+        why = unwritable(path, config.data_directory_encoding)  # a kind of file: counted together
+        if why is None:
+            why = not_rewritten(config.data_directory, path.name, st)
+            why = why and f"in {shown}, {why}"  # this file: counted on its own
+        if why:
+            _count_not_live(config, path, why, targets, seen, report)
+            return
+        taken: list[str] = []
+        said = len(report.problems)
+        try:
+            changed = _sync_file(config, dir_fd, path.name, shown, targets, seen, taken, marker, report)
+        except _ChangedMeanwhile:
+            seen.difference_update(taken)
+            del report.problems[said:]  # the records it named are read again
+            if attempt + 1 == TRIES:
+                report.problems.append(f"{shown} (another program kept changing it)")
+                report.behind.append(shown)
             continue
-        pieces += [data[pos:record.start], set_member(data, record, field_name, want, encoding)]
-        pos = record.end
-        changed += 1
-    if changed:
-        pieces.append(data[pos:])
-        _replace(real, b"".join(pieces), before)
-    return changed
+        except _Locked:
+            report.problems.append(f"{shown} (another program held its lock for {LOCK_WAIT_S:g} s)")
+            report.behind.append(shown)
+        except ValueError as exc:  # Potato 2.12 reads none of it either
+            seen.difference_update(taken)
+            report.problems.append(f"{shown} ({exc})")
+        except (OSError, EditError) as exc:
+            seen.difference_update(taken)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            report.problems.append(f"{shown} ({why})")
+            report.behind.append(shown)
+        else:
+            if changed:
+                report.files[shown] = changed
+        return
+
+
+def _count_not_live(config: ProjectConfig, path: Path, why: str, targets: Mapping[str, Any], seen: set[str],
+                    report: LiveReport) -> None:
+    """Count the items of a file that is not rewritten which have predictions; a file that cannot be read
+    is named instead, never raised (the run's predictions are in the writeback file already)."""
+    try:
+        ids = table_ids(config, path)
+    except ProjectDataError as exc:
+        report.problems.append(str(exc))
+        return
+    fresh = [i for i in ids if i not in seen]
+    seen.update(fresh)
+    held = sum(1 for i in fresh if i in targets)
+    if held:
+        report.not_live[why] = report.not_live.get(why, 0) + held
+
+
+def _sync_file(config: ProjectConfig, dir_fd: int, name: str, shown: str, targets: Mapping[str, Any],
+               seen: set[str], taken: list[str], marker: Marker, report: LiveReport) -> int:
+    """Rewrite one file so that its records hold their targets; return how many changed (0: not written)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # it became a link since it was looked at
+            raise _ChangedMeanwhile() from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _ChangedMeanwhile()
+        _lock(fd)
+        data = _read_all(fd)
+        before = os.fstat(fd)
+        if before.st_size != len(data):
+            raise _ChangedMeanwhile()
+        encoding = config.data_directory_encoding
+        field_name = config.model_training.writeback.field
+        data_file = parse_data_file(Path(name), data, encoding)
+        pieces: list[bytes] = []
+        pos = changed = 0
+        holding: set[str] = set()  # records that hold what the writeback wrote, once this file is done
+        dropped: set[str] = set()  # records whose field the writeback takes away
+        for record, item_id in first_records(data_file, config.id_key, seen):
+            taken.append(item_id)
+            want = targets.get(item_id)
+            have = record.value.get(field_name, _MISSING)
+            if have is not _MISSING and have != want and not marker.ours(item_id):
+                report.problems.append(f"{shown} line {line_of(data_file, record)}: item {quote(item_id)} holds "
+                                       f"a field {field_name!r} that the live writeback never wrote; left as it is")
+                continue
+            if want is not None:
+                holding.add(item_id)
+            if (want is None and have is _MISSING) or (want is not None and have == want):
+                continue
+            if want is None:
+                dropped.add(item_id)
+            pieces += [data[pos:record.start], set_member(data, record, field_name, want, encoding)]
+            pos = record.end
+            changed += 1
+        fresh = holding - marker.ids if marker.ids is not None else set()
+        if fresh:  # the marker lists a record before it holds the field
+            marker.ids |= fresh
+            write_marker(config, marker)
+        if changed:
+            pieces.append(data[pos:])
+            _replace(dir_fd, name, b"".join(pieces), fd, before)
+            if dropped and marker.ids is not None:
+                marker.ids -= dropped
+                write_marker(config, marker)
+        return changed
+    finally:
+        os.close(fd)  # and its lock
 
 
 _MISSING = object()
 
 
-def _replace(path: Path, data: bytes, before: os.stat_result) -> None:
-    """Put *data* in place of *path* atomically (module docstring), keeping its mode and owner."""
-    tmp = path.with_name(f".{path.name}.live-{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, stat.S_IMODE(before.st_mode))
+def _lock(fd: int) -> None:
+    """``flock(LOCK_EX)`` on *fd*, waiting at most ``LOCK_WAIT_S`` for a feed's batch; ``_Locked`` else."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
         try:
-            os.chown(tmp, before.st_uid, before.st_gid)
-        except PermissionError:
-            pass  # another account's file: it stays readable by its mode
-        now = os.stat(path)
-        if (now.st_ino, now.st_size, now.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
-            raise _ChangedMeanwhile()
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_directory(path.parent)
-    after = os.stat(path)
-    if after.st_mtime_ns <= before.st_mtime_ns and after.st_size == before.st_size:
-        os.utime(path, ns=(after.st_atime_ns, before.st_mtime_ns + MTIME_STEP_NS))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise _Locked() from None
+            time.sleep(LOCK_POLL_S)
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _read_all(fd: int, start: int = 0) -> bytes:
+    chunks = []
+    while True:
+        chunk = os.pread(fd, 1 << 20, start)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        start += len(chunk)
+
+
+def _replace(dir_fd: int, name: str, data: bytes, old_fd: int, before: os.stat_result) -> None:
+    """Put *data* in place of *name* (module docstring): its mode and owner kept, locked until complete, and
+    what was appended to the old file since it was read put back at its end."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_temporaries(directory: Path) -> None:
-    """The temporaries a writer killed half-way left (only one writer holds the lock at a time)."""
-    for leftover in directory.glob(".*.live-*.tmp"):
-        try:
-            leftover.unlink()
-        except OSError:
-            pass
+        with atomic_files.Replacement(dir_fd, name, mode=stat.S_IMODE(before.st_mode),
+                                      owner=(before.st_uid, before.st_gid), expect=before,
+                                      prefix=atomic_files.temporary_prefix(name, TEMPORARY_TAG)) as new:
+            fcntl.flock(new.fileno(), fcntl.LOCK_EX)  # a feed that opens the new file waits for the put-back
+            new.write(data)
+            new.commit()
+            appended = _read_all(old_fd, before.st_size)
+            if appended:
+                new.write(appended)
+                new.sync()
+            after = os.fstat(new.fileno())
+            if after.st_mtime_ns <= before.st_mtime_ns and after.st_size == before.st_size:
+                os.utime(new.fileno(), ns=(after.st_atime_ns, before.st_mtime_ns + MTIME_STEP_NS))
+    except atomic_files.ChangedMeanwhile:
+        raise _ChangedMeanwhile() from None

@@ -17,7 +17,13 @@ text                    ``text`` (any string JSON can carry); ``confidence`` opt
 ======================  ==============================================================
 
 ``probs`` (one probability per label, schema order) is optional and kept
-only when it is that; other fields are ignored. Two checks:
+only when it is that; other fields are ignored.
+
+**Order lines** carry no answer: ``{"id", "schema", "order_rank"}`` (a whole
+number from 0, the first item to serve), written by a worker that orders
+items where its model is (the ``diverse`` order, cold start:
+``potato.training.trainers.diverse_order``, ``potato.training.trainers.cold_start``) and read
+by ``potato.review_order``; ``parse_line`` tells the two apart. Two checks:
 ``check_answer_fields`` for the upload, which knows no schema (it takes any
 kind's fields in their shape), and ``parse_prediction`` for the writeback and
 the evaluation, which knows each schema's kind and labels.
@@ -30,15 +36,29 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Mapping, NamedTuple, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.project import load_line
 from potato.training.escaping import quote
 
 # A label or a schema name: one cell of a table (what the upload accepts without knowing the schema).
 MAX_NAME_CHARS = 300
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ANSWER_FIELDS = ("label", "value", "spans", "text")
+
+
+# The last order_rank a line may carry: more items than any project has.
+MAX_ORDER_RANK = 2 ** 31 - 1
+
+
+class OrderRank(NamedTuple):
+    """A checked order line: the item's place (0 first) in its schema's order."""
+
+    item_id: str
+    schema: str
+    rank: int
 
 
 class Prediction(NamedTuple):
@@ -105,6 +125,9 @@ def _spans(value: Any, labels: Sequence[str] | None) -> list[dict[str, Any]]:
 def check_answer_fields(record: Mapping[str, Any]) -> None:
     """The answer fields of a line whose schema is not known here (the upload): each in its shape, one at least."""
     present = [name for name in ANSWER_FIELDS if record.get(name) is not None]
+    if not present and record.get("order_rank") is not None:
+        _order_rank(record.get("order_rank"))
+        return
     if not present:
         raise ValueError("the line has no label, value, spans or text; each prediction has one")
     label = record.get("label")
@@ -125,10 +148,28 @@ def check_answer_fields(record: Mapping[str, Any]) -> None:
         raise ValueError("confidence is missing; a label comes with its confidence (a number from 0 to 1)")
 
 
-def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
-                     labels: Mapping[str, Sequence[str]]) -> Prediction:
-    """The prediction on one line (or an already parsed record), for a run whose schemas have
-    *kinds* and *labels*; ``ValueError`` names the field that is wrong."""
+def _order_rank(value: Any) -> int:
+    if not (_is_whole(value) and 0 <= value <= MAX_ORDER_RANK):
+        raise ValueError(f"order_rank is {quote(value)}; use a whole number from 0 (the first item to serve)")
+    return value
+
+
+def is_order_line(record: Mapping[str, Any]) -> bool:
+    """Whether a parsed line is an order line (``order_rank`` and no answer field)."""
+    return record.get("order_rank") is not None and all(record.get(name) is None for name in ANSWER_FIELDS)
+
+
+def parse_line(line: str | Mapping[str, Any], kinds: Mapping[str, str],
+               labels: Mapping[str, Sequence[str]]) -> Prediction | OrderRank:
+    """A prediction or an order line (``parse_prediction``'s rules for the first); ``ValueError`` names the field."""
+    record = _record(line)
+    if not is_order_line(record):
+        return parse_prediction(record, kinds, labels)
+    item_id, schema = _item_and_schema(record, kinds)
+    return OrderRank(item_id, schema, _order_rank(record["order_rank"]))
+
+
+def _record(line: str | Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(line, str):
         try:
             record = json.loads(line)
@@ -138,11 +179,24 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
         record = line
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, not an object")
+    return record
+
+
+def _item_and_schema(record: Mapping[str, Any], kinds: Mapping[str, str]) -> tuple[str, str]:
     item_id, schema = record.get("id"), record.get("schema")
     if not isinstance(item_id, str) or not item_id:
         raise ValueError(f"id is {quote(item_id)}; use the item's id (a non-empty string)")
     if schema not in kinds:
         raise ValueError(f"schema is {quote(schema)}, not a schema of this run")
+    return item_id, schema
+
+
+def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
+                     labels: Mapping[str, Sequence[str]]) -> Prediction:
+    """The prediction on one line (or an already parsed record), for a run whose schemas have
+    *kinds* and *labels*; ``ValueError`` names the field that is wrong."""
+    record = _record(line)
+    item_id, schema = _item_and_schema(record, kinds)
     kind, names = kinds[schema], labels.get(schema, ())
     confidence = record.get("confidence")
     if confidence is not None and not is_confidence(confidence):
@@ -175,3 +229,21 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
         raise ValueError(f"schema {schema!r} has answers no trainer predicts")
     return Prediction(item_id, schema, kind, answer, None if confidence is None else float(confidence),
                       probs_of(record.get("probs"), len(names)) if kind in (NOMINAL, ORDINAL, MULTILABEL) else None)
+
+
+def schema_records(path: Path, schema: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of one schema in a run's ``predictions.jsonl``, unchecked: for the server's own
+    summaries of a file the writeback has read (the quality gate's one-answer test, the stopping signal),
+    which look at one field and skip what is not there. Unreadable lines are skipped; no file, none."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        for raw in handle:
+            try:
+                record = load_line(raw)  # a lone surrogate's escape too
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("schema") == schema:
+                yield record

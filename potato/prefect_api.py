@@ -50,10 +50,11 @@ from pathlib import Path
 from typing import Iterator
 
 from potato.errors import PrefectApiError
+from potato.training import atomic_files
 
 log = logging.getLogger(__name__)
 
-# Every project's concurrency limit is named LIMIT_NAME-<project> (potato.prefect_runs).
+# Every project's concurrency limit is named LIMIT_NAME-<project> (potato.runs.prefect_runs).
 LIMIT_NAME = "potato-training"
 
 # Measured here: healthy after 4–10 s on a warm DB, 13–15 s on a fresh one;
@@ -176,10 +177,8 @@ def read_state(home: Path) -> dict | None:
 
 
 def _write_state(home: Path, state: dict) -> None:
-    # Readers must never see half a file: write a temp file, then rename.
-    tmp = home / f".api.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, home / "api.json")
+    # Readers must never see half a file: a temporary file, then a rename.
+    atomic_files.write_text(Path(home) / "api.json", json.dumps(state, indent=2))
 
 
 def is_healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:

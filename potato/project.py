@@ -50,7 +50,6 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from potato.holdout import holdout_rule
 from potato.labels import describe_not_items, drop_not_items, read_votes, read_votes_on
 from potato.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, spans_to_raw
 from potato.scheme_fields import answer_spec
+from potato.training import atomic_files
 from potato.training.escaping import json_bytes, quote
 
 BUNDLE_FORMAT = 1
@@ -688,6 +688,18 @@ def load_line(line: bytes) -> Any:
         return json.loads(line)
 
 
+def read_lines(path: Path) -> Iterator[Any]:
+    """Each line of a JSON lines file this server wrote (``load_line``); none when the file is missing."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with handle:
+        for raw in handle:
+            if raw.strip():
+                yield load_line(raw)
+
+
 def dump_line(record: dict[str, Any]) -> bytes:
     """One JSON line (items.jsonl, labels.jsonl): compact JSON, UTF-8, newline-terminated (orjson)."""
     try:
@@ -759,13 +771,11 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         coded.per_item.clear()
 
     skipped_items = GroupedWarnings()
-    tmp_items = dest / "items.jsonl.tmp"
-    with open(tmp_items, "wb") as out:
+    with atomic_files.replacing(dest / "items.jsonl") as out:
         writer = _ItemsWriter(config, dest, out, outcome_of, outcomes, skipped_items,
                               _RichAnswers(config, schemes, aggregated.rich, rich_ids))
         for part in _item_parts(config, skipped_items):
             writer.write(part)
-    os.replace(tmp_items, dest / "items.jsonl")
 
     # What is left are answers on ids that are not items: majority vote learns which only now, and
     # reads the annotators' labels on them again to name who gave them (consensus dropped them before).
@@ -826,9 +836,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
         "aggregation": config.model_training.aggregation,
         "counts": counts,
     }
-    tmp_manifest = dest / "manifest.json.tmp"
-    tmp_manifest.write_bytes(json_bytes(manifest, indent=2) + b"\n")
-    os.replace(tmp_manifest, dest / "manifest.json")
+    atomic_files.write_bytes(dest / "manifest.json", json_bytes(manifest, indent=2) + b"\n")
 
     return BundleInfo(
         bundle_dir=dest,
@@ -1085,8 +1093,7 @@ def pack_bundle(bundle_dir: str | Path, dest_tar_gz: str | Path, *, compressleve
     src = Path(bundle_dir)
     dest = Path(dest_tar_gz)
     # A name of its own per call: the flow and an agent's claim may pack the same bundle at once.
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as raw:
+    with atomic_files.replacing(dest) as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=compresslevel, mtime=_PACK_MTIME) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for rel in _bundle_members(src):
@@ -1104,7 +1111,6 @@ def pack_bundle(bundle_dir: str | Path, dest_tar_gz: str | Path, *, compressleve
                         info.size = path.stat().st_size
                         with open(path, "rb") as fh:
                             tar.addfile(info, fh)
-    os.replace(tmp, dest)
     return dest
 
 

@@ -31,7 +31,7 @@ from potato.config import ProjectConfig
 from potato.evaluation import read_evaluation
 from potato.runs.paths import run_paths
 from potato.store import END_STATES, SUCCEEDED, Run, Store
-from potato.trainers.decision_calibrate import NAME as CALIBRATE
+from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
 from potato.writeback import live_run_ids
 
 

@@ -14,12 +14,21 @@ writeback is live (``potato.live_writeback``) the items' records follow at
 once, and a running Potato 2.12 shows the change within one poll; otherwise
 at its next restart.
 
-The run is marked retracted in the store first, so a retract cut short (a
-crash) is finished by running it again, and no later retract or
-decision-calibrate run brings its predictions back. A run whose predictions
-a newer run had already replaced is marked too: nothing annotators see
-changes. A decision-calibrate run's calibration lives in the predictions of
-the run it calibrated: retract that run.
+Any run whose predictions the writeback file holds can be retracted,
+whatever its state: a run that failed after its predictions were written
+back (and went live) must not leave them with annotators. The run is marked
+retracted in the store first, so a retract cut short (a crash) is finished
+by running it again, and no later retract or decision-calibrate run brings
+its predictions back. A run whose predictions a newer run had already
+replaced is marked too: nothing annotators see changes. A decision-calibrate
+run's calibration lives in the predictions of the run it calibrated:
+retract that run.
+
+A retract whose live writeback could not bring every record along (a file
+left as it was: a full disk, a lock a feed kept; or the live writeback
+refused after an earlier one) fails, naming those files: their records may
+still show the run's predictions. Fix that and retract again; the second
+retract finishes the records.
 """
 
 from __future__ import annotations
@@ -32,10 +41,11 @@ from typing import Any, Iterator
 from potato.config import ProjectConfig, watch_poll_interval
 from potato.errors import RetractError
 from potato.live_writeback import LiveReport, is_live, sync_reported
+from potato.review_order import strip_order
 from potato.runlog import RunLog
 from potato.runs.paths import run_paths
 from potato.store import SUCCEEDED, Run, Store
-from potato.trainers.decision_calibrate import NAME as CALIBRATE
+from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
 from potato.writeback import record_line, replacing, run_record, writeback_lock, writeback_path
 
 
@@ -51,8 +61,14 @@ class RetractResult:
 
     def describe(self) -> str:
         """What the command, the page and the run log say."""
+        if self.behind:
+            return self.behind_message()
         if not self.restored:
             if self.already:
+                if self.live is not None and self.live.files:
+                    return (f"Run {self.run_id}'s predictions were already retracted from the writeback file; the "
+                            f"items' records that still held them no longer do, within {self.poll_s:g} s "
+                            "(watch_poll_interval)")
                 return f"Run {self.run_id}'s predictions were already retracted; nothing changed"
             return (f"Run {self.run_id}'s predictions were retracted; annotators saw none of them (a newer run's "
                     "replaced them), so nothing they see changes")
@@ -65,6 +81,17 @@ class RetractResult:
             return text + f" once Potato 2.12 restarts; the items' records were not changed: {self.live.error}"
         return text + f", within {self.poll_s:g} s (watch_poll_interval)"
 
+    @property
+    def behind(self) -> list[str]:
+        """The files whose records may still hold the run's predictions (left as they were)."""
+        return self.live.behind if self.live is not None else []
+
+    def behind_message(self) -> str:
+        why = self.live.error if self.live.error else "; ".join(self.live.problems)
+        return (f"Run {self.run_id}'s predictions were retracted from the writeback file, but the records of "
+                f"{_and(self.behind)} may still hold them, where annotators see them: {why}. Fix that, then "
+                f"retract run {self.run_id} again")
+
     def as_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "restored": self.restored, "already_retracted": self.already,
                 "message": self.describe(), "live": self.live.as_dict() if self.live is not None else None}
@@ -74,12 +101,13 @@ def _and(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def why_not(run: Run) -> str | None:
-    """Why *run* has no predictions to retract, or None."""
+def why_not(run: Run, written_back: bool = False) -> str | None:
+    """Why *run* has no predictions to retract, or None. *written_back*: some of its predictions were written
+    back (the writeback file holds them), whatever the run's state."""
     if run.trainer == CALIBRATE:
         return ("it is a decision-calibrate run, whose calibration is in the predictions of the run it "
                 "calibrated: retract that run")
-    if run.state != SUCCEEDED:
+    if run.state != SUCCEEDED and not written_back:
         return f"it {run.state}" if run.state in ("failed", "cancelled") else f"it is {run.state}"
     return None
 
@@ -87,30 +115,37 @@ def why_not(run: Run) -> str | None:
 def retract(config: ProjectConfig, store: Store, run_id: int) -> RetractResult:
     """Take run *run_id*'s predictions away from annotators (module docstring).
 
-    Raises ``UnknownRun``, or ``RetractError`` naming why the run has none to retract.
+    Raises ``UnknownRun``, or ``RetractError`` naming why the run has none to retract, or naming the files
+    whose records may still hold them.
     """
     run = store.get_run(run_id)
-    why = why_not(run)
-    if why:
-        raise RetractError(f"Run {run_id} has no predictions to retract: {why}")
+    if run.trainer == CALIBRATE:
+        raise RetractError(f"Run {run_id} has no predictions to retract: {why_not(run)}")
     field_name = config.model_training.writeback.field
     with writeback_lock(config):
         already = run.retracted_at is not None
-        if not already:
-            store.update_run(run_id, retracted_at=time.time())
         records = list(_records(config))
         schemas = sorted({schema for record in records for schema in record[field_name]
                           if _run_of(record, field_name, schema) == run_id})
+        why = None if already else why_not(run, written_back=bool(schemas))
+        if why:
+            raise RetractError(f"Run {run_id} has no predictions to retract: {why}")
+        if not already:
+            store.update_run(run_id, retracted_at=time.time())
         result = RetractResult(run_id, {}, already=already and not schemas)
         if schemas:
             sources = _earlier(config, store, run_id, schemas)
             result.restored = {schema: sources[schema][0] if schema in sources else None for schema in schemas}
             _rewrite(config, records, run_id, schemas, sources)
-        if is_live(config) and schemas:
+        if is_live(config) and (schemas or already):  # again: the records a retract cut short left behind
             result.poll_s = watch_poll_interval(config.raw)
             result.live = sync_reported(config)
-    if not result.already:
-        RunLog(store, run_id, run_paths(config, run_id).run_log, mirror_to_prefect=False).info(result.describe())
+    log = RunLog(store, run_id, run_paths(config, run_id).run_log, mirror_to_prefect=False)
+    if result.behind:
+        log.warning(result.describe())
+        raise RetractError(result.describe())
+    if not result.already or (result.live is not None and result.live.files):
+        log.info(result.describe())
     return result
 
 
@@ -177,6 +212,9 @@ def _rewrite(config: ProjectConfig, records: list[dict[str, Any]], run_id: int, 
             record[field_name][schema] = prefill
             if not (isinstance(prefill, dict) and "run_id" in prefill):
                 record.setdefault("run_ids", {})[schema] = source
+    for record in by_id.values():  # the places of the newest writeback's order go too (potato.review_order)
+        record[field_name] = {schema: shown for schema, payload in record[field_name].items()
+                              if (shown := strip_order(payload)) is not None}
     with replacing(writeback_path(config)) as out:
         for record in by_id.values():
             if record[field_name]:

@@ -21,6 +21,21 @@ from potato.runlog import RunLog
 from potato.store import Store
 
 
+def time_left(seconds: float) -> str:
+    """``about 1 min 20 s left``: the phase's ETA (``eta_s``) in the step row, rounded as an estimate
+    deserves (to 5 s under a minute, to a minute past ten)."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"about {max(5, 5 * round(seconds / 5))} s left"
+    minutes, rest = divmod(seconds, 60)
+    if minutes < 10:
+        return f"about {minutes} min {rest:02d} s left"
+    if minutes < 60:
+        return f"about {minutes + (rest >= 30)} min left"
+    hours, minutes = divmod(minutes + (rest >= 30), 60)
+    return f"about {hours} h {minutes:02d} min left"
+
+
 def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
     """The step row's text and fraction for a progress event.
 
@@ -37,6 +52,12 @@ def describe_progress(event: dict[str, Any]) -> tuple[str, float | None]:
             text += f" (epoch {event['epoch']})"
         if event.get("loss") is not None:
             text += f", loss {event['loss']:.4f}"
+        if event.get("validation_loss") is not None:
+            text += f", validation loss {event['validation_loss']:.4f}"
+        if isinstance(event.get("curve"), (int, float)):
+            text = f"learning curve, {100 * event['curve']:.0f} % of the labels: {text}"
+    if isinstance(event.get("eta_s"), (int, float)) and not isinstance(event["eta_s"], bool):
+        text += f", {time_left(event['eta_s'])}"
     part, parts = event.get("part"), event.get("parts")
     if isinstance(part, int) and isinstance(parts, int) and 1 <= part <= parts and parts > 1:
         text = f"{event.get('trainer')} ({part} of {parts}): {text}"

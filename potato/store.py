@@ -56,7 +56,8 @@ STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 MANUAL = "manual"
 AUTO = "auto"
 SCHEDULE = "schedule"  # a Prefect deployment's schedule (deployments.create --cron)
-TRIGGERS = (MANUAL, AUTO, SCHEDULE)
+COLD_START = "cold-start"  # potato start, for a model_review project with nothing written back (potato.cold_start)
+TRIGGERS = (MANUAL, AUTO, SCHEDULE, COLD_START)
 END_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({RUNNING})
 

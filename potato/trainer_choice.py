@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from potato.errors import PotatoError
-from potato.trainers.registry import DEFAULT_BY_KIND, TRAINERS, trainers_for_kind
+from potato.training.trainers.registry import DEFAULT_BY_KIND, TRAINERS, trainers_for_kind
 
 # Schemes (``potato.config.Scheme``) and configs are duck-typed here: the config checks trainers through
 # this module, so importing it back would make a circle.

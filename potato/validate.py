@@ -18,6 +18,7 @@ import click
 from potato.config import (
     BuildResult, Issue, ProjectConfig, build_config, describe_live, did_you_mean, read_config_file,
 )
+from potato.data_warnings import show_path
 from potato.errors import ConfigError, ProjectDataError
 
 # Shorter entries would match warnings by accident ("time", "is").
@@ -162,6 +163,8 @@ def validate_config_file(path: str | Path, *, apply_acknowledge: bool = False,
         item_errors = items_error(result.config)
         if item_errors:
             result = BuildResult(None, result.errors + item_errors, result.warnings)
+        else:
+            result = BuildResult(result.config, result.errors, result.warnings + not_live_files(result.config))
     if not apply_acknowledge:
         return ValidationReport(path=path.absolute(), config=result.config,
                                 errors=result.errors, warnings=result.warnings)
@@ -196,14 +199,32 @@ def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
     return (Issue("model_training.writeback.live", foreign),) if foreign else ()
 
 
+def not_live_files(config: ProjectConfig) -> tuple[Issue, ...]:
+    """With the live writeback on, a warning for each data file of the directory it leaves as it is (a link,
+    a hard-linked, read-only or another account's file: ``potato.live_items.not_rewritten``)."""
+    from potato.live_items import not_rewritten_files
+
+    wb = config.model_training.writeback
+    if not (wb.live and wb.schemas):
+        return ()
+    return tuple(Issue("data_directory", f"{show_path(path, config.task_dir)} is {why}. Its items' predictions "
+                       "reach annotators only through pre_annotation.predictions_file, once Potato 2.12 restarts")
+                 for path, why in not_rewritten_files(config))
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def warning_lines(warnings: tuple[Issue, ...]) -> list[str]:
+    """The config's warnings as ``potato validate``, ``potato start`` and ``potato training run`` print them."""
+    return [f"warning: {w.message}" for w in warnings]
 
 
 def format_report(report: ValidationReport, strict: bool = False) -> str:
     """The human report: errors, warnings, acknowledged warnings, then one summary line."""
     lines = [f"error: {e.message}" for e in report.errors]
-    lines += [f"warning: {w.message}" for w in report.warnings]
+    lines += warning_lines(report.warnings)
     lines += [f"acknowledged: {a.message} (by {a.entry!r})" for a in report.acknowledged]
     if report.live_writeback:
         lines.append(report.live_writeback)

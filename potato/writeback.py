@@ -14,7 +14,7 @@ A shape with no room for the run that wrote it (a list, a bare label,
 number or string) has it under the record's ``run_ids``.
 
 2.12 reads the file once, when it starts: a new model reaches annotators at
-that server's next restart (README, "Beside Potato 2.12") — unless the
+that server's next restart (docs/beside-potato-2.12.md) — unless the
 writeback is live (``writeback.live``): then ``potato.live_writeback`` puts
 each item's record of this file into the item's own record in the watched
 ``data_directory``, and a running 2.12 shows it within one poll. The file is
@@ -54,6 +54,12 @@ the counts, because a writeback that silently writes nothing looks broken:
    2.12 shows from a list, a mapping or ``displayed_text`` (their offsets
    count another text) pre-fill nothing, so they are not written.
 
+**The order.** Under ``assignment_strategy: model_review`` the items that
+pass rules 3-5 are ranked by ``writeback.order`` and the order lines of the
+run (``potato.review_order``), and each item's rank is carried in one
+mapping beside the model's confidence, so that 2.12 serves them in that
+order; items that only hold a place pre-fill nothing.
+
 Newest run wins, per schema: a run replaces every earlier prediction of the
 schemas it writes back, so a prelabel an earlier run left on an item this run
 trained on is taken down too. Other schemas' predictions stay. Each run keeps
@@ -74,7 +80,6 @@ from __future__ import annotations
 import fcntl
 import heapq
 import json
-import os
 import re
 from array import array
 from contextlib import contextmanager
@@ -87,10 +92,12 @@ import orjson
 from potato.answer_kinds import NOMINAL, SPAN
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.errors import WritebackError
-from potato.prediction_shapes import is_confidence, parse_prediction
+from potato.prediction_shapes import OrderRank, is_confidence, parse_line
+from potato.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.runs.paths import private_dir, run_paths
 from potato.store import MAX_RUN_ID
-from potato.training.escaping import json_bytes, open_text
+from potato.training import atomic_files
+from potato.training.escaping import json_bytes
 from potato.writeback_shapes import (
     CONFIDENCE_ONLY_TYPES, confidence_only, describe_payload, is_confidence_only, payload_confidences, prefill,
 )
@@ -124,9 +131,16 @@ class WritebackSummary:
     bad_examples: list[str] = field(default_factory=list)
     # Held back by min_confidence but written as a confidence only (model_review), per schema.
     confidence_only: dict[str, int] = field(default_factory=dict)
-    # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only.
+    # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only,
+    # items with their place in the review order only (potato.review_order).
     items_prefilled: int = 0
     items_confidence_only: int = 0
+    items_order_only: int = 0
+    # The order model_review serves by (potato.review_order): its strategy, items ranked, ranked items
+    # with no payload that could hold their place.
+    order: str | None = None
+    ranked: int = 0
+    unplaced: int = 0
     # The least certain items nobody labelled: {"id", "confidence", "predictions": {schema: words}}.
     least_certain: list[dict[str, Any]] = field(default_factory=list)
 
@@ -154,7 +168,18 @@ class WritebackSummary:
             parts.append(text)
         for schema, n in self.not_written_back.items():
             parts.append(f"{schema}: {n} predictions not written back (not in model_training.writeback.schemas)")
-        return f"Wrote back to {self.path}: " + "; ".join(parts)
+        return f"Wrote back to {self.path}: " + "; ".join(parts) + self._order_words()
+
+    def _order_words(self) -> str:
+        if not self.order:
+            return ""
+        if not self.ranked:
+            return f"; model_review order: {self.order} (2.12's own: lowest confidence first)"
+        text = f"; model_review order: {self.order}, {self.ranked} items ranked"
+        if self.unplaced:
+            text += (f" ({self.unplaced} with no payload that can hold their place: slider and text answers are "
+                     "bare values, so 2.12 serves those items after the others)")
+        return text
 
     def _kept_confidence(self, schema: str, rule: str) -> str:
         n = self.confidence_only.get(schema, 0) if rule == "below_confidence" else 0
@@ -178,7 +203,7 @@ class WritebackSummary:
 
 
 def writeback_path(config: ProjectConfig) -> Path:
-    return config.training_dir / "predictions.jsonl"
+    return config.writeback_file
 
 
 # How _write spells each prediction's run (json.dumps' default separators): in a prediction, or in the
@@ -199,6 +224,36 @@ def live_run_ids(config: ProjectConfig) -> set[int]:
     for mapping in set(_RUN_IDS.findall(data)):
         found.update(_ID_VALUE.findall(mapping))
     return {int(run_id) for run_id in found}
+
+
+def live_runs_by_schema(config: ProjectConfig) -> dict[str, int]:
+    """Per schema of ``writeback.schemas``, the run whose predictions of it annotators see now (newest run
+    wins per schema, so one run holds each; the most common, should an interrupted writeback have left two)."""
+    field_name, schemas = config.model_training.writeback.field, set(config.model_training.writeback.schemas)
+    path = writeback_path(config)
+    if not path.is_file():
+        return {}
+    counts: dict[str, dict[int, int]] = {}
+    for _, raw in _lines(path):
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            try:
+                record = json.loads(raw)  # a lone surrogate's escape
+            except ValueError:
+                continue
+        if not isinstance(record, dict):
+            continue
+        predictions, run_ids = record.get(field_name), record.get("run_ids") or {}
+        if not isinstance(predictions, dict) or not isinstance(run_ids, dict):
+            continue
+        for schema, payload in predictions.items():
+            if schema not in schemas:
+                continue
+            owner = _run_id(payload.get("run_id") if isinstance(payload, dict) else run_ids.get(schema))
+            if owner:
+                counts.setdefault(schema, {})[owner] = counts.get(schema, {}).get(owner, 0) + 1
+    return {schema: max(owners, key=owners.get) for schema, owners in counts.items()}
 
 
 @contextmanager
@@ -297,6 +352,7 @@ class _Bundle:
 
     def __init__(self, bundle_dir: Path, trained_on: Mapping[str, set[str]] | None = None,
                  keep_texts: bool = False):
+        self.path = bundle_dir
         try:
             manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
             self.labels: dict[str, list[str]] = manifest["schemas"]
@@ -349,7 +405,9 @@ def _read_earlier(target: Path, field_name: str, keep: set[str], bundle: _Bundle
                         table.put(schema, index, None if is_confidence_only(prediction) else prediction["label"],
                                   float(prediction["confidence"]), _run_id(prediction.get("run_id")))
                 else:
-                    table.put_value(schema, index, prediction, _run_id(run_ids.get(schema)))
+                    prediction = strip_order(prediction)  # the newest writeback orders afresh (review_order)
+                    if prediction is not None:
+                        table.put_value(schema, index, prediction, _run_id(run_ids.get(schema)))
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
             continue  # an item no longer in the project, or a label the schema no longer has: dropped
 
@@ -392,18 +450,32 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     # Schemas whose held-back items keep their confidence, for model_review to order them by.
     ordered = {name for name in written_schemas if assignment_strategy(config.raw) == MODEL_REVIEW
                and name in schemes and schemes[name].annotation_type.strip().lower() in CONFIDENCE_ONLY_TYPES}
+    spec = order_spec(config)
+    order = ReviewOrder(spec["strategy"], len(bundle.ids), schemes, written_schemas, run_id) if spec else None
+    summary.order = spec["strategy"] if spec else None
 
     for line_no, line in _lines(predictions):
         try:
-            prediction = parse_prediction(line, bundle.kinds, bundle.labels)
+            prediction = parse_line(line, bundle.kinds, bundle.labels)
         except ValueError as exc:
             summary.bad(line_no, str(exc))
             continue
         schema = prediction.schema
         if schema not in written_schemas:
-            summary.not_written_back[schema] = summary.not_written_back.get(schema, 0) + 1
+            if not isinstance(prediction, OrderRank):
+                summary.not_written_back[schema] = summary.not_written_back.get(schema, 0) + 1
             continue
         index = bundle.index.get(prediction.item_id)
+        # The order sees what passes rules 3-5 (an item of the run, not trained on, include_unlabeled),
+        # whatever rules 6 and 7 then write of it.
+        ordered_item = (order is not None and index is not None and not bundle.has(bundle.TRAINED, schema, index)
+                        and (wb.include_unlabeled or bundle.has(bundle.LABELLED, schema, index)))
+        if isinstance(prediction, OrderRank):
+            if ordered_item:
+                order.observe_rank(index, prediction.rank)
+            continue
+        if ordered_item and not table.has(schema, index):
+            order.observe(index, prediction)
         if index is None:
             summary.hold(schema, "not_an_item")
         elif bundle.has(bundle.TRAINED, schema, index):
@@ -428,7 +500,7 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
                 table.put_value(schema, index, value, run_id)
                 summary.written[schema] = summary.written.get(schema, 0) + 1
 
-    _write(target, wb.field, bundle, table, summary)
+    _write(target, wb.field, bundle, table, summary, order)
     _write_run_record(run_paths(config, run_id).written_back, wb.field, bundle, table, written_schemas)
     return summary
 
@@ -441,31 +513,77 @@ def _prefill(scheme: Scheme | None, prediction, bundle: _Bundle, index: int, min
     return prefill(scheme, prediction, text, min_confidence=min_confidence, highlight_linebreaks=highlight)
 
 
-def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table, summary: WritebackSummary) -> None:
-    """One record per item with a prediction, in item order; replaced atomically. What it holds is summed
-    up in *summary* (items pre-filled, with a confidence only, the least certain unlabelled ones)."""
+def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table, summary: WritebackSummary,
+           order: ReviewOrder | None = None) -> None:
+    """One record per item with a prediction (or a place in *order*), in item order; replaced atomically.
+    What it holds is summed up in *summary* (items pre-filled, with a confidence or a place only, and the
+    first unlabelled ones model_review serves, by the number 2.12 finds, each with the model's own confidence)."""
     unlabelled = [bundle.flags[s] for s in summary.schemas]
     least: list[tuple[float, str, dict[str, Any]]] = []
+    rows = (order.records(lambda: table.records(bundle.ids), bundle.ids) if order is not None
+            else ((i, item_id, p, r, p) for i, item_id, p, r in table.records(bundle.ids)))
     try:
         with replacing(target) as out:
-            for index, item_id, predictions, run_ids in table.records(bundle.ids):
+            for index, item_id, predictions, run_ids, kept in rows:
                 out.write(record_line(item_id, field_name, predictions, run_ids))
-                if all(map(is_confidence_only, predictions.values())):
+                if not kept:
+                    summary.items_order_only += 1
+                elif all(map(is_confidence_only, kept.values())):
                     summary.items_confidence_only += 1
                 else:
                     summary.items_prefilled += 1
                 if unlabelled and not any(flags[index] & bundle.LABELLED for flags in unlabelled):
-                    confidences = [c for p in predictions.values() for c in payload_confidences(p)]
-                    if confidences and (len(least) < LEAST_CERTAIN or (min(confidences), item_id) < least[-1][:2]):
-                        least.append((min(confidences), item_id, predictions))
+                    served = [c for p in predictions.values() for c in payload_confidences(p)]
+                    if served and (len(least) < LEAST_CERTAIN or (min(served), item_id) < least[-1][:2]):
+                        least.append((min(served), item_id, predictions))
                         least.sort(key=lambda entry: entry[:2])
                         del least[LEAST_CERTAIN:]
     except OSError as exc:
         raise WritebackError(f"Could not write the predictions to {target}: {exc.strerror or exc}") from exc
+    if order is not None:
+        summary.order = order.by
+        summary.ranked, summary.unplaced = (len(order.ranked(bundle.ids)) if order.writes_places else 0), order.unplaced
+    texts = _texts_of(bundle.path, {item_id for _, item_id, _ in least})
     summary.least_certain = [
-        {"id": _shown_id(item_id), "confidence": confidence,
-         "predictions": {schema: describe_payload(p) for schema, p in predictions.items()}}
-        for confidence, item_id, predictions in least]
+        {"id": _shown_id(item_id), "text": texts.get(item_id, ""),
+         "confidence": min((c for p in predictions.values() for c in model_confidences(p)), default=None),
+         "predictions": {schema: _described(p) for schema, p in predictions.items()}}
+        for _, item_id, predictions in least]
+
+
+def _described(payload: Any) -> str:
+    shown = strip_order(payload)
+    return describe_payload(shown) if shown is not None else "nothing pre-filled (its place in the order only)"
+
+
+def _texts_of(bundle_dir: Path, ids: set[str], limit: int = 200) -> dict[str, str]:
+    """The texts of the few items *ids* (the least certain ones the Training page shows), on one line and cut
+    to *limit* characters. A bundle line starts with its id as orjson writes it: only those lines are decoded."""
+    starts = {b'{"id":' + _id_json(item_id) + b',"text":': item_id for item_id in ids if isinstance(item_id, str)}
+    found: dict[str, str] = {}
+    if not starts:
+        return found
+    prefixes = tuple(starts)
+    try:
+        with open(bundle_dir / "items.jsonl", "rb") as fh:
+            for line in fh:
+                if line.startswith(prefixes):
+                    item = json.loads(line)
+                    text = " ".join(str(item.get("text") or "").split())
+                    found[item["id"]] = text if len(text) <= limit else text[:limit - 1] + "…"
+                    if len(found) == len(starts):
+                        break
+    except (OSError, ValueError):
+        return found  # the texts are a help to the reader; the writeback itself is done
+    return found
+
+
+def _id_json(item_id: str) -> bytes:
+    """An id as a bundle line holds it (``potato.project.dump_line``: orjson, a lone surrogate as its escape)."""
+    try:
+        return orjson.dumps(item_id)
+    except orjson.JSONEncodeError:
+        return json_bytes(item_id)
 
 
 def _shown_id(item_id: str, limit: int = 200) -> str:
@@ -484,16 +602,8 @@ def replacing(target: Path) -> Iterator[Any]:
     """A text file to write in place of *target* (the writeback file, a run's record of it): a temporary
     beside it, fsynced and renamed over it at the end."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open_text(tmp) as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_files.replacing_text(target) as out:
+        yield out
 
 
 def _write_run_record(path: Path, field_name: str, bundle: _Bundle, table: _Table, schemas: Sequence[str]) -> None:
@@ -532,9 +642,7 @@ def write_report(config: ProjectConfig, run_id: int, report: Mapping[str, Any]) 
     """Keep what the Training page shows of run *run_id*'s writeback (``writeback.json``)."""
     path = run_paths(config, run_id).writeback_report
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(json_bytes(report, indent=2))
-    os.replace(tmp, path)
+    atomic_files.write_bytes(path, json_bytes(report, indent=2))
 
 
 def read_report(config: ProjectConfig, run_id: int) -> dict[str, Any] | None:
@@ -551,11 +659,18 @@ def report_lines(report: Mapping[str, Any]) -> list[str]:
     if report.get("items_confidence_only"):
         lines[0] += (f"; {report['items_confidence_only']} item(s) hold their confidence only (below "
                      "min_confidence: nothing pre-filled, served first under model_review)")
+    if report.get("items_order_only"):
+        lines[0] += (f"; {report['items_order_only']} item(s) hold their place in the model_review order only "
+                     "(nothing pre-filled)")
+    if report.get("ranked"):
+        lines.append(f"Under model_review Potato 2.12 serves {report['ranked']} item(s) in the order "
+                     f"{report['order']!r} ranks them (docs/answer-types.md, \"The order under model_review\")")
     for schema in report.get("schemas", []):
         held = report.get("held_back", {}).get(schema, {})
         reasons = [f"{held[rule]} {why}" for rule, why in HELD_BACK.items() if held.get(rule)]
         lines.append(f"{schema}: {report.get('written', {}).get(schema, 0)} predictions written; "
                      + ("held back: " + "; ".join(reasons) if reasons else "none held back"))
+    lines.extend(report.get("gate") or ())
     live = report.get("live")
     if live:
         lines.append(live["text"])

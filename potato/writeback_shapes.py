@@ -36,7 +36,9 @@ serves an item only when its data holds a prediction, least confident first
 it). A prediction held back by ``min_confidence`` is then written as
 ``{"confidence": c}``: ordered, and pre-filling nothing — measured against a
 running 2.12.1 for each type in ``CONFIDENCE_ONLY_TYPES``. A slider or a text
-box shows such a mapping as its text, so they never get one.
+box shows such a mapping as its text, so they never get one. The same types
+take an item's place in the order (``potato.review_order``) as a mapping of
+its own, ``{"review_order": {…}}``, which pre-fills nothing either.
 """
 
 from __future__ import annotations
@@ -103,9 +105,9 @@ def is_confidence_only(payload: Any) -> bool:
     return isinstance(payload, dict) and "label" not in payload and "confidence" in payload
 
 
-def payload_confidences(payload: Any) -> list[float]:
+def payload_confidences(payload: Any, skip: str | None = None) -> list[float]:
     """Every confidence in one schema's payload, as Potato 2.12's model_review finds them (the first of
-    ``CONFIDENCE_KEYS`` in each mapping, at any depth)."""
+    ``CONFIDENCE_KEYS`` in each mapping, at any depth); below a key *skip*, none."""
     found: list[float] = []
     stack = [payload]
     while stack:
@@ -116,7 +118,7 @@ def payload_confidences(payload: Any) -> list[float]:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     found.append(float(value))
                     break
-            stack.extend(v for v in node.values() if isinstance(v, (list, dict)))
+            stack.extend(v for k, v in node.items() if k != skip and isinstance(v, (list, dict)))
         elif isinstance(node, list):
             stack.extend(v for v in node if isinstance(v, (list, dict)))
     return found

@@ -5,7 +5,8 @@
 #   1. creates/reuses .venv in the repo root and installs the pinned deps
 #      (scripts/install.sh --test; skipped when its stamp matches);
 #   2. creates/reuses .venv-potato212 with the real potato-annotation 2.12.1
-#      (scripts/install-potato212.sh; same stamp rule; ~20 s the first time);
+#      (scripts/install-potato212.sh; same stamp rule; ~20 s the first time) and
+#      .venv-mlflow with a real MLflow tracking server (scripts/install-mlflow.sh; ~45 s);
 #   3. as root, installs the system packages the real test services need
 #      (sshd, SLURM + munge, Chromium) when any is missing;
 #   4. runs pytest (default: the whole tests/ suite) and exits with its status.
@@ -35,6 +36,8 @@ py="$repo/.venv/bin/python"
 phase "potato 2.12.1 env"
 # Not fatal here: its tests then skip (or, under CI=true, fail) saying how to install it.
 bash scripts/install-potato212.sh || echo "[test.sh] installing potato-annotation 2.12.1 failed" >&2
+# A real MLflow tracking server for the experiment-tracker tests, likewise in its own virtualenv.
+bash scripts/install-mlflow.sh || echo "[test.sh] installing mlflow failed" >&2
 
 # ---- 3. System packages for the real test services ----------------------
 phase "system packages"
@@ -68,7 +71,7 @@ fi
 # ---- 4. pytest -------------------------------------------------------------
 phase "pytest"
 if (($# == 0)); then
-    set -- tests/ -q
+    set -- tests/ -q --durations=25  # the slowest tests, to keep the suite within its time
 fi
 set +e
 "$py" -m pytest -p no:cacheprovider "$@" </dev/null

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from potato.backends.registry import resolve
+from potato.backend_types.registry import resolve
 from potato.config import BackendConfig, ProjectConfig
 from potato.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths
@@ -36,6 +36,8 @@ class RunContext:
     on_progress: Callable[[float, str], None] | None = None
     # The worker's `done` event, once the relay has seen it (why a worker failed, when it says).
     done: dict | None = None
+    # Which try of a retried step this is, for its step row: "" the first time, " (attempt 2 of 3)" after.
+    attempt: str = ""
 
     @property
     def run_id(self) -> int:

@@ -19,6 +19,7 @@ from potato import run_events
 from potato.backends.base import RunContext, Steps
 from potato.errors import DiskFull, HeartbeatTimeout, RunCancelled, RunError, WallTimeExceeded
 from potato.runlog import last_line
+from potato.runs.queue import cancelled_message
 from potato.store import Run
 from potato.training.events import read_events
 
@@ -54,7 +55,7 @@ def record_event(ctx: RunContext, event: dict[str, Any]) -> None:
 def check_limits(ctx: RunContext, run: Run, now: float) -> RunError | None:
     """The limit *run* has reached, if any: a cancel request, then ``max_wall_seconds``."""
     if run.cancel_requested_at:
-        return RunCancelled("Cancelled by request")
+        return RunCancelled(cancelled_message(ctx.store, run.id))
     limit = ctx.config.model_training.max_wall_seconds
     if limit and now - (run.started_at or now) > limit:
         return WallTimeExceeded(limit)

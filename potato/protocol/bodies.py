@@ -109,7 +109,9 @@ _EVENT_FIELDS: Mapping[str, Mapping[str, tuple[Callable[[Any], str | None], bool
     "progress": {"phase": (_one_of("train", "predict"), False), "step": (_whole(0), False),
                  "total": (_whole(0), False), "epoch": (_number(0), False), "loss": (_number(), False),
                  "schema": (_name, False), "trainer": (_name, False), "part": (_whole(1), False),
-                 "parts": (_whole(1), False)},
+                 "parts": (_whole(1), False), "validation_loss": (_number(), False),
+                 "validation_score": (_number(), False), "curve": (_number(0, 1), False),
+                 "eta_s": (_number(0), False), "lr": (_number(0), False), "examples": (_whole(1), False)},
     "metrics": {},  # its scores: check_scores
     "done": {"status": (_one_of("succeeded", "failed", "cancelled"), True), "error": (_message, False)},
 }
@@ -193,9 +195,29 @@ def check_scores(value: Any) -> dict[str, Any]:
                         if _name(metric) is not None or (x is not None and not _is_number(x)):
                             raise BadField(f"scores.{schema}.per_label.{label}.{metric} is {_show(x)}; "
                                            "use a number or null")
+            elif key == "curve":
+                _check_curve(number, f"scores.{schema}.curve")
             elif key not in _SCORE_FIELDS and number is not None and not _is_number(number):
                 raise BadField(f"scores.{schema}.{key} is {_show(number)}; use a number or null")
     return value
+
+
+_CURVE_POINTS = 10
+_CURVE_FIELDS = {"share": (_number(0, 1), True), "items": (_whole(0), True)}
+
+
+def _check_curve(value: Any, where: str) -> None:
+    """A learning curve: at most ``_CURVE_POINTS`` objects ``{"share", "items", <metric>: number or null}``."""
+    shape = 'a list of at most {} objects {{"share": 0.25, "items": 40, "accuracy": 0.8}}'.format(_CURVE_POINTS)
+    if not isinstance(value, list) or len(value) > _CURVE_POINTS:
+        raise BadField(f"{where} must be {shape}")
+    for n, point in enumerate(value):
+        if not isinstance(point, dict) or len(point) > len(_CURVE_FIELDS) + 1:
+            raise BadField(f"{where}[{n}] is {_show(point)}; use {shape}")
+        _check_fields(point, _CURVE_FIELDS, f"{where}[{n}].")
+        for key, x in point.items():
+            if key not in _CURVE_FIELDS and (_name(key) is not None or (x is not None and not _is_number(x))):
+                raise BadField(f"{where}[{n}].{key} is {_show(x)}; use a number or null")
 
 
 # exit_code: the worker's exit status, or minus the signal that killed it.

@@ -4,21 +4,20 @@ The file becomes the run's ``predictions.jsonl`` only when all of it has
 arrived and every line is a prediction (``bodies.check_prediction_line``):
 a body that is too large, cut short or holds one bad line is refused whole,
 and leaves neither the file nor its temporary copy behind. The temporary
-name is unique per upload (``mkstemp``), so two uploads at once never write
-into one file.
+name is unique per upload and nobody can guess it, so two uploads at once never write
+into one file (``potato.training.atomic_files``).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import BinaryIO
 
-from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from potato.jsonapi import ApiError
 from potato.protocol.bodies import BadField, check_prediction_line
 from potato.runs.paths import RunPaths
+from potato.training import atomic_files
 
 UPLOAD_CHUNK = 256 * 1024
 MAX_LINE_BYTES = 1024 * 1024  # a prediction is about 100 bytes; a line this long is not one
@@ -63,17 +62,17 @@ def receive(stream: BinaryIO, paths: RunPaths, *, limit_mb: int, expected: int |
     that ends short of it is refused.
     """
     limit = limit_mb * 1024 * 1024
-    target = paths.predictions
-    fd, tmp = tempfile.mkstemp(dir=paths.dir, prefix=paths.partial_upload_prefix())
     total = 0
     lines = _Lines()
     try:
-        with os.fdopen(fd, "wb") as out:
+        with atomic_files.Replacement(paths.dir, paths.predictions.name, prefix=paths.partial_upload_prefix()) as out:
             while True:
                 try:
                     chunk = stream.read(UPLOAD_CHUNK)
                 except RequestEntityTooLarge:  # Werkzeug's own count of the same limit
                     raise too_large(limit_mb) from None
+                except ClientDisconnected:  # the body ended before its Content-Length
+                    chunk = b""
                 if not chunk:
                     break
                 total += len(chunk)
@@ -81,14 +80,11 @@ def receive(stream: BinaryIO, paths: RunPaths, *, limit_mb: int, expected: int |
                     raise too_large(limit_mb)
                 lines.feed(chunk)
                 out.write(chunk)
+            if expected is not None and total != expected:  # cut short: its last line is no prediction's fault
+                raise ApiError(400, f"The upload ended after {total} of {expected} bytes; send it again")
             lines.close()
-        if expected is not None and total != expected:
-            raise ApiError(400, f"The upload ended after {total} of {expected} bytes; send it again")
-        os.replace(tmp, target)
+            out.commit()
     except BadField as exc:
         raise ApiError(400, f"{exc}; the upload was not kept: fix the worker's predictions and send them again") \
             from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return total, lines.count

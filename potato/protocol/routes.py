@@ -16,8 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +32,7 @@ from potato.protocol.state import CLAIMED, display_state
 from potato.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths
 from potato.store import RUNNING, Run
+from potato.training import atomic_files
 from potato.training import job_paths
 from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION
 
@@ -265,12 +264,7 @@ def result(run_id: int):
     store().record_worker_event(run.id, None, "result", {"exit_code": code, "error": report["error"],
                                                          "artifact_uri": uri}, **fields)
     if scores is not None:
-        _write_atomic(paths.scores, json.dumps(scores, indent=2))
-    _write_atomic(paths.exit_code, f"{code}\n")  # last: the flow takes the run as reported once it exists
+        atomic_files.write_text(paths.scores, json.dumps(scores, indent=2))
+    atomic_files.write_text(paths.exit_code, f"{code}\n")  # last: the flow takes the run as reported once it exists
     return jsonify({**_status(store().get_run(run.id)), "recorded": True})
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -7,9 +7,20 @@ aggregation, the split), the trainer and its options, where it trained
 (backend type and device, not the host) and how long, the run id and date.
 No annotator name, no item text, no item id and no path of this server
 appears: ``facts`` hands over counts and names of labels, never records.
+The holdout scores are in the front matter's ``model-index`` too, where the
+Hub shows them as the model's evaluation results.
 
 Every value that comes from a config or a run is escaped for Markdown (a
 label may hold ``|``), and the front matter is written by ``yaml.safe_dump``.
+
+What the model is decides its metadata and the code that loads it
+(``MODELS``): an encoder classifier (``hf-text-classification``) loads with
+``AutoModelForSequenceClassification``, a span tagger (``hf-span-tagging``)
+with ``AutoModelForTokenClassification``, an LLM's LoRA adapter
+(``hf-llm-finetune``) with peft's ``AutoPeftModelForCausalLM`` on the base
+model it names (``library_name: peft``, ``base_model``), a merged LLM with
+``AutoModelForCausalLM``, a ``sklearn-text`` model from its pickle. The
+card's metadata is what ``huggingface_hub.ModelCard`` reads.
 """
 
 from __future__ import annotations
@@ -21,10 +32,36 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from potato.markdown_text import code, md, table
+from potato.training.trainers import pooling
+
 PIPELINE_TAG = "text-classification"
 CARD_FILE = "README.md"
+SKLEARN_MODEL = "model.pkl"
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What one trainer's model is on the Hub: its pipeline tag, the transformers class that loads it (None:
+    not a transformers model), and what the card calls it."""
+
+    pipeline_tag: str
+    auto_class: str | None
+    noun: str
+
+
+# Per trainer; a trainer not listed is an encoder classifier.
+MODELS = {
+    "hf-text-classification": ModelKind("text-classification", "AutoModelForSequenceClassification", "classifier"),
+    "hf-span-tagging": ModelKind("token-classification", "AutoModelForTokenClassification", "span tagger"),
+    "hf-llm-finetune": ModelKind("text-generation", "AutoModelForCausalLM", "language model"),
+    "sklearn-text": ModelKind("text-classification", None, "classifier"),
+}
+
+
+def model_kind(trainer: str | None) -> ModelKind:
+    return MODELS.get(trainer or "", MODELS["hf-text-classification"])
 CALIBRATION_FILE = "calibration.json"
-_MARKDOWN = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|#"} | {"\n": " ", "\r": " "})
 
 
 @dataclass(frozen=True)
@@ -41,6 +78,10 @@ class SchemaFacts:
     per_label: Mapping[str, int] | None = None
     ties: int | None = None
     calibration: Mapping[str, Any] | None = None   # decision-calibrate's scores for the schema
+    trainer: str | None = None         # the trainer of this schema's model (a run may have several)
+    head: Sequence[str] | None = None  # the model's output labels when they are not the labels (a span tagger's tags)
+    vectorizer: str | None = None      # sklearn-text: its sentence-transformers model (None: a vectorizer in the pickle)
+    mean_pooled: bool = False          # a head on the mean of the token states, not a transformers class's
 
 
 @dataclass(frozen=True)
@@ -50,7 +91,7 @@ class CardFacts:
     project: str
     run_id: int
     trainer: str
-    kind: str                          # "full" or "lora"
+    kind: str                          # "full", "lora", "merged" (an LLM's adapter merged in) or "sklearn"
     base_model: str | None             # a Hub id, or None
     base_model_note: str | None        # what the base was when it has no Hub id
     license: str | None
@@ -68,17 +109,6 @@ class CardFacts:
     calibrated_later_by: int | None = None  # a calibration of this model published elsewhere
 
 
-def md(value: Any) -> str:
-    """*value* as Markdown text that renders as written."""
-    return str(value).translate(_MARKDOWN)
-
-
-def code(value: Any) -> str:
-    """*value* as a code span in a table cell (escapes do not work inside one; a pipe still ends a cell)."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return "`" + " ".join(text.replace("`", "'").replace("|", "\\|").split()) + "`"
-
-
 def _number(value: Any) -> str:
     return "–" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
@@ -90,27 +120,55 @@ def _duration(seconds: float | None) -> str:
     return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s" if s < 3600 else f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def front_matter(facts: CardFacts) -> dict[str, Any]:
-    meta: dict[str, Any] = {"library_name": "peft" if facts.kind == "lora" else "transformers"}
-    if facts.base_model:
+def _kinds(facts: CardFacts) -> list[ModelKind]:
+    return [model_kind(s.trainer or facts.trainer) for s in facts.schemas]
+
+
+# The dataset every result is on, as the Hub's model-index names one: the project's labels, its held-out share.
+HOLDOUT_DATASET = "potato-project"
+
+
+def _metrics(scores: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A schema's holdout numbers as model-index metrics (its counts and nested tables left out)."""
+    return [{"type": key, "value": value, "name": f"holdout {key.replace('_', '-')}"}
+            for key, value in scores.items()
+            if key not in ("n", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool)]
+
+
+def model_index(facts: CardFacts, repo: str | None) -> list[dict[str, Any]]:
+    """The card's ``model-index``: per schema with holdout scores, its task, the project's held-out items as
+    the dataset and the scores as metrics — what the Hub shows as evaluation results ([] when none)."""
+    results = [{"task": {"type": model_kind(s.trainer or facts.trainer).pipeline_tag, "name": s.name},
+                "dataset": {"type": HOLDOUT_DATASET, "name": facts.project or "Potato project", "split": "holdout"},
+                "metrics": _metrics(s.scores)}
+               for s in facts.schemas if _metrics(s.scores)]
+    if not results:
+        return []
+    return [{"name": (repo or "").rpartition("/")[2] or f"potato-run-{facts.run_id}", "results": results}]
+
+
+def front_matter(facts: CardFacts, repo: str | None = None) -> dict[str, Any]:
+    library = {"lora": "peft", "sklearn": "sklearn"}.get(facts.kind, "transformers")
+    meta: dict[str, Any] = {"library_name": library}
+    if facts.base_model and facts.kind != "sklearn":
         meta["base_model"] = facts.base_model
-    meta["pipeline_tag"] = PIPELINE_TAG
+    tags = list(dict.fromkeys(k.pipeline_tag for k in _kinds(facts)))
+    if len(tags) == 1:
+        meta["pipeline_tag"] = tags[0]
     if facts.license:
         meta["license"] = facts.license
-    meta["tags"] = ["potato", facts.trainer, PIPELINE_TAG] + (["lora"] if facts.kind == "lora" else [])
+    trainers = list(dict.fromkeys([facts.trainer, *(s.trainer for s in facts.schemas if s.trainer)]))
+    meta["tags"] = ["potato", *trainers, *tags] + (["lora"] if facts.kind == "lora" else [])
+    index = model_index(facts, repo)
+    if index:
+        meta["model-index"] = index
     return meta
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return lines
 
 
 def _labels(facts: CardFacts) -> list[str]:
     rows = [(md(s.name), ", ".join(code(label) for label in s.labels),
              code(f"{s.folder}/") if s.folder else "the repo's root") for s in facts.schemas]
-    return ["## Labels", "", *_table(("schema", "labels (in the model's order)", "model"), rows), ""]
+    return ["## Labels", "", *table(("schema", "labels (in the model's order)", "model"), rows), ""]
 
 
 def _scores(facts: CardFacts) -> list[str]:
@@ -118,13 +176,13 @@ def _scores(facts: CardFacts) -> list[str]:
            "Scored on labelled items held out of training (never trained on).", ""]
     rows = [(md(s.name), _number(s.scores.get("n", s.held_out)), _number(s.scores.get("accuracy")),
              _number(s.scores.get("macro_f1"))) for s in facts.schemas]
-    out += [*_table(("schema", "held-out items", "accuracy", "macro-F1"), rows), ""]
+    out += [*table(("schema", "held-out items", "accuracy", "macro-F1"), rows), ""]
     for s in facts.schemas:
         if not s.confusion:
             continue
         out += [f"### Confusion matrix: {md(s.name)}", "",
                 "Rows: the annotators' label; columns: the model's.", ""]
-        out += _table(("", *(f"**{md(label)}**" for label in s.labels)),
+        out += table(("", *(f"**{md(label)}**" for label in s.labels)),
                       [(f"**{md(label)}**", *row) for label, row in zip(s.labels, s.confusion)])
         out.append("")
     return out
@@ -153,19 +211,26 @@ def _data(facts: CardFacts) -> list[str]:
         rows.append(("held-out split", md(facts.split)))
     if facts.items is None:
         rows.append(("items, annotators", "not recorded for this run"))
-    return [*out, *_table(("", "count"), rows), ""]
+    return [*out, *table(("", "count"), rows), ""]
 
 
 def _training(facts: CardFacts) -> list[str]:
-    kind = "a LoRA adapter (peft)" if facts.kind == "lora" else "a full fine-tune"
+    nouns = list(dict.fromkeys(k.noun for k in _kinds(facts)))
     base = code(facts.base_model) if facts.base_model else md(facts.base_model_note or "a local model")
-    out = ["## Training", "", f"Trainer {code(facts.trainer)} of Potato: {kind} of {base}, one classifier per schema.", ""]
+    if facts.kind == "sklearn":
+        what = (f"a scikit-learn model ({code(SKLEARN_MODEL)}: its vectorizer and classifier), one "
+                f"{' or '.join(nouns)} per schema")
+    else:
+        kind = {"lora": "a LoRA adapter (peft)", "merged": "a LoRA fine-tune, merged into its base model,"}.get(
+            facts.kind, "a full fine-tune")
+        what = f"{kind} of {base}, one {' or '.join(nouns)} per schema"
+    out = ["## Training", "", f"Trainer {code(facts.trainer)} of Potato: {what}.", ""]
     rows = [(code(k), code(v)) for k, v in sorted(facts.options.items())]
     if rows:
-        out += [*_table(("option", "value"), rows), ""]
+        out += [*table(("option", "value"), rows), ""]
     where = [("backend type", md(facts.backend_type or "–")), ("device", md(facts.device or "–")),
              ("training took", _duration(facts.duration_s))]
-    out += ["### Where it trained", "", *_table(("", ""), where), ""]
+    out += ["### Where it trained", "", *table(("", ""), where), ""]
     return out
 
 
@@ -191,35 +256,78 @@ def _calibration(facts: CardFacts) -> list[str]:
         rows.append((md(s.name), md(c.get("method", "–")), "kept" if c.get("kept") else "backed out",
                      f"{_number(c.get('ece_before'))} → {_number(c.get('ece_after'))}",
                      f"{_number(c.get('log_loss_before'))} → {_number(c.get('log_loss_after'))}", threshold))
-    out += [*_table(("schema", "method", "map", "ECE", "log-loss", "threshold"), rows), ""]
+    out += [*table(("schema", "method", "map", "ECE", "log-loss", "threshold"), rows), ""]
     return out
+
+
+def _loading_code(facts: CardFacts, s: SchemaFacts, where: str) -> list[str]:
+    """The Python that loads schema *s*'s model from *where* (a Hub repo, or a folder)."""
+    sub = f', subfolder="{s.folder}"' if s.folder else ""
+    kind = model_kind(s.trainer or facts.trainer)
+    if facts.kind == "sklearn":
+        features = f'SentenceTransformer("{s.vectorizer}").encode(texts)' if s.vectorizer else "texts"
+        return [
+            "import json, pickle",
+            "",
+            "from huggingface_hub import hf_hub_download",
+            *(["from sentence_transformers import SentenceTransformer"] if features != "texts" else []),
+            "",
+            f"# {SKLEARN_MODEL} is a pickle: loading it runs what it holds, so load only a repo you trust",
+            f'with open(hf_hub_download("{where}", "{SKLEARN_MODEL}"{sub}), "rb") as f:',
+            "    model = pickle.load(f)",
+            f'with open(hf_hub_download("{where}", "labels.json"{sub}), encoding="utf-8") as f:',
+            '    labels = json.load(f)["labels"]',
+            'texts = ["a text to label"]',
+            f"probabilities = model.predict_proba({features})  # one column per label, in the order of labels",
+        ]
+    if kind.auto_class == "AutoModelForCausalLM":
+        if facts.kind == "lora":
+            return [
+                "from peft import AutoPeftModelForCausalLM",
+                "from transformers import AutoTokenizer",
+                "",
+                f"# the adapter and, from the Hub, its base model {facts.base_model or '<base model>'}",
+                f'model = AutoPeftModelForCausalLM.from_pretrained("{where}"{sub})',
+                f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
+                "# labels.json holds the prompt it was trained with (prompt_template) and its labels",
+            ]
+        return [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f'model = AutoModelForCausalLM.from_pretrained("{where}"{sub})',
+            f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
+            "# labels.json holds the prompt it was trained with (prompt_template) and its labels",
+        ]
+    if s.mean_pooled:  # no transformers class holds this head: the card shows the few lines that apply it
+        return pooling.usage_lines(where, sub, facts.base_model, facts.kind == "lora", list(s.labels))
+    auto = kind.auto_class or "AutoModelForSequenceClassification"
+    if facts.kind == "lora":
+        head = list(s.head or s.labels)
+        return [
+            "from peft import PeftModel",
+            f"from transformers import {auto}, AutoTokenizer",
+            "",
+            f"labels = {json.dumps(head, ensure_ascii=False)}",
+            f'base = {auto}.from_pretrained("{facts.base_model or "<base model>"}", '
+            "num_labels=len(labels), id2label=dict(enumerate(labels)), "
+            "label2id={label: i for i, label in enumerate(labels)})",
+            f'model = PeftModel.from_pretrained(base, "{where}"{sub})',
+            f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
+        ]
+    return [
+        f"from transformers import {auto}, AutoTokenizer",
+        "",
+        f'model = {auto}.from_pretrained("{where}"{sub})',
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
+        "# model.config.id2label names the labels",
+    ]
 
 
 def _usage(facts: CardFacts, repo: str | None) -> list[str]:
     where = repo or "path/to/this/folder"
     out = ["## Use", ""]
     for s in facts.schemas:
-        sub = f', subfolder="{s.folder}"' if s.folder else ""
-        if facts.kind == "lora":
-            code = [
-                "from peft import PeftModel",
-                "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
-                "",
-                f"labels = {json.dumps(list(s.labels), ensure_ascii=False)}",
-                f'base = AutoModelForSequenceClassification.from_pretrained("{facts.base_model or "<base model>"}", '
-                "num_labels=len(labels), id2label=dict(enumerate(labels)), "
-                "label2id={label: i for i, label in enumerate(labels)})",
-                f'model = PeftModel.from_pretrained(base, "{where}"{sub})',
-                f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
-            ]
-        else:
-            code = [
-                "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
-                "",
-                f'model = AutoModelForSequenceClassification.from_pretrained("{where}"{sub})',
-                f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
-                "# model.config.id2label names the labels",
-            ]
+        code = _loading_code(facts, s, where)
         if len(facts.schemas) > 1:
             out += [f"Schema {md(s.name)}:", ""]
         out += ["```python", *code, "```", ""]
@@ -231,14 +339,16 @@ def render_card(facts: CardFacts, repo: str | None = None) -> str:
     title = f"{md(facts.project)}: " if facts.project else ""
     names = ", ".join(md(s.name) for s in facts.schemas)
     when = time.strftime("%Y-%m-%d", time.gmtime(facts.finished_at)) if facts.finished_at else "–"
+    nouns = list(dict.fromkeys(k.noun for k in _kinds(facts)))
+    noun = nouns[0] if len(nouns) == 1 else "model"
     lines = [
         "---",
-        yaml.safe_dump(front_matter(facts), sort_keys=False, allow_unicode=True).rstrip("\n"),
+        yaml.safe_dump(front_matter(facts, repo), sort_keys=False, allow_unicode=True).rstrip("\n"),
         "---",
         "",
-        f"# {title}{names} classifier",
+        f"# {title}{names} {noun}",
         "",
-        f"A text classifier trained by [Potato](https://github.com/davidjurgens/potato)'s model training on "
+        f"A text {noun} trained by [Potato](https://github.com/davidjurgens/potato)'s model training on "
         f"the labels annotators gave for the schema{'s' if len(facts.schemas) > 1 else ''} {names}: "
         f"Potato run {facts.run_id}, finished {when} (UTC).",
         "",

@@ -18,7 +18,8 @@ Importable without I/O. The tree::
         ├── HubTokenRefused      401: the token is wrong, expired or revoked
         ├── HubForbidden         403: the repo or its namespace belongs to someone else
         ├── HubUnreachable       the connection failed (the Hub commits whole or not at all)
-        └── HubRefused           any other refusal, with the Hub's own words
+        ├── HubRefused           any other refusal, with the Hub's own words
+        └── UploadFailed         anything else the upload raised (its text without credentials)
 """
 
 from __future__ import annotations
@@ -181,3 +182,8 @@ class HubUnreachable(HubError):
 class HubRefused(HubError):
     def __init__(self, endpoint: str, repo: str, status: int, said: str):
         super().__init__(f"{endpoint} answered {status} to the publish of {repo}: {said}")
+
+
+class UploadFailed(HubError):
+    def __init__(self, cause: str):
+        super().__init__(f"The upload failed: {cause}")

@@ -12,16 +12,16 @@ labelled and held-out counts come from ``labels.jsonl`` (``potato.evaluation``).
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from potato.config import ProjectConfig
 from potato.evaluation import read_evaluation
 from potato.publish.card import CardFacts, SchemaFacts
 from potato.runs.paths import RunPaths
 from potato.store import Run
+from potato.training import atomic_files
 
 FORMAT = 1
 AGGREGATIONS = {"majority": "majority vote (a tie goes to the label listed first)",
@@ -44,10 +44,7 @@ def record_training_data(run_dir: Path, manifest: Mapping[str, Any], annotators:
         "split": {k: manifest[k] for k in ("holdout_fraction", "splits", "split_seed") if k in manifest},
         "options": dict(options),
     }
-    target = RunPaths(run_dir).training_data
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    atomic_files.write_text(RunPaths(run_dir).training_data, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
 def read_training_data(run_dir: Path) -> dict[str, Any] | None:
@@ -89,7 +86,7 @@ def _counts_from_labels(run_dir: Path, schemas: Sequence[str]) -> dict[str, dict
 def effective_options(config: ProjectConfig, run: Run, run_dir: Path) -> dict[str, Any]:
     """The trainer's options as the worker got them (training-data.json, else as the config gives them now),
     over the trainer's defaults."""
-    from potato.trainers.registry import TRAINERS, load
+    from potato.training.trainers.registry import TRAINERS, load
 
     data = read_training_data(run_dir)
     if data is not None and isinstance(data.get("options"), dict):
@@ -103,17 +100,29 @@ def effective_options(config: ProjectConfig, run: Run, run_dir: Path) -> dict[st
     return {**defaults, **given}
 
 
-def card_facts(config: ProjectConfig, run: Run, run_dir: Path, schemas: Sequence[tuple[str, Sequence[str], str]], *,
+class SchemaModel(NamedTuple):
+    """One schema's model as its ``labels.json`` describes it."""
+
+    name: str
+    labels: Sequence[str]
+    folder: str                         # in the repo; "" at its root
+    trainer: str | None = None
+    head: Sequence[str] | None = None   # the model's outputs when they are not the labels (a span tagger's tags)
+    vectorizer: str | None = None       # sklearn-text's sentence-transformers model, when it has one
+    mean_pooled: bool = False           # a classifier on the mean of the token states (potato.training.trainers.pooling)
+
+
+def card_facts(config: ProjectConfig, run: Run, run_dir: Path, schemas: Sequence[SchemaModel], *,
                kind: str, base_model: str | None, base_model_note: str | None, license: str | None,
                options: Mapping[str, Any], calibration: tuple[int, Mapping[str, Any]] | None = None) -> CardFacts:
-    """The card's facts for *run*'s model: *schemas* as ``(name, labels, folder in the repo)``;
+    """The card's facts for *run*'s model, one ``SchemaModel`` per schema;
     *calibration* ``(decision-calibrate run id, its scores)`` when that run is published with it."""
     data = read_training_data(run_dir) or {}
-    fallback = {} if data else _counts_from_labels(run_dir, [s for s, _, _ in schemas])
+    fallback = {} if data else _counts_from_labels(run_dir, [s.name for s in schemas])
     evaluation = (read_evaluation(run_dir) or {}).get("schemas", {})
     later = None
     facts = []
-    for name, labels, folder in schemas:
+    for name, labels, folder, trainer, head, vectorizer, mean_pooled in schemas:
         shown = evaluation.get(name, {})
         if shown.get("calibration", {}).get("by_run") is not None:
             later = shown["calibration"]["by_run"]
@@ -125,7 +134,8 @@ def card_facts(config: ProjectConfig, run: Run, run_dir: Path, schemas: Sequence
             labelled=data.get("labeled", {}).get(name, counted.get("labelled")),
             held_out=data.get("holdout", {}).get(name, counted.get("held_out")),
             per_label=per_label, ties=data.get("ties", {}).get(name),
-            calibration=calibration[1].get(name) if calibration else None,
+            calibration=calibration[1].get(name) if calibration else None, trainer=trainer, head=head,
+            vectorizer=vectorizer, mean_pooled=mean_pooled,
         ))
     backend = config.model_training.backends.get(run.backend)
     started, finished = run.started_at, run.finished_at

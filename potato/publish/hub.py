@@ -4,7 +4,11 @@ The Hub comes from ``HF_ENDPOINT`` (read at each publish, default
 https://huggingface.co), so a private Hub works the same; the token from
 ``HF_TOKEN``, else the one ``hf auth login`` stored (``huggingface_hub.get_token``).
 The token goes to ``HfApi`` and nowhere else; messages name where it came
-from, never what it is.
+from, never what it is. ``HF_ENDPOINT`` may carry a user and password
+(``http://user:password@hub.internal``): every text taken from the Hub
+client's exceptions, or its answers, passes through ``scrubbed`` before it
+is printed, logged, stored or shown (the client quotes the URL it asked,
+credentials and all, as in ``Server error '502 Bad Gateway' for url …``).
 
 Steps: ``whoami`` (a bad token fails here, before anything is sent), the
 repo (created private unless asked otherwise; an existing one keeps its
@@ -31,11 +35,13 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import threading
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from potato.publish import errors
 from potato.publish.plan import OutFile
@@ -44,6 +50,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 # What huggingface_hub logs for every upload of buffers; here that is the plan, not a problem.
 XET_NOTICE = "Uploading files as a binary IO buffer is not supported by Xet Storage"
 KEEP = frozenset({".gitattributes"})  # never deleted from a repo: the Hub's own LFS rules
+log = logging.getLogger(__name__)
 
 
 def hub_endpoint() -> str:
@@ -55,6 +62,28 @@ def without_credentials(endpoint: str) -> str:
     """*endpoint* without any user:password in it, for messages and the store."""
     parts = urlsplit(endpoint)
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+# The user:password@ of any URL in a text.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s@]*@")
+HIDDEN = "<hidden>"
+
+
+def scrubbed(text: str, *secrets: str | None) -> str:
+    """*text* as it may be shown: no user:password of any URL, and none of *secrets* (the token, the
+    endpoint's password, also percent-decoded) anywhere in it."""
+    text = _USERINFO.sub(r"\1", text)
+    for secret in secrets:
+        for form in {secret, unquote(secret or "")}:
+            if form and len(form) >= 3:
+                text = text.replace(form, HIDDEN)
+    return text
+
+
+def endpoint_secrets(endpoint: str) -> tuple[str, ...]:
+    """What of *endpoint* must never be shown: its password."""
+    password = urlsplit(endpoint).password
+    return (password,) if password else ()
 
 
 def hub_token() -> tuple[str, bool]:
@@ -75,6 +104,34 @@ class _WithoutXetNotice(logging.Filter):
 
 
 _NOTICE_FILTER = _WithoutXetNotice()
+
+
+class _Scrubbed(logging.Filter):
+    """What huggingface_hub logs (it names the URLs it asks, credentials and all), ``scrubbed``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = scrubbed(record.getMessage(), *self.hidden), ()
+        return True
+
+
+_SCRUBBED = _Scrubbed()
+
+
+# The loggers of the Hub client and the HTTP client under it, which log each URL they ask.
+CLIENT_LOGGERS = ("huggingface_hub", "httpx2", "httpcore2", "httpx", "httpcore")
+
+
+def _scrub_client_logs(hidden: Sequence[str]) -> None:
+    """Put ``_SCRUBBED`` on every logger of ``CLIENT_LOGGERS`` (a filter is the logger's own, not its children's)."""
+    _SCRUBBED.hidden.update(h for h in hidden if h)
+    names = [*CLIENT_LOGGERS, *logging.Logger.manager.loggerDict]
+    for name in names:
+        if name.split(".")[0] in CLIENT_LOGGERS:
+            logging.getLogger(name).addFilter(_SCRUBBED)  # adding it again is a no-op
 
 
 class Progress:
@@ -181,10 +238,17 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 @contextmanager
-def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_environment: bool) -> Iterator[None]:
-    """Turn what huggingface_hub raises into the messages of ``potato.publish.errors``."""
+def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_environment: bool,
+                hidden: tuple[str, ...]) -> Iterator[None]:
+    """Turn what huggingface_hub raises into the messages of ``potato.publish.errors``, each text of the
+    client's scrubbed of *hidden* and of any URL's credentials; anything else is re-raised as
+    ``UploadFailed``, its text scrubbed the same way (``from None``: the original, credentials and all, is
+    not chained to it)."""
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    def shown(text: str) -> str:
+        return scrubbed(text, *hidden)
 
     try:
         yield
@@ -193,21 +257,22 @@ def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_env
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message the user can act on
         for cause in _causes(exc):
             if isinstance(cause, OfflineModeIsEnabled):
-                raise errors.HubOffline() from exc
+                raise errors.HubOffline() from None
             if isinstance(cause, HfHubHTTPError):
                 status = _http_status(cause)
                 if status == 401:
-                    raise errors.HubTokenRefused(endpoint, from_environment) from exc
+                    raise errors.HubTokenRefused(endpoint, from_environment) from None
                 if status == 403:
-                    raise errors.HubForbidden(endpoint, user[0] if user else "this token's user", repo) from exc
+                    raise errors.HubForbidden(endpoint, user[0] if user else "this token's user", repo) from None
                 said = (getattr(cause, "server_message", None) or str(cause).strip().splitlines()[0]).strip()
-                raise errors.HubRefused(endpoint, repo, status or 0, said) from exc
+                raise errors.HubRefused(endpoint, repo, status or 0, shown(said)) from None
             if isinstance(cause, httpx2.TransportError):
-                raise errors.HubUnreachable(endpoint, repo, run_id, f"{type(cause).__name__}: {cause}".rstrip(": ")) \
-                    from exc
+                raise errors.HubUnreachable(endpoint, repo, run_id,
+                                            shown(f"{type(cause).__name__}: {cause}".rstrip(": "))) from None
         if isinstance(exc, ValueError) and "README.md" in str(exc):  # the Hub's check of the card's metadata
-            raise errors.HubRefused(endpoint, repo, 400, " ".join(str(exc).split())) from exc
-        raise
+            raise errors.HubRefused(endpoint, repo, 400, shown(" ".join(str(exc).split()))) from None
+        log.warning("Publishing to %s failed: %s", endpoint, shown("".join(traceback.format_exception(exc))))
+        raise errors.UploadFailed(shown(f"{type(exc).__name__}: {exc}")) from None
 
 
 def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool, message: str, description: str,
@@ -222,8 +287,10 @@ def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool,
     token, from_environment = hub_token()
     endpoint = endpoint or hub_endpoint()
     where = without_credentials(endpoint)
+    hidden = (token, *endpoint_secrets(endpoint))
+    _scrub_client_logs(hidden)
     user: list[str] = []
-    with _translated(where, repo, run_id, user, from_environment):
+    with _translated(where, repo, run_id, user, from_environment, hidden):
         api = HfApi(endpoint=endpoint, token=token, library_name="potato-annotation")
         user.append(api.whoami()["name"])
         api.create_repo(repo, private=private, exist_ok=True)
@@ -243,7 +310,7 @@ def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool,
         finally:
             for o in opened:
                 o.close()
-    return Published(repo=repo, revision=revision, commit=commit.oid, commit_url=commit.commit_url,
+    return Published(repo=repo, revision=revision, commit=commit.oid, commit_url=scrubbed(commit.commit_url, *hidden),
                      url=f"{where}/{repo}" + ("" if revision == "main" else f"/tree/{revision}"),
                      user=user[0], private=bool(info.private))
 

@@ -80,11 +80,11 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
     except KeyboardInterrupt:  # the CLI's Ctrl-C: the upload is over
         record.interrupted(store, prepared.run_id, stale_only=False)
         raise
-    except Exception as exc:
+    except Exception as exc:  # outside the Hub client (hub.upload translates its own): no URL of the Hub in it
         log.exception("Publishing run %s failed", prepared.run_id)
-        message = f"The upload failed: {type(exc).__name__}: {exc}"
-        record.failed(store, prepared.run_id, message)
-        raise errors.PublishError(message) from exc
+        failure = errors.UploadFailed(f"{type(exc).__name__}: {exc}")
+        record.failed(store, prepared.run_id, str(failure))
+        raise failure from exc
     finally:
         stop_beating.set()
     record.succeeded(store, prepared.run_id, published, prepared.via)
@@ -153,7 +153,7 @@ class Publisher:
 
 def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Callable[..., None]) -> int:
     """``potato training publish``: publish in this process, printing progress; the exit status (0 or 1)."""
-    from potato.errors import StoreError
+    from potato.errors import StoreError, UnknownRun
     from potato.runs.paths import open_store
 
     store = open_store(config)
@@ -171,6 +171,9 @@ def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Cal
         echo(f"Publishing run {run_id} to {request.repo} on {without_credentials(prepared.endpoint)} "
              f"({'private' if request.private else 'public'} if new, revision {request.revision})")
         published = execute(store, prepared, progress)
+    except UnknownRun as exc:
+        echo(str(UnknownRun(exc.run_id, config.path)), err=True)
+        return 1
     except (errors.PublishError, StoreError) as exc:
         echo(str(exc), err=True)
         return 1

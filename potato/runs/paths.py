@@ -20,7 +20,7 @@ from typing import Any
 import potato
 from potato.config import ProjectConfig
 from potato.store import Store
-from potato.training import job_paths
+from potato.training import atomic_files, job_paths
 
 # Where this installation of potato is: the processes it starts (a flow, a local worker) import the same.
 PACKAGE_ROOT = Path(potato.__file__).resolve().parents[1]
@@ -84,6 +84,8 @@ class RunPaths:
     uncalibrated_predictions = _File("predictions.uncalibrated.jsonl")  # the worker's, once decision-calibrate rewrote them
     written_back = _File("written-back.jsonl")  # what the run wrote back, per item and schema (potato.writeback)
     writeback_report = _File("writeback.json")  # what the Training page shows of its writeback
+    stability = _File("stability.json")  # predicted labels changed since the previous run (potato.stability)
+    gate = _File("gate.json")  # the quality gate's verdict per schema, and who promoted the run (potato.quality_gate)
 
     def partial_upload_prefix(self) -> str:
         """The name an uploaded ``predictions.jsonl`` has until all of it has arrived (``potato.protocol``)."""
@@ -108,3 +110,23 @@ def open_store(config: ProjectConfig) -> Store:
 def run_paths(config: ProjectConfig, run_id: int) -> RunPaths:
     """The files of run *run_id* of the project *config* describes."""
     return RunPaths(config.training_dir / "runs" / str(run_id))
+
+
+def training_page_file(config: ProjectConfig) -> Path:
+    """Where ``potato start`` records its Training page's address, so that what a run leaves elsewhere (its
+    Prefect artifacts) can link back to it."""
+    return config.training_dir / "training-page"
+
+
+def record_training_page(config: ProjectConfig, url: str) -> None:
+    private_dir(config.training_dir)
+    atomic_files.write_text(training_page_file(config), url)
+
+
+def run_page(config: ProjectConfig, run_id: int) -> str | None:
+    """Run *run_id*'s page on the Training page ``potato start`` last recorded, or None (never started)."""
+    try:
+        page = training_page_file(config).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return f"{page}/runs/{run_id}" if page.startswith(("http://", "https://")) else None

@@ -19,9 +19,9 @@ import signal
 import time
 from typing import Iterable
 
-from potato import prefect_runs
 from potato.config import ProjectConfig
 from potato.errors import HeartbeatTimeout
+from potato.runs import prefect_runs
 from potato.runs.ending import RETRY_STOP_S, end_run
 from potato.store import END_STATES, Run, Store
 

@@ -16,20 +16,24 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from potato.backends.checks import check_backend
-from potato.errors import LocalOnlyTrainerError, RetractError, RunRequestError, UnknownBackendError
+from potato.errors import (
+    CompareError, LocalOnlyTrainerError, PromoteError, RetractError, RunRequestError, UnknownBackendError, WritebackError,
+)
 from potato.evaluation import read_evaluation
 from potato.jsonapi import ApiError, json_body
+from potato.promote import pin, promote
 from potato.retract import retract
+from potato.run_comparison import compare, parse_runs
 from potato.runs import queue
 from potato.runs.paths import run_paths
-from potato.server.auth import require_admin
+from potato.server.auth import admin_via, require_admin
 from potato.server.context import get_config, get_store
 from potato.server.serialize import (
-    backends_json, event_json, run_json, schemas_json, trainers_json, writeback_json,
+    Shown, backends_json, event_json, run_json, schemas_json, trainers_json, writeback_json,
 )
 from potato.store import MAX_RUN_ID
 from potato.trainer_choice import NoTrainerFor, default_schemas
-from potato.trainers.registry import DEFAULT_BY_KIND
+from potato.training.trainers.registry import DEFAULT_BY_KIND
 
 bp = Blueprint("admin_api", __name__, url_prefix="/admin/training/api")
 
@@ -56,13 +60,14 @@ def _claimed(run) -> bool:
     return current_app.extensions["potato.agent_state"].is_claimed(get_store(), run)
 
 
-def _run_json(run) -> dict[str, Any]:
+def _run_json(run, shown: Shown | None = None) -> dict[str, Any]:
     config = get_config()
     backend = config.model_training.backends.get(run.backend)
     # Only a running agent run can be "queued in the UI's sense" (waiting for its claim).
     claimed = (run.state == "running" and backend is not None and backend.type_info.claimed_by_agent
                and _claimed(run))
-    return run_json(config, get_store(), run, claimed=claimed, ui_url=current_app.config.get("PREFECT_UI_URL"))
+    return run_json(config, get_store(), run, claimed=claimed, ui_url=current_app.config.get("PREFECT_UI_URL"),
+                    shown=shown)
 
 
 @bp.get("/runs")
@@ -72,7 +77,8 @@ def list_runs():
     limit = int_arg("limit", 50, minimum=1, maximum=MAX_LIST)
     offset = int_arg("offset", 0)
     listed = store.list_runs(limit=limit, offset=offset)
-    return jsonify({"runs": [_run_json(r) for r in listed], "total": store.count_runs(),
+    shown = Shown.now(get_config())  # the writeback file read once for the whole list
+    return jsonify({"runs": [_run_json(r, shown) for r in listed], "total": store.count_runs(),
                     "limit": limit, "offset": offset})
 
 
@@ -152,7 +158,8 @@ def get_run(run_id: int):
 def cancel_run(run_id: int):
     config, store = get_config(), get_store()
     store.get_run(run_id)  # 404 for an unknown run
-    run = queue.cancel_run(config, store, run_id)
+    by = queue.CANCELLED_FROM_PAGE if admin_via() == "session" else queue.CANCELLED_FROM_API
+    run = queue.cancel_run(config, store, run_id, by=by)
     return jsonify({"run": _run_json(run)})
 
 
@@ -221,6 +228,37 @@ def retract_predictions(run_id: int):
     return jsonify({"run": _run_json(store.get_run(run_id)), **result.as_dict()})
 
 
+PROMOTED_BY = {True: "by an admin on the Training page", False: "by a caller of the admin API"}
+
+
+@bp.post("/runs/<run_id:run_id>/promote")
+@require_admin
+def promote_run(run_id: int):
+    """Write the run's predictions back although the quality gate held them back (``potato.promote``)."""
+    config, store = get_config(), get_store()
+    try:
+        summary, live = promote(config, store, run_id, by=PROMOTED_BY[admin_via() == "session"])
+    except (PromoteError, WritebackError) as exc:
+        raise ApiError(409, str(exc)) from None
+    return jsonify({"run": _run_json(store.get_run(run_id)), "writeback": summary.describe(),
+                    "live": live.describe() if live is not None else None})
+
+
+@bp.put("/runs/<run_id:run_id>/pin")
+@require_admin
+def pin_run(run_id: int):
+    """Pin the run (``{"pinned": true}``) or unpin it (``false``): a pinned run's predictions stay with annotators."""
+    body = json_body()
+    if not isinstance(body.get("pinned"), bool):
+        raise ApiError(400, 'The body must be {"pinned": true} or {"pinned": false}')
+    config, store = get_config(), get_store()
+    try:
+        message = pin(config, store, run_id, body["pinned"])
+    except PromoteError as exc:
+        raise ApiError(409, str(exc)) from None
+    return jsonify({"run": _run_json(store.get_run(run_id)), "message": message})
+
+
 @bp.get("/writeback")
 @require_admin
 def writeback():
@@ -240,6 +278,16 @@ def evaluation(run_id: int):
     return jsonify({"available": True, "schemas": found.get("schemas", {})})
 
 
+@bp.get("/compare")
+@require_admin
+def compare_runs():
+    """Runs side by side (``potato.run_comparison``): ``?runs=7,9``."""
+    try:
+        return jsonify(compare(get_config(), get_store(), parse_runs(request.args.get("runs"))).as_dict())
+    except CompareError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
 @bp.get("/backends")
 @require_admin
 def list_backends():
@@ -252,9 +300,8 @@ def list_backends():
 def check(name: str):
     config = get_config()
     if name not in config.model_training.backends:
-        known = sorted(config.model_training.backends)
-        raise ApiError(404, f"No backend named {name!r} in model_training.backends; known backends: "
-                       f"{', '.join(known)}", known_backends=known)
+        unknown = UnknownBackendError(name, config.model_training.backends)
+        raise ApiError(404, str(unknown), known_backends=unknown.known)
     report = check_backend(config, name)
     return jsonify(report.as_dict())
 

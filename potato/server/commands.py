@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Callable
 import click
 
 from potato.config import ProjectConfig
+from potato.runs.paths import record_training_page
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ MAX_HEADER_BYTES = 64 * 1024
 
 def check_config(path: str | Path, echo: Callable[..., None] = click.echo) -> ProjectConfig | None:
     """Validate the config for start-up: print errors (return None) or warnings (return the config)."""
-    from potato.validate import format_report, validate_config_file
+    from potato.validate import format_report, validate_config_file, warning_lines
 
     report = validate_config_file(path)
     if not report.ok:
@@ -60,8 +62,8 @@ def check_config(path: str | Path, echo: Callable[..., None] = click.echo) -> Pr
              f"(check again with: potato validate {path})", err=True)
         return None
     config = report.config
-    for warning in report.warnings:
-        echo(f"warning: {warning.message}", err=True)
+    for line in warning_lines(report.warnings):
+        echo(line, err=True)
     return config
 
 
@@ -180,6 +182,15 @@ class _Werkzeug:
         self.server.server_close()
 
 
+def training_page(config: ProjectConfig, host: str, port: int) -> str:
+    """The Training page's address on *host*:*port*, recorded for the links a run leaves in Prefect's
+    artifacts (a server on every interface is recorded under this host's name)."""
+    shown = f"[{host}]" if ":" in host else host
+    record_training_page(config, f"http://{socket.getfqdn() if host in ('0.0.0.0', '::') else shown}:{port}"
+                                 "/admin/training")
+    return f"http://{shown}:{port}/admin/training"
+
+
 def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 8000, *,
                   server: str | None = None, echo: Callable[..., None] = click.echo) -> int:
     """``potato start CONFIG``: serve the Training page, the admin API and the agent protocol.
@@ -215,14 +226,18 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    shown_host = f"[{host}]" if ":" in host else host
-    echo(f"Training page: http://{shown_host}:{wsgi.port}/admin/training")
+    echo(f"Training page: {training_page(config, host, wsgi.port)}")
     if background.prefect_ui_url:
         echo(f"Prefect UI: {background.prefect_ui_url}")
     auto = config.model_training.auto_retrain
     if auto.enabled:
         echo(f"Auto-retrain: a run on {auto.backend or config.model_training.backend} after every "
              f"{auto.update_frequency} new annotations, {auto.min_interval_s:g} s or more after the last run")
+    from potato.cold_start import start_if_needed, started_text
+
+    cold = start_if_needed(config, app.extensions["potato.store"])
+    if cold is not None:
+        echo(started_text(cold))
     try:
         wsgi.serve_forever()
     except (KeyboardInterrupt, SystemExit):

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from flask import Blueprint, redirect, render_template, request, url_for
 
+from potato.errors import CompareError, UnknownRun
+from potato.run_comparison import SECTIONS, compare, parse_runs
 from potato.server.auth import CSRF_HEADER, CSRF_VALUE, admin_via, log_in, log_out
 from potato.server.context import get_config, get_store
 from potato.server.serialize import backends_json, writeback_json
 from potato.trainer_choice import default_schemas, default_trainer, describe_plan
-from potato.trainers.registry import TRAINERS
+from potato.training.trainers.registry import TRAINERS
 
 bp = Blueprint("page", __name__, url_prefix="/admin/training",
                template_folder="templates", static_folder="static", static_url_path="/static")
@@ -68,8 +70,25 @@ def training():
         schemas=[{"name": s.name, "kind": s.kind, "trainer": default_trainer(s.kind)} for s in config.schemes],
         default_schemas=set(default_schemas(config)),
         writeback=writeback_json(config, get_store()),
+        grace_seconds=f"{config.model_training.grace_seconds:g}",
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )
+
+
+@bp.get("/compare")
+def compare_page():
+    """Runs side by side, ``?runs=7,9`` (the Training page's Compare button); what cannot be compared is said."""
+    if admin_via() is None:
+        return _needs_login()
+    config = get_config()
+    try:
+        comparison, error, status = compare(config, get_store(), parse_runs(request.args.get("runs"))), None, 200
+    except CompareError as exc:
+        comparison, error, status = None, str(exc), 400
+    except UnknownRun as exc:
+        comparison, error, status = None, str(exc), 404
+    return render_template("compare.html", title=config.annotation_task_name, comparison=comparison,
+                           sections=SECTIONS, error=error), status
 
 
 @bp.get("/runs/<run_id:run_id>")
@@ -82,5 +101,6 @@ def run_page(run_id: int):
         "run.html", title=config.annotation_task_name, run=run, trainers=describe_plan(run.trainers),
         ran_on=config.model_training.backends[run.backend].describe()
         if run.backend in config.model_training.backends else run.backend,
+        grace_seconds=f"{config.model_training.grace_seconds:g}",
         csrf_header=CSRF_HEADER, csrf_value=CSRF_VALUE,
     )

@@ -1,7 +1,9 @@
 """The admin API's publishing routes (``/admin/training/api/runs/<id>/…``): publish to the Hub, download.
 
-- ``GET  …/publish`` — could this run be published, and how its last publish went:
-  ``{"run_state", "ready", "refusal", "files", "bytes", "kind", "base_model", "hub", "publication"}``;
+- ``GET  …/publish`` — could this run's model be downloaded (``downloadable``) and published (``ready``;
+  ``refusal`` when there is no model here, ``hub_note`` when only the Hub cannot be reached: no token, or
+  offline), and how its last publish went: ``{"run_state", "ready", "downloadable", "refusal", "hub_note",
+  "files", "bytes", "kind", "base_model", "hub", "publication"}``;
 - ``POST …/publish`` — JSON ``{"repo": "owner/name", "private": true, "revision": "main",
   "message", "base_model", "license"}``: checked and claimed now (400 for a bad field,
   409 for a run that cannot be published, with the reason and the fix), uploaded by
@@ -38,16 +40,22 @@ def _refused(exc: errors.PublishRefused) -> ApiError:
 def publish_status(run_id: int):
     config, store = get_config(), get_store()
     run = store.get_run(run_id)
-    answer = {"run_state": run.state, "ready": False, "refusal": None, "files": 0, "bytes": 0, "kind": None,
-              "base_model": None, "hub": without_credentials(hub_endpoint()), "publication": record.view(run.publication)}
+    answer = {"run_state": run.state, "ready": False, "downloadable": False, "refusal": None, "hub_note": None,
+              "files": 0, "bytes": 0, "kind": None, "base_model": None, "hub": without_credentials(hub_endpoint()),
+              "publication": record.view(run.publication)}
     try:
         plan = make_plan(config, store, run_id, for_hub=False)
-        hub_token()
-    except errors.PublishRefused as exc:
+    except errors.PublishRefused as exc:  # no model here: neither a download nor a publish
         answer["refusal"] = str(exc)
+        return jsonify(answer)
+    answer.update(downloadable=True, kind=plan.facts.kind, base_model=plan.facts.base_model,
+                  files=len(plan.model_files) + 1, bytes=sum(f.size for f in plan.files(None)))
+    try:
+        hub_token()
+    except errors.PublishRefused as exc:  # no token, or offline: the download stays offered
+        answer["hub_note"] = str(exc)
     else:
-        answer.update(ready=True, kind=plan.facts.kind, base_model=plan.facts.base_model,
-                      files=len(plan.model_files) + 1, bytes=sum(f.size for f in plan.files(None)))
+        answer["ready"] = True
     return jsonify(answer)
 
 

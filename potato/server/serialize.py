@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from potato import quality_gate, stability
 from potato.config import ProjectConfig
+from potato.promote import predictions_state
 from potato.protocol.state import display_state
 from potato.retract import why_not as why_not_retractable
-from potato.score_text import score_lines
+from potato.runs.paths import run_paths
+from potato.score_text import curves_json, score_lines
 from potato.publish.record import view as publication_view
 from potato.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
-from potato.writeback import read_report, report_lines
-from potato.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
+from potato.writeback import live_run_ids, read_report, report_lines
+from potato.training.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
 
 
@@ -37,8 +41,36 @@ def prefect_url(ui_url: str | None, run: Run) -> str | None:
     return f"{ui_url.rstrip('/')}/runs/flow-run/{run.prefect_flow_run_id}"
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What annotators see now: the runs whose predictions the writeback file holds, and the pinned runs."""
+
+    live: set[int]
+    pins: set[int]
+
+    @classmethod
+    def now(cls, config: ProjectConfig) -> "Shown":
+        return cls(live_run_ids(config), quality_gate.read_pins(config))
+
+
+def _gate_json(config: ProjectConfig, run: Run, shown: Shown) -> dict[str, Any]:
+    paths = run_paths(config, run.id)
+    gate = quality_gate.read(paths) or {}
+    state = predictions_state(config, run, shown.live, shown.pins)
+    changes = stability.read(config, run.id)
+    return {
+        "predictions_state": state,
+        "gate_text": [v.get("text", "") for v in gate.get("schemas", [])],
+        "promoted": gate.get("promoted"),
+        "promotable": state == "held back" and run.state == SUCCEEDED,
+        "pinned": run.id in shown.pins,
+        "changed": stability.cell(changes),
+        "changed_text": [c.describe() for c in changes],
+    }
+
+
 def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = False,
-             ui_url: str | None = None, now: float | None = None) -> dict[str, Any]:
+             ui_url: str | None = None, now: float | None = None, shown: Shown | None = None) -> dict[str, Any]:
     state = display_state(config, run, claimed)
     return {
         "id": run.id,
@@ -61,9 +93,11 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "finished_at": run.finished_at,
         "duration_s": duration(run, now),
         "cancel_requested": run.cancel_requested_at is not None,
+        "cancel_requested_at": run.cancel_requested_at,
         "error": run.error,
         "scores": run.scores or {},
         "scores_text": score_lines(run.scores),
+        "curves": curves_json(run.scores),
         "options": run.options or {},
         "artifact_uri": run.artifact_uri,
         "host_python": run.host_python,
@@ -72,21 +106,31 @@ def run_json(config: ProjectConfig, store: Store, run: Run, *, claimed: bool = F
         "prefect_url": prefect_url(ui_url, run),
         "publication": publication_view(run.publication),
         "retracted_at": run.retracted_at,
-        "retractable": run.retracted_at is None and why_not_retractable(run) is None,
+        "retractable": run.retracted_at is None and why_not_retractable(
+            run, written_back=run.state != SUCCEEDED and run_paths(config, run.id).written_back.exists()) is None,
+        **_gate_json(config, run, shown or Shown.now(config)),
     }
 
 
 def writeback_json(config: ProjectConfig, store: Store) -> dict[str, Any]:
     """What annotators see of the newest run whose predictions are written back (not retracted): its
-    writeback report in words and the least certain items nobody labelled."""
+    writeback report in words and the least certain items nobody labelled; before it, what the quality
+    gate held back of newer runs (``held_back``: one sentence per schema)."""
+    held: list[str] = []
+    settled: list[str] | None = None  # the stopping signal of the newest run
     for run in store.list_runs():
         if run.state != SUCCEEDED or run.retracted_at is not None:
             continue
+        if settled is None:
+            settled = [change.describe() for change in stability.read(config, run.id)]
         report = read_report(config, run.id)
-        if report is not None:
+        if report is not None:  # its own held-back schemas are among its report's lines
             return {"available": True, "run_id": run.id, "written_at": report.get("written_at"),
-                    "lines": report_lines(report), "least_certain": report.get("least_certain", [])}
-    return {"available": False}
+                    "lines": report_lines(report), "least_certain": report.get("least_certain", []),
+                    "held_back": held, "changed": settled}
+        held.extend(f"Run {run.id} was not written back: {v['text']}"
+                    for v in quality_gate.held_back(run_paths(config, run.id)))
+    return {"available": False, "held_back": held, "changed": settled or []}
 
 
 def event_json(event: Event) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The remote half: the training worker, its events, device choice (and the agent).
 
-Everything under ``potato/training/`` and ``potato/trainers/``, and
+Everything under ``potato/training/`` and ``potato/training/trainers/``, and
 ``potato/answer_kinds.py`` (the kinds of answer both halves speak of), is
 copied to GPU hosts and hashed for "sync code by hash"
 (``potato/backends/ssh/code.py``). The rule for these

@@ -34,12 +34,12 @@ import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
 from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, PREFIX
+from potato.training.atomic_files import anonymous_file
 from potato.training.claims import BadClaim, check_claim
 from potato.training.client import (
     REQUEST_TIMEOUT_S, UNREACHABLE_LIMIT_S, Client, DownloadCut, Link, Offline, ProtocolError, Unreachable, is_gone,
@@ -494,7 +494,7 @@ def _unwritable(workdir: str) -> Optional[str]:
     """Why this user cannot keep jobs in ``workdir`` (created if missing), or None."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=workdir):
+        with anonymous_file(workdir):
             pass
     except OSError as exc:
         return exc.strerror or str(exc)

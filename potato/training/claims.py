@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any, Dict, Optional
 
+from potato.training.trainers.uncertainty import check_order
 from potato.training.parts import check_parts
 
 URL_KEYS = ("status", "events", "predictions", "result")
@@ -91,6 +92,6 @@ def _check_fields(claim: Dict[str, Any], run_id: int) -> None:
         raise BadClaim("job.schemas is {!r}; expected a list of schema names".format(schemas))
     if not isinstance(job.get("options", {}), dict):
         raise BadClaim("job.options is {!r}; expected an object".format(job.get("options")))
-    problem = check_parts(job.get("parts"))
+    problem = check_parts(job.get("parts")) or check_order(job.get("order"))
     if problem:
         raise BadClaim("job." + problem)

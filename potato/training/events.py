@@ -1,4 +1,4 @@
-"""Writing and reading ``events.jsonl``, and writing result files atomically.
+"""Writing and reading ``events.jsonl`` (result files are written whole by ``potato.training.atomic_files``).
 
 The worker appends one JSON object per line and flushes after each, so a
 reader tailing the file (the local flow, the remote agent) sees every event
@@ -42,20 +42,6 @@ class TrainerFailure(Exception):
 
 class OutOfGpuMemory(TrainerFailure):
     """A trainer's GPU ran out of memory; the message says which options to lower. The worker exits 5."""
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` under a temporary name, then rename it into place.
-
-    A reader polling ``path`` sees either nothing or the whole file.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, ".{}.tmp-{}".format(os.path.basename(path), os.getpid()))
-    with open_text(tmp) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_events(path: str, offset: int = 0) -> Tuple[List[Dict[str, Any]], int]:
@@ -127,6 +113,7 @@ class EventWriter:
         self._seq = 0
         self._closed = False
         self._last_progress = None  # type: Optional[float]
+        self._pace_start = None  # type: Optional[Tuple[Any, float, int]]  # (phase key, when, its first step)
         self._warned = set()  # type: Set[str]
         self._cancel = threading.Event()
         self._part = None  # type: Optional[Dict[str, Any]]
@@ -204,14 +191,31 @@ class EventWriter:
         """
         if not force and not self.progress_due(step, total):
             return
-        self._last_progress = time.monotonic()
+        now = self._last_progress = time.monotonic()
         fields = {"phase": phase, "step": step, "total": total}  # type: Dict[str, Any]
         if epoch is not None:
             fields["epoch"] = epoch
         if loss is not None:
             fields["loss"] = round(float(loss), 5)
+        eta = self._eta(phase, extra.get("schema"), step, total, now)
+        if eta is not None:
+            fields["eta_s"] = eta
         fields.update(extra)
         self.emit("progress", **fields)
+
+    def _eta(self, phase: str, schema: Any, step: int, total: int, now: float) -> Optional[float]:
+        """Seconds until ``step`` reaches ``total`` at the pace of this phase so far (its steps done and the
+        time they took), None until a step is done. A new phase, schema or a step count going back starts
+        the pace again: predicting is not as fast as training."""
+        key = (phase, str(schema), str(self._part and self._part.get("part")))
+        start = self._pace_start
+        if start is None or start[0] != key or step < start[2]:
+            self._pace_start = (key, now, step)
+            return None
+        done = step - start[2]
+        if done <= 0 or step >= total:
+            return None
+        return round((total - step) * (now - start[1]) / done, 1)
 
     def metrics(self, scores: Dict[str, Any]) -> None:
         """Holdout scores per schema."""

@@ -2,7 +2,7 @@
 
 ``model_training.max_ram_mb`` bounds what a run takes of the machine; a
 trainer that moves work into a process of its own (ONNX Runtime's session,
-potato/trainers/onnx_session.py) adds that process here while it runs, and
+potato/training/trainers/onnx_session.py) adds that process here while it runs, and
 the worker's memory watchdog counts its resident memory with the worker's.
 (A child forked for a few seconds, as the ONNX export's, shares most of its
 pages with the worker and is not added.)

@@ -30,7 +30,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from potato.training.events import write_atomic
+from potato.training import atomic_files
 from potato.training.predictions import FINAL_NAME
 
 PARTS_DIR = "parts"
@@ -67,7 +67,7 @@ def write_part_job(job: Any, number: int, part: Dict[str, Any]) -> str:
     spec = {key: value for key, value in job.spec.items() if key != "parts"}
     spec.update(trainer=part["trainer"], schemas=list(part["schemas"]), options=dict(part.get("options") or {}),
                 bundle=os.path.abspath(job.bundle_dir))
-    write_atomic(os.path.join(directory, "job.json"), json.dumps(spec, indent=2))
+    atomic_files.write_text(os.path.join(directory, "job.json"), json.dumps(spec, indent=2))
     return directory
 
 
@@ -114,17 +114,12 @@ def _read_scores(directory: str) -> Dict[str, Any]:
 
 def merge_parts(job: Any, directories: Sequence[Tuple[str, str]], scores: Dict[str, Any]) -> None:
     """The run's ``predictions.jsonl`` (parts in order, renamed into place), ``scores.json`` and ``artifacts/``."""
-    final = os.path.join(job.dir, FINAL_NAME)
-    tmp = os.path.join(job.dir, ".{}.tmp-{}".format(FINAL_NAME, os.getpid()))
-    with open(tmp, "wb") as out:
+    with atomic_files.replacing(os.path.join(job.dir, FINAL_NAME)) as out:
         for _, directory in directories:
             path = os.path.join(directory, FINAL_NAME)
             if os.path.isfile(path):
                 with open(path, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, final)
     job.write_scores(scores)
     os.makedirs(job.artifacts_dir, exist_ok=True)
     for trainer, directory in directories:

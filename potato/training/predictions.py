@@ -12,12 +12,14 @@ rank 0 joins the parts in rank order when all processes are done.
 Part of the remote half: Python 3.8, standard library only.
 """
 
+import io
 import json
 import os
 import shutil
 from typing import Any, Dict, Optional, Sequence
 
-from potato.training.escaping import open_text
+from potato.training import atomic_files
+from potato.training.escaping import ENCODE_ERRORS, open_text
 from potato.training.job_paths import PREDICTIONS, JobPaths
 
 FINAL_NAME = PREDICTIONS
@@ -38,19 +40,23 @@ class PredictionStream:
 
     def __init__(self, job_dir: str, rank: Optional[int] = None):
         self.job_dir = job_dir
+        self._whole = None  # type: Optional[atomic_files.Replacement]
         if rank is None:
-            self.path = os.path.join(job_dir, ".{}.tmp-{}".format(FINAL_NAME, os.getpid()))
+            self._whole = atomic_files.Replacement(job_dir, FINAL_NAME)
+            self._file = io.TextIOWrapper(self._whole.file, encoding="utf-8", errors=ENCODE_ERRORS, newline="")
         else:
             os.makedirs(rank_dir(job_dir, rank), exist_ok=True)
-            self.path = os.path.join(rank_dir(job_dir, rank), PART_NAME)
+            self._file = open_text(os.path.join(rank_dir(job_dir, rank), PART_NAME))
         self.count = 0
-        self._file = open_text(self.path)
 
     def write(self, record: Dict[str, Any]) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self.count += 1
 
     def close(self) -> None:
+        if self._whole is not None:  # the whole file stays a temporary until publish
+            self._file.flush()
+            return
         if not self._file.closed:
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -58,18 +64,18 @@ class PredictionStream:
 
     def publish(self) -> str:
         """Rename the whole file into place (single process only); returns its path."""
-        self.close()
-        final = os.path.join(self.job_dir, FINAL_NAME)
-        os.replace(self.path, final)
-        return final
+        assert self._whole is not None, "a rank's part is joined by publish_parts"
+        self._file.flush()
+        self._whole.commit()
+        self._whole.close()
+        return os.path.join(self.job_dir, FINAL_NAME)
 
     def discard(self) -> None:
         """Remove what was written (the run failed or was stopped)."""
+        if self._whole is not None:
+            self._whole.close()  # never committed: the temporary goes
+            return
         self.close()
-        try:
-            os.remove(self.path)
-        except OSError:
-            pass
 
 
 def finish_run(job: Any, events: Any, stream: PredictionStream, group: Any, scores: Dict[str, Any]) -> None:
@@ -91,15 +97,11 @@ def finish_run(job: Any, events: Any, stream: PredictionStream, group: Any, scor
 def publish_parts(job_dir: str, ranks: Sequence[int]) -> str:
     """Join the ranks' parts, in rank order, into ``predictions.jsonl`` (temp name, then rename)."""
     final = os.path.join(job_dir, FINAL_NAME)
-    tmp = os.path.join(job_dir, ".{}.tmp-{}".format(FINAL_NAME, os.getpid()))
-    with open(tmp, "wb") as out:
+    with atomic_files.replacing(final) as out:
         for rank in ranks:
             part = os.path.join(rank_dir(job_dir, rank), PART_NAME)
             with open(part, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 20)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, final)
     for rank in ranks:
         os.remove(os.path.join(rank_dir(job_dir, rank), PART_NAME))
     return final

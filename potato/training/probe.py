@@ -10,11 +10,13 @@ jobs get GPUs from the scheduler, or ``gpus: none``) leaves ``nvidia-smi``
 alone: a hung driver there must not hold up a run that needs no answer from it.
 
 ``QUESTIONS_JSON`` carries what a run's trainers ask of the host (their
-``host_questions`` hook, potato/trainers/registry.py): ``models``, the
+``host_questions`` hook, potato/training/trainers/registry.py): ``models``, the
 ``model`` settings to look up there (a directory, or a hub id in the host's
 Hugging Face cache; each answered with its ``config.json``), and
 ``four_bit``, whether bitsandbytes loads 4-bit weights there
-(:func:`four_bit_support`, on the first GPU when torch has CUDA, else on the CPU).
+(:func:`four_bit_support`, on the first GPU when torch has CUDA, else on the CPU),
+and ``speed``, the GFLOP/s a matrix product reaches on that device (:func:`matmul_gflops`,
+for ``potato training check local``'s rough time).
 
 Part of the remote half: Python 3.8, standard library only.
 """
@@ -130,6 +132,32 @@ def four_bit_support(device="cpu"):
     return FourBitSupport(True, version, None)
 
 
+def matmul_gflops(device="cpu", seconds=0.3):
+    """The GFLOP/s a square fp32 matrix product (fp16 on CUDA) reaches on ``device`` over about ``seconds``:
+    what a rough training time is reckoned from; None when torch cannot say."""
+    try:
+        import time
+
+        import torch
+
+        n = 1024
+        dtype = torch.float16 if device.startswith("cuda") else torch.float32
+        a = torch.randn((n, n), dtype=dtype, device=device)
+        b = torch.randn((n, n), dtype=dtype, device=device)
+        a @ b  # the first product warms up the kernels
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            a @ b
+            done += 1
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        return round(2.0 * n ** 3 * done / (time.perf_counter() - start) / 1e9, 1)
+    except Exception:  # no torch, no device: no figure
+        return None
+
+
 def hub_offline():
     """Whether this interpreter's Hugging Face libraries may not download (``HF_HUB_OFFLINE``)."""
     return any(os.environ.get(name, "").strip().lower() in OFFLINE_VALUES
@@ -226,6 +254,9 @@ def probe(remote_dir, code_hash, packages, gpus=True, questions=None):
     if questions.get("four_bit"):
         device = _four_bit_device(report)
         report["four_bit"] = dict(four_bit_support(device)._asdict(), device=device)
+    if questions.get("speed"):
+        device = _four_bit_device(report)
+        report["speed"] = {"device": device, "gflops": matmul_gflops(device)}
     return report
 
 

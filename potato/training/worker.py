@@ -34,11 +34,12 @@ from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from potato.answer_kinds import NOMINAL
-from potato.trainers import registry
-from potato.trainers.registry import import_failure_message
+from potato.training.trainers import registry
+from potato.training.trainers.registry import import_failure_message
 from potato.training import helper_processes
 from potato.training.device import THREAD_VARIABLES
-from potato.training.events import Cancelled, EventWriter, OutOfGpuMemory, TrainerFailure, write_atomic
+from potato.training import atomic_files
+from potato.training.events import Cancelled, EventWriter, OutOfGpuMemory, TrainerFailure
 from potato.training.job_paths import BUNDLE, JobPaths
 
 EXIT_SUCCEEDED = 0
@@ -114,12 +115,12 @@ class Job:
     def write_predictions(self, records: Iterable[Dict[str, Any]]) -> int:
         """Write ``predictions.jsonl`` (temp name, then rename); returns the count."""
         lines = [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
-        write_atomic(JobPaths(self.dir).predictions, "".join(line + "\n" for line in lines))
+        atomic_files.write_text(JobPaths(self.dir).predictions, "".join(line + "\n" for line in lines))
         return len(lines)
 
     def write_scores(self, scores: Dict[str, Any]) -> None:
         """Write ``scores.json`` (temp name, then rename)."""
-        write_atomic(JobPaths(self.dir).scores, json.dumps(scores, indent=1, sort_keys=True) + "\n")
+        atomic_files.write_text(JobPaths(self.dir).scores, json.dumps(scores, indent=1, sort_keys=True) + "\n")
 
 
 def _parse_item(line: Any, path: str, number: int) -> Dict[str, Any]:
@@ -192,7 +193,7 @@ def read_job(job_dir: str) -> Job:
 def _finish(job_dir: str, events: Optional[EventWriter], code: int, status: str, error: Optional[str]) -> int:
     if events is not None:
         events.done(status, error)
-    write_atomic(JobPaths(job_dir).exit_code, "{}\n".format(code))
+    atomic_files.write_text(JobPaths(job_dir).exit_code, "{}\n".format(code))
     return code
 
 
@@ -346,7 +347,9 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
 
     from potato.training.parts import check_parts
 
-    problem = check_parts(job.spec.get("parts"))
+    from potato.training.trainers.uncertainty import check_order
+
+    problem = check_parts(job.spec.get("parts")) or check_order(job.spec.get("order"))
     if problem:
         return job, None, _finish(exit_dir, events, EXIT_FAILED, "failed", "Job: " + problem)
     names = [part["trainer"] for part in job.parts] or [job.trainer]

@@ -44,7 +44,7 @@ from potato.config import load_config
 from potato.holdout import split_of
 from potato.project import build_bundle
 from potato.trainer_choice import trainer_kinds
-from potato.trainers.registry import DEFAULT_BY_KIND
+from potato.training.trainers.registry import DEFAULT_BY_KIND
 from tests.support.potato212 import Annotator, Potato212Server
 from potato.runs.paths import open_store, run_paths
 from tests.support.runs import potato, processes_matching
@@ -317,7 +317,7 @@ def _missing_trainers() -> list[str]:
 def test_one_run_trains_every_schema_and_potato_212_prefills_each(annotated, prefect_api):
     missing = _missing_trainers()
     if missing:
-        pytest.skip("needs " + ", ".join(missing) + " (registered in potato/trainers)")
+        pytest.skip("needs " + ", ".join(missing) + " (registered in potato/training/trainers)")
     config_path, server = annotated
     raw = yaml.safe_load(config_path.read_text("utf-8"))
     raw["model_training"]["writeback"]["schemas"] = SCHEMAS

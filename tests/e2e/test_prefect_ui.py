@@ -7,7 +7,8 @@ UI" and reads, by their text: the flow run ``run-1`` with its tags, its task
 runs named for what they did, the run's log lines, the progress artifact
 moving while the run trains. It cancels the run with the UI's own Cancel
 button (Potato ends it as Cancel run does), then lets a second run finish
-and opens its holdout scores table. Screenshots go to ``test-artifacts/``.
+and opens its holdout scores table, the project's report (rendered
+Markdown) and its link back to the run's page in Potato. Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import urllib.request
 import pytest
 
 from potato.config import load_config
-from potato.prefect_runs import project_key_of
+from potato.runs.prefect_runs import project_key_of
 from tests.e2e.test_training_page import ARTIFACTS, browser  # noqa: F401  (the module's Chromium)
 from tests.support.runs import (
     processes_matching, served, store_of, tiny_project, wait_for, wait_for_state, wait_for_training,
@@ -44,7 +45,7 @@ def _start_run(base: str, epochs: int) -> int:
     request = urllib.request.Request(
         f"{base}/admin/training/api/runs", method="POST",
         data=json.dumps({"backend": "local", "options": {"epochs": epochs}}).encode(),
-        headers={"X-API-Key": "change-me", "Content-Type": "application/json"})
+        headers={"X-API-Key": "test-admin-key", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as answer:
         return json.loads(answer.read())["run"]["id"]
 
@@ -79,7 +80,7 @@ def test_the_prefect_ui_traces_a_run_cancels_it_and_shows_scores(browser, potato
     expect.set_options(timeout=UI_TIMEOUT_MS)
 
     page.goto(f"{base}/admin/training")
-    page.get_by_label("Admin key").fill("change-me")
+    page.get_by_label("Admin key").fill("test-admin-key")
     page.get_by_role("button", name="Log in").click()
 
     first = _start_run(base, epochs=100000)
@@ -132,4 +133,19 @@ def test_the_prefect_ui_traces_a_run_cancels_it_and_shows_scores(browser, potato
         expect(row.get_by_role("cell", name=f"{value:g}", exact=True).first).to_be_visible()  # as JavaScript prints it
     expect(page.get_by_text(f"Holdout scores of run {second}").first).to_be_visible()
     _shot(page, "6-scores")
+
+    # The project's report, rendered, and the link back to the run's page in Potato.
+    _open_in_prefect(page, base, second)
+    _tab(page, "Artifacts")
+    page.get_by_text(f"potato-{key}-report", exact=True).first.click()
+    expect(page.get_by_role("heading", name=f"Run {second} of Review Sentiment")).to_be_visible()
+    expect(page.get_by_role("heading", name="Per label: sentiment")).to_be_visible()
+    expect(page.get_by_role("heading", name="What annotators see")).to_be_visible()
+    _shot(page, "7-report")
+    _open_in_prefect(page, base, second)
+    _tab(page, "Artifacts")
+    page.get_by_text(f"potato-{key}-run-page", exact=True).first.click()
+    back = page.get_by_role("link", name=f"Run {second} on the Training page")
+    expect(back).to_have_attribute("href", f"{base}/admin/training/runs/{second}")
+    _shot(page, "8-run-page-link")
     wait_for(lambda: processes_matching(str(config.parent)) == [], 30, "the runs' processes to exit")

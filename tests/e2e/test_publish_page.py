@@ -79,7 +79,7 @@ def test_publish_from_the_run_page_with_progress_then_the_link(browser, server, 
     page = browser.new_page()
     page.set_default_timeout(20_000)
     page.goto(f"{url}/admin/training/runs/1")
-    page.get_by_label("Admin key").fill("change-me")
+    page.get_by_label("Admin key").fill("test-admin-key")
     page.get_by_role("button", name="Log in").click()
     expect(page.get_by_role("heading", name="Run 1")).to_be_visible()
 

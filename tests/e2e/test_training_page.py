@@ -5,7 +5,7 @@ session's Prefect API) on loopback, logs in, checks the Runs on menu, presses
 Check, starts a local run of the tiny model and watches it to ``succeeded``,
 opens its run page (loss chart, confusion matrix, reliability diagram), cancels a
 second run from the page, is refused decision-calibrate on an ssh backend, runs it
-locally and sees the reliability diagram's line after calibration.
+locally and sees the reliability diagram's bars after calibration.
 Screenshots go to ``test-artifacts/`` (gitignored).
 
 Needs Chromium (``apt-get install -y chromium``) and ``pip install playwright``
@@ -63,7 +63,9 @@ def server(tmp_path, prefect_api):
     # 80 items, 0.3 held out: enough held-out items (about 20) for decision-calibrate to judge a map.
     path = make_project(tmp_path, n_items=80, labeled_fraction=0.9, model_training={
         "enabled": True, "backend": "local", "backends": BACKENDS, "holdout_fraction": 0.3,
-        "writeback": {"schemas": ["sentiment"], "include_unlabeled": True},
+        # The gate off: a tiny model in 4 epochs may answer one label for all, and this test follows its
+        # predictions through the page (tests/e2e/test_gate_page.py is the gate's).
+        "writeback": {"schemas": ["sentiment"], "include_unlabeled": True, "gate": False},
         "trainers": {"hf-text-classification": {"model": str(tiny_model_path()), "epochs": 4,
                                                 "learning_rate": 0.003, "batch_size": 8}},
     })
@@ -88,7 +90,7 @@ def test_training_page_end_to_end(browser, server):
 
     page.goto(f"{server}/admin/training")
     expect(page.get_by_role("heading", name="Log in to the Training page")).to_be_visible()
-    page.get_by_label("Admin key").fill("change-me")
+    page.get_by_label("Admin key").fill("test-admin-key")
     page.get_by_role("button", name="Log in").click()
     expect(page.get_by_role("heading", name="Training", exact=True)).to_be_visible()
 
@@ -119,6 +121,7 @@ def test_training_page_end_to_end(browser, server):
 
     page.get_by_role("button", name="Start run").click()
     expect(page.locator("#start-message")).to_contain_text("Run 2 queued on local")
+    page.once("dialog", lambda dialog: dialog.accept())  # Cancel asks first
     page.get_by_role("button", name="Cancel run 2").click()
     expect(page.locator("#run-2 .col-state")).to_have_text("cancelled", timeout=RUN_TIMEOUT_MS)
     _shot(page, "4-cancelled")
@@ -136,7 +139,7 @@ def test_training_page_end_to_end(browser, server):
     counts = [int(t) for t in matrix.locator("text.count").all_text_contents()]
     diagram = page.get_by_role("img", name="Reliability diagram of sentiment")
     expect(diagram.locator("rect.before")).not_to_have_count(0)
-    expect(diagram.locator("polyline.after")).to_have_count(0)
+    expect(diagram.locator("rect.after")).to_have_count(0)
     held_out = int(diagram.locator("desc").text_content().split(" over ")[1].split()[0])
     assert sum(counts) == held_out >= 10
     _shot(page, "5-run-page")
@@ -159,7 +162,7 @@ def test_training_page_end_to_end(browser, server):
     expect(page.locator("#run-3 .col-scores")).to_contain_text("sentiment: ECE ")
     page.get_by_role("link", name="Run 1", exact=True).click()
     expect(page.locator("#evaluation .calibration")).to_contain_text("Calibration by run 3: ")
-    expect(diagram.locator("polyline.after")).to_have_count(1)
+    expect(diagram.locator("rect.after")).not_to_have_count(0)
     expect(diagram.locator("desc")).to_contain_text("after calibration (")
     _shot(page, "7-run-page-calibrated")
 
@@ -170,4 +173,18 @@ def test_training_page_end_to_end(browser, server):
         "Run 1's predictions were retracted: annotators now see no predictions of sentiment once Potato 2.12 "
         "restarts (it reads pre_annotation.predictions_file at its start)")
     expect(page.get_by_role("button", name="Retract predictions")).to_be_hidden()
+
+    # Runs side by side: tick two, compare; what differs is marked.
+    page.get_by_role("link", name="← All runs").click()
+    compare = page.get_by_role("button", name="Compare selected runs")
+    page.get_by_label("Compare run 1").check()
+    expect(compare).to_be_disabled()  # one run is no comparison
+    page.get_by_label("Compare run 3").check()
+    compare.click()
+    expect(page.get_by_role("heading", name="Runs 1 and 3 side by side")).to_be_visible()
+    trainer = page.locator("#comparison tr").filter(has=page.get_by_role("rowheader", name="trainer"))
+    expect(trainer).to_have_class("differs")
+    expect(trainer.locator("td")).to_have_text(["hf-text-classification", "decision-calibrate"])
+    expect(page.get_by_role("table", name="Confusion matrix of sentiment, run 1").locator("td:not(:empty)")).to_have_count(4)
+    _shot(page, "8-compare")
     assert external == [], f"the page fetched from elsewhere: {external}"

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from potato.backends.registry import BACKEND_TYPES
+from potato.backend_types.registry import BACKEND_TYPES
 
 RECORD = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.jsonl"
 # Every backend type is a column: a type without its fault cases shows NOT RUN, and the matrix fails.
@@ -32,6 +32,8 @@ FAULTS = (
     "kill -9 the flow during predictions upload",
     "kill -9 the flow during artifact copy",
     "kill -9 the worker during training",
+    "kill -9 the worker during ONNX Runtime prediction",
+    "Cancel run during ONNX Runtime prediction",
     "kill -9 the agent during training",
     "kill -9 the agent during predictions upload",
     "kill -9 potato start during training (restarted)",

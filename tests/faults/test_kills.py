@@ -37,6 +37,14 @@ def agent_killed(bench, backend: str, run_id: int) -> str:
             f"is in {log}: {last}")
 
 
+def worker_killed(bench, backend: str, run_id: int) -> str:
+    """The message of a run whose worker was killed with SIGKILL."""
+    if backend == "cluster":  # the job's batch step was the worker (job.sh execs it): SLURM saw it killed
+        job = re.search(r"Submitted SLURM job (\d+)", bench.run_log(run_id)).group(1)
+        return f"SLURM job {job} ended before the worker finished: its worker was killed by signal 9"
+    return "The worker was killed by signal 9"
+
+
 def flow_killed(bench, run_id: int) -> str:
     return (f"The run's flow process was killed by SIGKILL before the run finished; Potato stopped what the run "
             f"left running (see {bench.run_dir(run_id) / 'flow.log'})")
@@ -123,13 +131,8 @@ def test_kill_the_worker_during_training(bench, case, backend, request):
     bench.wait_for_training(run_id)
     os.kill(worker_pid(bench, backend, run_id, workdir), signal.SIGKILL)
     run = bench.wait_for_end(run_id, 90)
-    if backend == "cluster":  # the job's batch step was the worker (job.sh execs it): SLURM saw it killed
-        job = re.search(r"Submitted SLURM job (\d+)", bench.run_log(run_id)).group(1)
-        message = f"SLURM job {job} ended before the worker finished: its worker was killed by signal 9"
-    else:
-        message = "The worker was killed by signal 9"
-    bench.verdict("kill -9 the worker during training", run_id, "failed", message, started=case,
-                  agent_workdir=workdir)
+    bench.verdict("kill -9 the worker during training", run_id, "failed", worker_killed(bench, backend, run_id),
+                  started=case, agent_workdir=workdir)
     assert run.state == "failed"
 
 

@@ -1,4 +1,4 @@
-"""The abuse report against a live ``potato start`` (hostile clients, hostile annotators): every row must say yes.
+"""The abuse report against a live ``potato start`` (hostile clients, annotators, data providers): every row says yes.
 
 Runs bench/abuse_report.py as a user would (its own process, its own
 project, the real ``potato start``), with the session's Prefect API.
@@ -26,4 +26,4 @@ def test_every_abuse_case_is_refused_and_costs_nothing(prefect_api):
     rows = json.loads(done.stdout)
     failed = [row for row in rows if not row["ok"]]
     assert failed == [], json.dumps(failed, indent=2)
-    assert len(rows) == 22 and done.returncode == 0
+    assert len(rows) == 28 and done.returncode == 0

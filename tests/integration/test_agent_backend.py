@@ -55,7 +55,7 @@ def server(prefect_api, agent_project, tmp_path):
 def _start_run(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(
         url + "/admin/training/api/runs", data=json.dumps(body).encode(), method="POST",
-        headers={"X-API-Key": "change-me", "Content-Type": "application/json"})
+        headers={"X-API-Key": "test-admin-key", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, json.loads(answer.read())

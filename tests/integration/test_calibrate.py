@@ -11,24 +11,9 @@ import json
 
 import pytest
 
-from tests.support.potato_project import DEFAULT_LABELS, true_label
-from tests.support.runs import potato, run_dir_of, store_of, tiny_project
+from tests.support.runs import noisy_tiny_project, potato, run_dir_of, store_of, tiny_project
 
 pytestmark = [pytest.mark.prefect, pytest.mark.training]
-
-
-def _noisy_project(root, n_items: int, holdout_fraction: float):
-    labels = {f"r{i}": (true_label(i) if i % 4 else DEFAULT_LABELS[(i + 1) % 2]) for i in range(n_items)}
-    config = tiny_project(root, n_items=n_items, trainer={"epochs": 25, "batch_size": 16},
-                          holdout_fraction=holdout_fraction)
-    # The same project, but one annotator whose every fourth label is wrong.
-    from tests.support.potato_project import write_user_state
-
-    out = config.parent / "annotation_output"
-    for user in ("alice", "bob", "carol"):
-        (out / user / "user_state.json").unlink()
-    write_user_state(out, "alice", {item: {"sentiment": label} for item, label in labels.items()})
-    return config
 
 
 def _jsonl(path):
@@ -36,7 +21,7 @@ def _jsonl(path):
 
 
 def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predictions(prefect_api, tmp_path):
-    config = _noisy_project(tmp_path, n_items=240, holdout_fraction=0.35)
+    config = noisy_tiny_project(tmp_path, n_items=240, holdout_fraction=0.35)
     trained = potato("training", "run", str(config))
     assert trained.returncode == 0, trained.stdout + trained.stderr
     source = run_dir_of(config, 1)
@@ -86,7 +71,7 @@ def test_calibration_lowers_ece_of_an_overconfident_model_and_rewrites_its_predi
 
 
 def test_calibration_backs_out_on_a_tiny_holdout_and_changes_nothing(prefect_api, tmp_path):
-    config = _noisy_project(tmp_path, n_items=40, holdout_fraction=0.15)
+    config = noisy_tiny_project(tmp_path, n_items=40, holdout_fraction=0.15)
     assert potato("training", "run", str(config)).returncode == 0
     source = run_dir_of(config, 1)
     writeback = config.parent / "annotation_output/training/predictions.jsonl"

@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+from getpass import getuser
 from pathlib import Path
 
 import pytest
 
 from potato.config import load_config
-from potato.prefect_runs import project_key_of
+from potato.runs.prefect_runs import project_key_of
 from tests.support.runs import (
     potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project, wait_for,
     wait_for_state, wait_for_training,
@@ -134,7 +135,7 @@ def test_cancelling_a_deployment_run_in_potato_cancels_its_flow_run(prefect_work
         run = wait_for_state(store, 1, ("cancelled", "failed", "succeeded"), timeout=60)
     finally:
         cli.wait(timeout=120)
-    assert (run.state, run.error) == ("cancelled", "Cancelled by request")
+    assert (run.state, run.error) == ("cancelled", f"Cancelled with potato training cancel, by the account {getuser()}")
     state = final_state(run.prefect_flow_run_id)
     assert (state.type.value, state.message) == (
         "CANCELLED", "Run 1 was cancelled in Potato (Cancel run); its worker was stopped")

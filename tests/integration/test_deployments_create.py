@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from deployments import create
-from potato import prefect_runs
+from potato.runs import prefect_runs
 from tests.support.potato_project import make_project
 
 pytestmark = [pytest.mark.prefect]

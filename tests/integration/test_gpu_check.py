@@ -32,10 +32,10 @@ def test_the_gpu_check_runs_end_to_end_dry():
     assert "A run with gpus: auto could not start: This host's torch has no kernels for any of its GPUs" in out
     # 2: the kernel check and the precision on this machine.
     assert "device: auto picks cpu (CPU (" in out and "it trains with full precision (fp32)" in out
-    # 3: the real worker, both kinds, on the example project's bundle, holdout items with probs.
+    # 3: the real worker, both kinds, on the example project's bundle, every prediction with its probs.
     for variant in ("full", "lora"):
         line = next(line for line in out.splitlines() if line.startswith(f"  {variant} on CPU ("))
-        assert "320 predictions (45 with probs)" in line and "holdout {'accuracy': " in line
+        assert "320 predictions (320 with probs)" in line and "holdout {'accuracy': " in line
     # 4, 5 and 6: the benches against Trainer and pipeline printed their ratios.
     assert "lora " in out and "x (range " in out
     # 6: hf-llm-finetune with 4-bit base weights (bitsandbytes on the CPU here).

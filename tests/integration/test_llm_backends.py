@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.trainers import hf_llm_finetune
+from potato.training.trainers import hf_llm_finetune
 from tests.support.faults import open_bench
 from tests.support.llm_tasks import CUSTOMER
 from tests.support.potato_project import make_project
@@ -291,10 +291,11 @@ def test_a_slurm_check_estimates_from_the_login_nodes_copy_of_the_model(
         "enabled": True, "backends": {"cluster": entry},
         "trainers": {"hf-llm-finetune": {"model": host_llama, "load_in_4bit": True, "max_length": 96}}})
     lines = potato("training", "check", "cluster", str(config)).stdout.splitlines()
-    assert lines[7].startswith(f"{host_llama} needs about ") and lines[7].endswith(
-        "of GPU memory to train at 4-bit (batch_size 8, max_length 96)")
-    assert lines[8] == ("4-bit: whether bitsandbytes works on the compute nodes shows in the job's log (the login "
-                        "node cannot see their packages)")
+    at = next(k for k, line in enumerate(lines) if line.startswith(f"{host_llama} needs about "))
+    assert lines[at - 1].startswith(f"{host_llama}: ") and " parameters, " in lines[at - 1]  # its size first
+    assert lines[at].endswith("of GPU memory to train at 4-bit (batch_size 8, max_length 96)")
+    assert lines[at + 1] == ("4-bit: whether bitsandbytes works on the compute nodes shows in the job's log (the "
+                             "login node cannot see their packages)")
     config.write_text(config.read_text().replace(host_llama, missing))
     done = potato("training", "check", "cluster", str(config))
     assert f"Login node: model '{missing}' is not a directory on {ssh_user_config}; set model to a model " \

@@ -51,3 +51,34 @@ def test_a_local_llm_run_trains_a_4_bit_adapter_predicts_every_item_and_writes_b
                (config.parent / "annotation_output/training/predictions.jsonl").read_text().splitlines()]
     assert written and all(w["predictions"]["sentiment"]["run_id"] == 1 for w in written)
     assert processes_matching(str(tmp_path)) == []
+
+
+def test_check_local_says_the_models_size_its_memory_4_bit_and_a_rough_time(tmp_path):
+    import re
+
+    from potato.training.trainers.llm_memory import parameter_counts, read_shape
+    from potato.training.device import describe_local_device
+
+    n = 40
+    model = build_tiny_causal_lm(tmp_path / "tiny-llama", [item_text(i, true_label(i)) for i in range(n)])
+    config = make_project(tmp_path, n_items=n, labeled_fraction=0.9, model_training={
+        "enabled": True, "writeback": {"schemas": ["sentiment"], "include_unlabeled": True},
+        "trainers": {"hf-llm-finetune": {"model": str(model)}}})
+    done = potato("training", "check", "local", str(config))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    params = parameter_counts(read_shape(json.loads((model / "config.json").read_text())))["total"]
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"local: this machine, {describe_local_device('auto')}"
+    assert re.fullmatch(r"4-bit: bitsandbytes [\d.]+ loads 4-bit weights on this machine \(cpu\)", lines[1]), lines
+    assert lines[2] == f"{model}: {params / 1e6:.1f} M parameters, {params * 2 / 1e9:.2f} GB in 16 bits"
+    assert lines[3].startswith(f"{model} needs about ") and lines[3].endswith(
+        " of GPU memory to train at 4-bit (batch_size 8, max_length 512)")
+    rough = re.fullmatch(r"Rough time on cpu: at least \d+ (s|min|h) to train (\d+) item\(s\) for (\d+) epoch\(s\) "
+                         r"\(at least 100 steps; early stopping may end it sooner\) "
+                         rf"and predict {n} \(about \d+ tokens each, at the [\d.]+ GFLOP/s a matrix product "
+                         r"reaches here\)", lines[4])
+    assert rough and 0 < int(rough.group(2)) < n, lines  # the labelled items not held out
+    # The epochs the schedule chooses for so few items: 100 steps of batches of 8 at the least.
+    assert int(rough.group(3)) == -(-100 // -(-int(rough.group(2)) // 8)), lines
+    assert len(lines) == 5

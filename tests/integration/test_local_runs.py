@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
 
 from potato.config import load_config
+from potato.runs.prefect_runs import project_key_of
 from potato.runs.paths import open_store
 from potato.runs.queue import create_run
+from potato.score_text import score_line
 from tests.support.runs import (
     assert_private, potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
     wait_for, wait_for_state, wait_for_training,
@@ -41,9 +44,24 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
     assert "Run 1 queued: hf-text-classification on sentiment, runs on local (this machine)" in done.stdout
     assert "Run 1 succeeded in" in done.stdout
     assert "Holdout scores:\n  sentiment: accuracy 1.000, macro-F1 1.000 (n=" in done.stdout
+    # From its first line to its last, the command says what it waits for and what comes next.
+    lines = done.stdout.splitlines()
+    assert lines[1] == ("Starting Prefect, which runs each run as a flow (the project's own API, reused once it "
+                        "runs)…") or lines[1].startswith("Connecting to the Prefect API at ")
+    assert lines[2].startswith("Prefect API ready at http://127.0.0.1:") and " after " in lines[2]
+    assert lines[-2:] == [
+        f"Next: potato training runs {config}   (every run, its state and scores)",
+        f"      potato start {config}   then open http://127.0.0.1:8000/admin/training/runs/1 (log in with the "
+        "config's admin_api_key)"]
 
     store = store_of(config)
     run = store.get_run(1)
+    # The worker's progress carries its phase's ETA once a step is done; the step row says it.
+    # A report between the phase's first and its last carries the pace's ETA (a tiny model may train within
+    # one report's interval, and then there is none between).
+    train = [e.data for e in store.events(1) if e.kind == "progress" and e.data.get("phase") == "train"]
+    paced = [e for e in train if e.get("eta_s") is not None]
+    assert (paced or len(train) <= 2) and all(e["eta_s"] >= 0 for e in paced), train
     assert (run.state, run.backend, run.error) == ("succeeded", "local", None)
     assert run.scores["sentiment"]["accuracy"] == 1.0
     assert run.gpu == "CPU (2 threads)"
@@ -76,6 +94,61 @@ def test_a_local_run_trains_predicts_scores_and_writes_back(prefect_api, tmp_pat
     ]
     assert processes_matching(str(tmp_path)) == []
     assert_private(config.parent / "annotation_output/training")  # store, WAL, logs, model, predictions
+
+    # The project's own artifacts on Prefect's Artifacts page: its report and its scores per label.
+    from prefect.artifacts import Artifact
+
+    project = project_key_of(load_config(config))
+    report = Artifact.get(f"potato-{project}-report")
+    lines = report.data.splitlines()
+    assert (lines[0], report.type, report.description) == ("# Run 1 of Review Sentiment", "markdown",
+                                                           "Run 1 of Review Sentiment")
+    assert f"- {score_line('sentiment', run.scores['sentiment'])}" in lines
+    assert lines[lines.index("## What annotators see") + 2] == f"- {len(written)} item(s) pre-filled"
+    labels = Artifact.get(f"potato-{project}-label-scores")
+    rows = json.loads(labels.data) if isinstance(labels.data, str) else labels.data
+    assert sorted((r["schema"], r["label"], r["f1"]) for r in rows) == [("sentiment", "negative", 1.0),
+                                                                        ("sentiment", "positive", 1.0)]
+    assert Artifact.get(f"potato-{project}-run-page") is None  # no server has said where its page is
+
+
+def test_curve_trains_on_shares_of_the_labels_and_says_whether_more_would_help(prefect_api, tmp_path):
+    from prefect.artifacts import Artifact
+
+    config = tiny_project(tmp_path)
+    done = potato("training", "run", str(config), "--curve")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = store_of(config).get_run(1)
+    curve = run.scores["sentiment"]["curve"]
+    assert [p["share"] for p in curve] == [0.25, 0.5, 0.75, 1.0]
+    trained = [p["items"] for p in curve]
+    assert trained == sorted(trained) and trained[-1] > trained[0] > 0
+    assert curve[-1]["accuracy"] == run.scores["sentiment"]["accuracy"]
+    # The command prints the curve and its verdict; the run log has the worker's line and the gate's.
+    line = next(line for line in done.stdout.splitlines() if line.startswith("sentiment: learning curve of accuracy, "))
+    assert re.fullmatch(r"sentiment: learning curve of accuracy, 25 % \(\d+ items\) [\d.]+, 50 % .*, 100 % "
+                        r"\(\d+ items\) 1\.000; (still rising|flat|levelling off|falling).*", line), line
+    log = (run_dir_of(config, 1) / "run.log").read_text()
+    assert "Schema 'sentiment': learning curve, accuracy on the " in log
+    gate = re.compile(r"sentiment: holdout accuracy 1\.00 beats always answering `(positive|negative)` "
+                      r"\(0\.\d\d\) on \d+ held-out answers: written back")
+    assert gate.search(log)
+    assert any(line.startswith("Quality gate: ") and gate.fullmatch(line[len("Quality gate: "):])
+               for line in done.stdout.splitlines()), done.stdout
+    artifact = Artifact.get("run-1-learning-curve")
+    rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert [(r["schema"], r["share"], r["items"]) for r in rows] == [("sentiment", p["share"], p["items"]) for p in curve]
+    assert artifact.description == f"Learning curve of run 1: {line}"
+
+    # The stopping signal: a second run says how many unlabelled items' predicted labels changed.
+    again = potato("training", "run", str(config))
+    assert again.returncode == 0, again.stdout + again.stderr
+    changed = re.search(r"sentiment: (\d+) of (\d+) unlabelled items' predicted labels changed since run 1 "
+                        r"\(([\d.]+) %\)", (run_dir_of(config, 2) / "run.log").read_text())
+    assert changed and int(changed.group(2)) > 0, (run_dir_of(config, 2) / "run.log").read_text()
+    listed = potato("training", "runs", str(config)).stdout.splitlines()
+    start = listed[0].index("CHANGED")
+    assert listed[1].startswith("2 ") and listed[1][start:].startswith(f"{changed.group(3)} %")
 
 
 def test_holdout_fraction_0_trains_on_every_label_and_says_there_are_no_holdout_scores(prefect_api, tmp_path):

@@ -36,7 +36,7 @@ def test_a_config_potato_212_accepts_strictly_passes_ours_without_warnings(potat
     raw = {
         "annotation_task_name": "Review Sentiment", "task_dir": ".", "data_files": ["data/reviews.json"],
         "item_properties": {"id_key": "id", "text_key": "text"}, "output_annotation_dir": "annotation_output",
-        "admin_api_key": "change-me", "user_config": {"allow_all_users": True}, "require_password": False,
+        "admin_api_key": "test-admin-key", "user_config": {"allow_all_users": True}, "require_password": False,
         "annotation_schemes": [{"annotation_type": "radio", "name": "sentiment", "description": "?",
                                 "labels": ["positive", "negative"]}],
         "pre_annotation": {"enabled": True, "predictions_file": "annotation_output/training/predictions.jsonl"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from potato.config import load_config
-from potato.prefect_runs import limit_name, project_key_of
+from potato.runs.prefect_runs import limit_name, project_key_of
 from tests.support.runs import (
     potato, potato_background, processes_matching, store_of, tiny_project, wait_for, wait_for_state,
 )

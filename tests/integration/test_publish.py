@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -25,10 +26,11 @@ import pytest
 import yaml
 
 from potato.config import load_config
+from potato.holdout import is_holdout
 from potato.publish import errors
 from tests.support.hub import CHECKED_WITH, StandInHub, quiet_werkzeug
-from tests.support.potato_project import DEFAULT_ANNOTATORS, item_text, true_label
-from tests.support.runs import POTATO, potato, run_dir_of, store_of, tiny_project, wait_for
+from tests.support.potato_project import DEFAULT_ANNOTATORS, item_text, make_project, true_label
+from tests.support.runs import POTATO, noisy_tiny_project, potato, run_dir_of, store_of, tiny_project, wait_for
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.prefect, pytest.mark.training]
@@ -36,6 +38,7 @@ pytestmark = [pytest.mark.prefect, pytest.mark.training]
 TOKEN = "hf_potatoTestAliceToken0123456789abcdef"      # alice, member of the organisation lab
 BOB_TOKEN = "hf_potatoTestBobToken0123456789abcdefgh"   # bob: owns bob/*
 N_ITEMS = 60
+HOLDOUT = 0.35
 BASE_ID = "potato-tests/tiny-bert"
 
 
@@ -56,9 +59,15 @@ def known_endpoints_only(hub):
 
 @pytest.fixture(scope="module")
 def project(prefect_api, tmp_path_factory):
-    """Runs 1 (full fine-tune), 2 (LoRA) and 3 (decision-calibrate of run 1) of a tiny project."""
+    """Runs 1 (full fine-tune), 2 (LoRA) and 3 (decision-calibrate of run 1) of a tiny project.
+
+    Every third held-out item is labelled against its text: run 1 learns the (clean) training items, is sure
+    of itself and wrong on those, so it is over-confident and run 3 has a calibration to keep and publish.
+    """
     root = tmp_path_factory.mktemp("publish")
-    config = tiny_project(root, N_ITEMS, backends={"lab-workstation": {"type": "agent"}}, license="apache-2.0")
+    held_out = [i for i in range(N_ITEMS) if is_holdout(f"r{i}", HOLDOUT)]
+    config = noisy_tiny_project(root, N_ITEMS, HOLDOUT, DEFAULT_ANNOTATORS, wrong=lambda i: i in held_out[::3],
+                                backends={"lab-workstation": {"type": "agent"}}, license="apache-2.0")
     for args in ((), ("--option", "lora=true"), ("--trainer", "decision-calibrate", "--option", "run=1")):
         done = potato("training", "run", str(config), *args)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -107,6 +116,7 @@ def test_the_stand_in_names_the_client_it_was_checked_against():
 
 
 def test_a_full_fine_tune_is_published_from_the_stored_login_and_loads_with_its_labels(hub, project, tmp_path):
+    from huggingface_hub import ModelCard
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     home = tmp_path / "hf-home"   # where `hf auth login` keeps the token
@@ -143,11 +153,17 @@ def test_a_full_fine_tune_is_published_from_the_stored_login_and_loads_with_its_
     assert model.config.id2label == {0: "positive", 1: "negative"}
 
     card = got["README.md"].decode()
-    assert front_matter(card) == {"library_name": "transformers", "pipeline_tag": "text-classification",
-                                  "license": "apache-2.0",
-                                  "tags": ["potato", "hf-text-classification", "text-classification"]}
+    meta = front_matter(card)
+    index = meta.pop("model-index")
+    assert meta == {"library_name": "transformers", "pipeline_tag": "text-classification", "license": "apache-2.0",
+                    "tags": ["potato", "hf-text-classification", "text-classification"]}
     data = json.loads((run_dir_of(project, 1) / "training-data.json").read_text())
     scores = run.scores["sentiment"]
+    # The Hub's own parser reads the holdout scores as the model's evaluation results.
+    results = ModelCard(card).data.eval_results
+    assert index[0]["name"] == "review-sentiment"
+    assert {(r.task_name, r.dataset_split, r.metric_type): r.metric_value for r in results}.items() >= {
+        ("sentiment", "holdout", "accuracy"): scores["accuracy"], ("sentiment", "holdout", "macro_f1"): scores["macro_f1"]}.items()
     assert f"| sentiment | {scores['n']} | {scores['accuracy']:.3f} | {scores['macro_f1']:.3f} |" in card
     evaluation = json.loads((run_dir_of(project, 1) / "evaluation.json").read_text())["schemas"]["sentiment"]
     (pp, pn), (np_, nn) = evaluation["confusion"]
@@ -158,7 +174,7 @@ def test_a_full_fine_tune_is_published_from_the_stored_login_and_loads_with_its_
     per_label = data["labels"]["sentiment"]
     assert f"| labels per class (sentiment) | `positive` {per_label['positive']}, `negative` {per_label['negative']} |" in card
     assert "| aggregation of several annotators' labels | majority vote (a tie goes to the label listed first) |" in card
-    assert "| held-out split | 20% of the labelled items, chosen by a hash of each item's id" in card
+    assert "| held-out split | 35% of the labelled items, chosen by a hash of each item's id" in card
     assert "| backend type | local |\n| device | CPU (2 threads) |" in card
     assert "Potato run 1, finished " in card and "a full fine-tune of a local model directory (tiny-model)" in card
     assert 'from_pretrained("lab/review-sentiment")' in card
@@ -314,7 +330,7 @@ def test_the_admin_api_publishes_in_the_background_and_streams_the_download(hub,
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     app = create_app(load_config(project), start_background=False)
     client = app.test_client()
-    key = {"X-API-Key": "change-me"}
+    key = {"X-API-Key": "test-admin-key"}
     base = "/admin/training/api/runs/1"
 
     assert client.post(f"{base}/publish", json={"repo": "lab/api"}).status_code == 401
@@ -398,3 +414,143 @@ def test_a_model_left_on_the_ssh_host_is_refused_naming_the_host_and_the_path(
         import shutil
 
         shutil.rmtree(remote.parent, ignore_errors=True)  # the job directory fetch_artifacts: false kept
+
+
+# -- an LLM's adapter, a merged LLM, a sklearn-text model: publishable, each with the card that loads it ------
+
+
+LLM_BASE_ID = "potato-tests/tiny-llama"
+
+
+def _model_run(config_path: Path, trainer: str, model_dir_of) -> int:
+    """A succeeded run of *trainer* whose model files *model_dir_of(directory)* puts in place; its id."""
+    from potato.config import load_config
+    from potato.runs.paths import open_store, run_paths
+
+    config = load_config(config_path)
+    store = open_store(config)
+    run = store.create_run(trainer, ["sentiment"], "local", options={"model": "/srv/models/tiny-llama"}
+                           if trainer == "hf-llm-finetune" else {})
+    store.update_run(run.id, state="succeeded", started_at=1.0, finished_at=2.0)
+    directory = run_paths(config, run.id).dir / "artifacts" / "sentiment"
+    model_dir_of(directory)
+    store.close()
+    return run.id
+
+
+def _published_card(hub: StandInHub, config: Path, run_id: int, repo: str, *args: str) -> tuple[str, dict]:
+    """Publish run *run_id* to *repo* with the CLI; the card the Hub holds, and its metadata as
+    huggingface_hub's ModelCard reads it."""
+    from huggingface_hub import ModelCard
+
+    done = publish(config, run_id, "--repo", repo, *args, endpoint=hub.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    card = hub.read(repo, "README.md").decode()
+    return card, ModelCard(card).data.to_dict()
+
+
+def _card_code(card: str) -> str:
+    return card.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def _run_card_code(hub: StandInHub, card: str, tmp_path: Path, check: str) -> str:
+    """Run the card's own loading code (then *check*) as its reader would, against the stand-in Hub."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HOME=str(tmp_path / "reader-hf-home"))
+    done = subprocess.run([sys.executable, "-c", _card_code(card) + "\n" + check], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(hub, tmp_path_factory):
+    """A tiny causal LM, also on the stand-in Hub as LLM_BASE_ID (an adapter loads its base from there)."""
+    from tests.support.tiny_llm import build_tiny_causal_lm
+
+    base = build_tiny_causal_lm(tmp_path_factory.mktemp("tiny-llm") / "base", [item_text(i, true_label(i))
+                                                                                for i in range(20)])
+    hub.make_repo(LLM_BASE_ID, "potato-tests", files={p.name: p.read_bytes() for p in base.iterdir() if p.is_file()})
+    return base
+
+
+def _llm_labels(kind: str, base: Path, labels) -> dict:
+    """labels.json as hf-llm-finetune writes it (potato/training/trainers/hf_llm_finetune.py, ``_save``)."""
+    return {"trainer": "hf-llm-finetune", "schema": "sentiment", "answer_kind": "nominal" if labels else "text",
+            "labels": labels, "kind": kind, "base_model": str(base), "load_in_4bit": False, "max_length": 256,
+            "max_new_tokens": 32, "prompt_template": "Review: {text}\nSentiment:", "description": None,
+            "chat_template": True}
+
+
+def test_an_llm_adapter_publishes_with_a_card_that_loads_it_on_its_base_model(hub, tiny_llm, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def adapter(directory: Path) -> None:
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llm), LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+        for peft_config in model.peft_config.values():
+            peft_config.base_model_name_or_path = str(tiny_llm)
+        model.save_pretrained(directory)
+        AutoTokenizer.from_pretrained(tiny_llm).save_pretrained(directory)
+        # A text schema's adapter: its labels.json has no labels (once refused as "missing labels.json").
+        (directory / "labels.json").write_text(json.dumps(_llm_labels("lora", tiny_llm, None)))
+
+    config = make_project(tmp_path, n_items=10)
+    run_id = _model_run(config, "hf-llm-finetune", adapter)
+    refused = publish(config, run_id, "--repo", "lab/llm-adapter", endpoint=hub.url)
+    assert (refused.returncode, refused.stderr.strip()) == (1, str(errors.BaseModelUnknown(run_id, str(tiny_llm))))
+    card, meta = _published_card(hub, config, run_id, "lab/llm-adapter", "--base-model", LLM_BASE_ID)
+    assert (meta["library_name"], meta["base_model"], meta["pipeline_tag"]) == ("peft", LLM_BASE_ID,
+                                                                                "text-generation")
+    assert "AutoPeftModelForCausalLM.from_pretrained(\"lab/llm-adapter\")" in card
+    assert "AutoModelForSequenceClassification" not in card and str(tiny_llm) not in card
+    adapter_config = json.loads(hub.read("lab/llm-adapter", "adapter_config.json"))
+    assert adapter_config["base_model_name_or_path"] == LLM_BASE_ID
+    out = _run_card_code(hub, card, tmp_path,
+                         "print(type(model).__name__, model.peft_config['default'].base_model_name_or_path)")
+    assert out.split() == ["PeftModelForCausalLM", LLM_BASE_ID]
+
+
+def test_a_merged_llm_publishes_with_a_card_that_loads_it_as_a_causal_lm(hub, tiny_llm, tmp_path):
+    def merged(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        for p in tiny_llm.iterdir():
+            (directory / p.name).write_bytes(p.read_bytes())
+        (directory / "labels.json").write_text(json.dumps(_llm_labels("merged", tiny_llm, ["positive", "negative"])))
+
+    config = make_project(tmp_path, n_items=10)
+    run_id = _model_run(config, "hf-llm-finetune", merged)
+    card, meta = _published_card(hub, config, run_id, "lab/llm-merged", "--base-model", LLM_BASE_ID)
+    assert (meta["library_name"], meta["base_model"], meta["pipeline_tag"]) == ("transformers", LLM_BASE_ID,
+                                                                                "text-generation")
+    out = _run_card_code(hub, card, tmp_path, "print(type(model).__name__)")
+    assert out.strip() == "LlamaForCausalLM"
+
+
+def test_a_sklearn_text_model_publishes_with_a_card_that_loads_its_pickle(hub, tmp_path):
+    import pickle
+
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+
+    def sklearn_model(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        texts = [item_text(i, true_label(i)) for i in range(20)]
+        pipeline = Pipeline([("vectorizer", TfidfVectorizer()), ("classifier", LogisticRegression())])
+        pipeline.fit(texts, [true_label(i) == "negative" for i in range(20)])
+        (directory / "model.pkl").write_bytes(pickle.dumps(pipeline))
+        (directory / "labels.json").write_text(json.dumps({  # as sklearn-text writes it: no "kind"
+            "trainer": "sklearn-text", "schema": "sentiment", "labels": ["positive", "negative"],
+            "answers": {"kind": "nominal"}, "classifier": "sklearn.linear_model.LogisticRegression",
+            "vectorizer": "sklearn.feature_extraction.text.TfidfVectorizer",
+            "calibration": None}))
+
+    config = make_project(tmp_path, n_items=10)
+    run_id = _model_run(config, "sklearn-text", sklearn_model)
+    card, meta = _published_card(hub, config, run_id, "lab/sklearn")
+    assert (meta["library_name"], meta["pipeline_tag"]) == ("sklearn", "text-classification")
+    assert "base_model" not in meta and "sentence-transformers/all-MiniLM-L6-v2" not in card
+    out = _run_card_code(hub, card, tmp_path, "print(labels, probabilities.shape)")
+    assert out.strip() == "['positive', 'negative'] (1, 2)"

@@ -145,7 +145,7 @@ def test_lora_saves_a_token_classification_adapter(tmp_path, monkeypatch):
 
 def train_here(job_dir: Path) -> list:
     """The trainer's ``train(job, events)`` in this process, as the worker calls it; returns its log events."""
-    from potato.trainers import hf_span_tagging
+    from potato.training.trainers import hf_span_tagging
 
     hf_span_tagging.train(read_job(str(job_dir)), EventWriter(str(job_dir / "events.jsonl")))
     return [e for e in events_of(job_dir) if e["type"] == "log"]

@@ -205,11 +205,17 @@ def test_spec_failures_end_the_run_with_their_message(prefect_api, sshd_service,
 
 def test_a_failing_remote_worker_says_why(prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path):
     config = ssh_project(tmp_path, shared_model, ssh_user_config, python=sshd_service.python)
-    done = potato("training", "run", str(config), "--option", "epochs=-1")
+    # An option the trainer refuses is refused before a run is queued, naming it.
+    refused = potato("training", "run", str(config), "--option", "epochs=-1")
+    assert refused.returncode == 1 and store_of(config).count_runs() == 0
+    assert "epochs must be a positive integer, got -1" in refused.stdout + refused.stderr
+    # A model only the host could look for fails there, and the run says what the worker said.
+    missing = "/nonexistent/model-dir"
+    done = potato("training", "run", str(config), "--option", f"model={missing}")
     assert done.returncode == 1
-    message = "Trainer options: epochs must be a positive integer, got -1"
-    assert store_of(config).get_run(1).error.startswith(message)
-    assert f"Run 1 failed: {message}" in done.stdout
+    error = store_of(config).get_run(1).error
+    assert missing in error, error
+    assert f"Run 1 failed: {error.splitlines()[0]}" in done.stdout
     assert_host_clean(sshd_service, config)
 
 

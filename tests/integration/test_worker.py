@@ -118,14 +118,11 @@ def test_full_fine_tune_learns_and_writes_the_job_directory(tmp_path, tiny_model
     assert {p["id"] for p in predictions} == {it["id"] for it in items}
     assert all(p["schema"] == "sentiment" and p["label"] in ("positive", "negative") for p in predictions)
     assert all(0.5 <= p["confidence"] <= 1.0 for p in predictions)
-    holdout_ids = {it["id"] for it in items if it["holdout"]}
-    # Holdout records carry the whole softmax, in label order; the others do not.
-    assert {p["id"] for p in predictions if "probs" in p} == holdout_ids
+    # Every record carries the whole softmax, in label order (holdout calibration, the review order read it).
     for p in predictions:
-        if "probs" in p:
-            assert len(p["probs"]) == 2 and abs(sum(p["probs"]) - 1) < 1e-4
-            best = max(p["probs"])
-            assert p["confidence"] == best and p["label"] == ["positive", "negative"][p["probs"].index(best)]
+        assert len(p["probs"]) == 2 and abs(sum(p["probs"]) - 1) < 1e-4
+        best = max(p["probs"])
+        assert p["confidence"] == best and p["label"] == ["positive", "negative"][p["probs"].index(best)]
 
     saved = job / "artifacts" / "sentiment"
     assert json.loads((saved / "labels.json").read_text())["labels"] == ["positive", "negative"]
@@ -325,7 +322,7 @@ def test_bad_options_fail_with_the_key(tmp_path, tiny_model):
 
 def test_the_same_seed_gives_the_same_predictions(tmp_path, tiny_model, monkeypatch):
     """In-process (the trainer's ``train(job, events)`` as the worker calls it), twice."""
-    from potato.trainers import hf_text_classification as hf
+    from potato.training.trainers import hf_text_classification as hf
     from potato.training.events import EventWriter
     from potato.training.worker import read_job
 
@@ -343,8 +340,8 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     """auto predicts in bf16 where this CPU computes it (fp32 where not); fp32 asks for fp32; the log says which."""
     import torch
 
-    from potato.trainers import hf_common
-    from potato.trainers import hf_text_classification as hf
+    from potato.training.trainers import hf_common
+    from potato.training.trainers import hf_text_classification as hf
     from potato.training.events import EventWriter
     from potato.training.worker import read_job
 
@@ -378,7 +375,7 @@ def test_predict_precision_auto_on_a_cpu_without_bf16_checks_onnx_runtime_agains
     """The real worker with its kernels held to AVX2 and onnxruntime installed: auto exports the model to ONNX,
     checks ONNX Runtime against fp32 on a sample and predicts in whichever the check allows; its labels are
     fp32's on all but at most 0.5 % of the items, the log names the path and why, and the export is gone."""
-    from potato.trainers.predict_precision import CHECK_ITEMS
+    from potato.training.trainers.predict_precision import CHECK_ITEMS
 
     sample = CHECK_ITEMS["onnx"]
     items = easy_items(60, unlabeled=3 * CHECK_ITEMS["int8"])  # more than twice the sample: the fast path can pay
@@ -430,11 +427,11 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from potato.trainers import hf_text_classification as hf
-    from potato.trainers import predict_precision as precision
-    from potato.trainers.answers import Answers
-    from potato.trainers.hf_common import ComputeDevice
-    from potato.trainers.hf_heads import make_head
+    from potato.training.trainers import hf_text_classification as hf
+    from potato.training.trainers import predict_precision as precision
+    from potato.training.trainers.answers import SchemaAnswers
+    from potato.training.trainers.hf_common import ComputeDevice
+    from potato.training.trainers.hf_heads import make_head
     from potato.training import helper_processes
 
     logs = []
@@ -454,7 +451,7 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 4)))] for k in range(6)]
-    head = make_head(Answers("s", ["positive", "negative"]))
+    head = make_head(SchemaAnswers("s", ["positive", "negative"]))
     fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "s",
                            head))
     asked = ComputeDevice(torch, "cpu", "onnx", fast=("onnx", "int8"))
@@ -530,11 +527,11 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from potato.trainers import hf_text_classification as hf
-    from potato.trainers.answers import Answers
-    from potato.trainers.hf_common import ComputeDevice
-    from potato.trainers.hf_heads import make_head
-    from potato.trainers.predict_precision import FastPathCheck
+    from potato.training.trainers import hf_text_classification as hf
+    from potato.training.trainers.answers import SchemaAnswers
+    from potato.training.trainers.hf_common import ComputeDevice
+    from potato.training.trainers.hf_heads import make_head
+    from potato.training.trainers.predict_precision import FastPathCheck
 
     class Events:
         def check_cancelled(self):
@@ -550,7 +547,7 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = [[(k, ("i{}".format(k), "this was really great and perfect " * (k % 3)))] for k in range(6)]
-    head = make_head(Answers("s", ["positive", "negative"]))
+    head = make_head(SchemaAnswers("s", ["positive", "negative"]))
     fp32 = list(hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32", fast=("int8",)),
                            Events(), "s", head))
     asked = ComputeDevice(torch, "cpu", "int8", fast=("int8",))  # int8 as asked: every item, the model left as it was
@@ -563,7 +560,7 @@ def test_int8_that_cannot_be_set_up_predicts_in_fp32_and_says_why(tiny_model, mo
     # int8's check is a softmax's: another head predicts in fp32 even where int8 is asked for, and says so.
     logs = []
     Events.log = lambda self, message, level="info": logs.append(message)
-    multilabel = make_head(Answers("m", ["positive", "negative"], {"kind": "multilabel"}))
+    multilabel = make_head(SchemaAnswers("m", ["positive", "negative"], {"kind": "multilabel"}))
     assert list(hf.predict(model, tokenizer, iter(rows), 6, 32, asked, Events(), "m", multilabel)) == list(
         hf.predict(model, tokenizer, iter(rows), 6, 32, ComputeDevice(torch, "cpu", "fp32"), Events(), "m", multilabel))
     assert logs == ["Schema 'm': predicts in fp32: int8 is for nominal schemas only"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import string
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -198,4 +199,45 @@ def kinds_items(n: int = 160, *, unlabeled: int = 8, holdout_every: int = 5, see
                        "score": max(0, min(100, level * 25 + rng.randint(-5, 5)))} if labelled else {},
             "holdout": labelled and i % holdout_every == 0,
         })
+    return items
+
+
+# -- spans in short sentences, as a project's first days have them ----------------------------------------
+
+PEOPLE = ["Omar", "Lena", "Priya", "Tomás", "Akira", "Fatima", "Jonas", "Chen", "Ines", "Kwame", "Sofia", "Ravi"]
+FOODS = ["bagels", "ramen", "tacos", "pierogi", "falafel", "sushi", "paella", "dumplings", "croissants", "curry",
+         "waffles", "kimchi", "lasagne", "empanadas", "pho", "couscous"]
+CITIES = ["Lima", "Oslo", "Osaka", "Nairobi", "Lisbon", "Hanoi", "Quito", "Tunis", "Krakow", "Dakar", "Porto",
+          "Seoul", "Cusco", "Bergen"]
+FOOD_PLACE_TEMPLATES = ["{p} ate {f} in {c}.", "In {c}, {p} cooked {f} and {f2}.", "{p} loves the {f} of {c}.",
+                        "{p} flew to {c} for {f} and {f2}.", "Nobody in {c} sells {f}, says {p}.",
+                        "{p} had {f} twice.", "{p} moved to {c} last year.", "{f} and {f2} again, said {p}.",
+                        "{p} brought {f} from {c} and {f2} from {c2}."]
+FOOD_PLACE_SCHEMAS = {"entities": ["FOOD", "PLACE"]}
+FOOD_PLACE_ANSWERS = {"entities": {"type": "span", "kind": "span"}}
+
+
+def food_place_items(n: int = 80, *, unlabeled: int = 10, holdout_every: int = 6,
+                     seed: int = 0) -> List[Dict[str, Any]]:
+    """``n`` short sentences with their ``FOOD`` and ``PLACE`` spans ("Omar ate bagels in Lima."), every
+    ``holdout_every``-th held out, plus ``unlabeled`` sentences: a span schema of a project's first days."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n + unlabeled):
+        template = rng.choice(FOOD_PLACE_TEMPLATES)
+        food, food2 = rng.sample(FOODS, 2)
+        city, city2 = rng.sample(CITIES, 2)
+        fills = {"p": rng.choice(PEOPLE), "f": food, "f2": food2, "c": city, "c2": city2}
+        text, spans = "", []  # type: str, List[Dict[str, Any]]
+        for literal, field, _, _ in string.Formatter().parse(template):
+            text += literal
+            if field:
+                start = len(text)
+                text += fills[field]
+                if field != "p":
+                    spans.append({"start": start, "end": len(text), "label": "PLACE" if field[0] == "c" else "FOOD"})
+        labelled = i < n
+        items.append({"id": "e{}".format(i) if labelled else "u{}".format(i - n), "text": text,
+                      "labels": {"entities": spans} if labelled else {},
+                      "holdout": labelled and i % holdout_every == 0})
     return items

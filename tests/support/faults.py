@@ -42,7 +42,7 @@ from typing import Any, Iterator
 import yaml
 
 from potato.config import load_config
-from potato.prefect_runs import limit_name
+from potato.runs.prefect_runs import limit_name
 from potato.store import Run, Store
 from tests.support.potato_project import item_text, make_project, true_label, write_items
 from tests.support.remote_host import host_processes
@@ -52,7 +52,7 @@ from tests.support.tcp_proxy import TcpProxy
 REPO = Path(__file__).resolve().parents[2]
 RECORD = REPO / "test-artifacts" / "faults.jsonl"
 ENDED = ("succeeded", "failed", "cancelled")
-API_KEY = "change-me"
+API_KEY = "test-admin-key"
 
 
 def record(fault: str, backend: str, kind: str, run: Run | None, *, seconds: float, leftovers: str = "none",

@@ -404,3 +404,23 @@ def quiet_werkzeug() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
+
+def bad_gateway() -> tuple[object, int]:
+    """A "Hub" that answers every request 502 with an empty body, as a proxy in front of a Hub that is down
+    does; (its server, to ``shutdown()``, and its port on loopback)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class BadGateway(BaseHTTPRequestHandler):
+        def _answer(self):
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = do_HEAD = do_PUT = _answer
+
+        def log_message(self, *args):
+            pass
+
+    gateway = ThreadingHTTPServer(("127.0.0.1", 0), BadGateway)
+    threading.Thread(target=gateway.serve_forever, daemon=True, name="bad-gateway").start()
+    return gateway, gateway.server_port

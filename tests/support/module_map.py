@@ -24,40 +24,44 @@ PACKAGES = ("potato", "flows", "deployments")
 
 # (name, what it holds and why there, module prefixes), top to bottom.
 LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("face", "What people use: the `potato` command and the web server (Training page, admin API).",
-     ("potato.cli", "potato.follow", "potato.server")),
+    ("face", "What people use: the `potato` command and the web server (Training page, admin API), and "
+             "runs side by side as both show them.",
+     ("potato.cli", "potato.follow", "potato.server", "potato.run_comparison")),
     ("flow", "One run as a Prefect flow, its steps in order; the deployments that start it.",
      ("flows", "deployments")),
     ("steps", "What the flow's steps do: each backend type's steps, check and stop; the agent protocol "
               "both HTTP servers serve; what happens after a run (results, writeback — live into the items' "
-              "records too —, retract, evaluation, calibration, retention), publishing a model, and the "
+              "records too —, the quality gate before it, promote and pin, the stopping signal, retract, evaluation, calibration, "
+              "retention, the run's report for Prefect, experiment trackers), publishing a model, and the "
               "auto-retrain watcher.",
      ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.live_writeback",
-      "potato.retract", "potato.evaluation", "potato.calibration", "potato.retention", "potato.auto_retrain",
-      "potato.publish")),
+      "potato.retract", "potato.evaluation", "potato.trainer_hooks", "potato.retention", "potato.auto_retrain",
+      "potato.cold_start", "potato.quality_gate", "potato.promote", "potato.stability",
+      "potato.publish", "potato.run_report", "potato.trackers")),
     ("runs", "The run lifecycle: the store (the truth about runs), the queue, the dispatcher, "
              "reconciliation, ending a run and stopping what it left; a run's events, log, job and "
              "tokens; the Prefect glue.",
-     ("potato.runs", "potato.backends.leftovers", "potato.store", "potato.run_events", "potato.runlog",
-      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_runs", "potato.prefect_api",
+     ("potato.runs", "potato.store", "potato.run_events", "potato.runlog",
+      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_api",
       "potato.artifact_uri")),
     ("project", "The project: its config (read once, typed) and validation; items, annotators' answers of "
                 "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
                 "schema; the shapes of predictions and of what annotators see; the data files' records as "
-                "bytes; scores in words.",
+                "bytes; scores in words and as Markdown.",
      ("potato.config", "potato.validate", "potato.project", "potato.labels", "potato.holdout",
       "potato.json_records", "potato.live_items",
       "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked", "potato.answers",
       "potato.aggregation", "potato.scheme_fields", "potato.rendered_text", "potato.trainer_choice",
-      "potato.prediction_shapes", "potato.writeback_shapes", "potato.score_text")),
+      "potato.prediction_shapes", "potato.writeback_shapes", "potato.review_order", "potato.score_text",
+      "potato.markdown_text")),
     ("declarations", "What exists, declared without importing it: the backend types and their key "
-                     "tables, the vocabulary of a config key, every error class.",
-     ("potato.backends.registry", "potato.backends.contract", "potato.backends.keys", "potato.config_keys",
-      "potato.errors")),
+                     "tables, the vocabulary of a config key, every error class and the names they suggest.",
+     ("potato.backend_types", "potato.config_keys",
+      "potato.errors", "potato.closest_name")),
     ("remote half", "What an ssh run copies to its host and every worker runs: the worker, the agent, "
                     "the trainers and their registry, the kinds of answer. Standard library only at "
                     "import, Python 3.8; it imports nothing of the layers above.",
-     ("potato.training", "potato.trainers", "potato.answer_kinds", "potato")),
+     ("potato.training", "potato.answer_kinds", "potato")),
 )
 LAYER_NAMES = [name for name, _, _ in LAYERS]
 DOCS_COMMAND = "python -m tests.support.module_map > docs/modules.md"
@@ -74,14 +78,7 @@ def module_paths() -> dict[str, Path]:
     return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
 
 
-def is_backend_type_declaration(path: Path) -> bool:
-    """``potato/backends/<type>/__init__.py``: a backend type's declaration."""
-    return path.name == "__init__.py" and path.parent.parent == ROOT / "potato" / "backends"
-
-
 def layer_of(name: str, path: Path) -> str:
-    if is_backend_type_declaration(path):
-        return "declarations"
     best, found = -1, ""
     for layer, _, prefixes in LAYERS:
         for prefix in prefixes:
@@ -100,7 +97,7 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known
-            # `from potato.backends import keys` imports the module keys; `from potato.x import name`, potato.x.
+            # `from potato.backend_types import keys` imports the module keys; `from potato.x import name`, potato.x.
             found.update(submodules or {node.module})
     resolved = set()
     for name in found:

@@ -176,8 +176,12 @@ class Annotator:
 
     def next(self) -> str:
         """Go to the next item (the Next button); return its id."""
-        self._post_json("/annotate", {"action": "next_instance", "instance_id": self.current()})
+        self.press_next(self.current())
         return self.current()
+
+    def press_next(self, item: str) -> None:
+        """Press Next on *item* (the item on screen), whether or not another item follows."""
+        self._post_json("/annotate", {"action": "next_instance", "instance_id": item})
 
     def go_to(self, index: int) -> str:
         """Go back to the *index*-th item this annotator was served (2.12 goes no further ahead); return its id."""

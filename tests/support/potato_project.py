@@ -25,6 +25,8 @@ import yaml
 from potato.config import ModelTrainingConfig, ProjectConfig, Scheme
 
 DEFAULT_LABELS = ("positive", "negative")
+# The admin key of every generated project (not the example's placeholder, which validate warns about).
+ADMIN_API_KEY = "test-admin-key"
 
 # The VALUE Potato itself writes: the label's text (pairs) or "true" (dict).
 POTATO_VALUE: Any = object()
@@ -203,7 +205,7 @@ def make_project(
         "data_files": [str(data_path.relative_to(root))],
         "item_properties": {"id_key": id_key, "text_key": text_key},
         "output_annotation_dir": "annotation_output",
-        "admin_api_key": "change-me",
+        "admin_api_key": ADMIN_API_KEY,
         "annotation_schemes": [
             {"annotation_type": "radio", "name": schema, "description": "Is this review positive or negative?", "labels": list(labels)}
         ],

@@ -29,7 +29,7 @@ def shared_model():
 
 
 def host_processes(sshd_service) -> list[str]:
-    """Command lines of this test session's Potato processes on the host (agent, worker, tar, cat).
+    """Command lines of this test session's Potato processes on the host (agent, worker, its ONNX Runtime session, tar, cat).
 
     Only this session's: its sshd gives every remote process ``POTATO_TEST_SERVICES=<tag>``,
     and other engineers' sessions run their own runs on the same host user meanwhile.
@@ -50,7 +50,7 @@ def host_processes(sshd_service) -> list[str]:
                 cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "potato.training" in cmdline or cmdline.startswith(("tar ", "cat ")):
+        if "potato.training" in cmdline or "potato.training.trainers." in cmdline or cmdline.startswith(("tar ", "cat ")):
             found.append(f"{entry}: {cmdline}")
     return found
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from potato.store import Run, Store
-from tests.support.potato_project import item_text, make_project, true_label
+from tests.support.potato_project import DEFAULT_LABELS, item_text, make_project, true_label, write_user_state
 from tests.support.tiny_model import build_tiny_model
 
 POTATO = str(Path(sys.executable).with_name("potato"))
@@ -38,6 +38,33 @@ def tiny_project(root: Path, n_items: int = 60, *, trainer: Mapping[str, Any] | 
     return make_project(root, n_items=n_items, labeled_fraction=0.9, model_training=mt)
 
 
+def every_fourth(i: int) -> bool:
+    """Item i is among the quarter that :func:`noisy_tiny_project` labels wrongly by default."""
+    return i % 4 == 0
+
+
+def noisy_tiny_project(root: Path, n_items: int, holdout_fraction: float, annotators: tuple[str, ...] = ("alice",),
+                       wrong: Callable[[int], bool] = every_fourth, **model_training: Any) -> Path:
+    """A tiny project whose every item is labelled, by each of *annotators* alike, wrongly where *wrong* says.
+
+    The tiny BERT trains long enough (25 epochs) to be sure of itself, so it is over-confident on the holdout:
+    sure (~0.99) and right only where the labels are — what a calibration must correct. The gate is off: a
+    noisy annotator's model may not beat the majority label clearly (tests/unit/test_quality_gate.py is the
+    gate's).
+    """
+    labels = {f"r{i}": DEFAULT_LABELS[(DEFAULT_LABELS.index(true_label(i)) + wrong(i)) % 2] for i in range(n_items)}
+    model_training.setdefault("writeback", {"schemas": ["sentiment"], "include_unlabeled": True,
+                                            "min_confidence": 0.5, "gate": False})
+    config = tiny_project(root, n_items=n_items, trainer={"epochs": 25, "batch_size": 16},
+                          holdout_fraction=holdout_fraction, **model_training)
+    out = config.parent / "annotation_output"
+    for user in out.glob("*/user_state.json"):
+        user.unlink()
+    for user in annotators:
+        write_user_state(out, user, {item: {"sentiment": label} for item, label in labels.items()})
+    return config
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now."""
     with socket.socket() as s:
@@ -58,24 +85,27 @@ def stop_group(process: subprocess.Popen, grace: float) -> None:
 
 
 @contextmanager
-def served(config) -> Iterator[str]:
-    """``potato start`` in this process: the app on waitress, on a free loopback port, with its dispatcher.
+def served(config, *, background: bool = True) -> Iterator[str]:
+    """``potato start`` in this process: the app on waitress, on a free loopback port, with its dispatcher
+    (*background* False: without it, so that a queued run stays queued and no Prefect API is needed).
 
     Yields the base URL; afterwards the server is closed and the dispatcher stopped.
     """
     from potato.server import create_app
-    from potato.server.commands import make_server
+    from potato.server.commands import make_server, training_page
 
-    app = create_app(config, start_background=True)
+    app = create_app(config, start_background=background)
     port = free_port()
     wsgi = make_server(app, "127.0.0.1", port, "waitress")
+    training_page(config, "127.0.0.1", port)
     thread = threading.Thread(target=wsgi.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         wsgi.close()
-        app.extensions["potato.background"].stop()
+        if background:
+            app.extensions["potato.background"].stop()
         thread.join(5)
 
 

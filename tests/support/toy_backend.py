@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from potato.backends import keys
-from potato.backends.contract import BackendType, CheckReport
+from potato.backend_types import keys
+from potato.backend_types.contract import BackendType, CheckReport
 from potato.config_keys import Key
-from potato.trainers.options import check_keys, is_int
-from potato.trainers.registry import TrainerInfo
+from potato.training.trainers.options import check_keys, is_int
+from potato.training.trainers.registry import TrainerInfo
 
 TOY = BackendType(
     name="toy",

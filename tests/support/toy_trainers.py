@@ -33,7 +33,7 @@ def register(monkeypatch: Any, name: str, kinds: Sequence[str], *, default_for: 
     import sys
     import types
 
-    from potato.trainers.registry import DEFAULT_BY_KIND, TRAINERS, TrainerInfo
+    from potato.training.trainers.registry import DEFAULT_BY_KIND, TRAINERS, TrainerInfo
 
     module_name = f"tests.support.toy_trainers_{name.replace('-', '_')}"
     module = types.ModuleType(module_name)
@@ -49,7 +49,7 @@ def keep_only(monkeypatch: Any, kinds_by_trainer: "dict[str, Sequence[str]]") ->
     """For the current test, the registry holds only the trainers named, each declaring the kinds given."""
     import dataclasses
 
-    from potato.trainers.registry import TRAINERS
+    from potato.training.trainers.registry import TRAINERS
 
     for name in list(TRAINERS):
         if name in kinds_by_trainer:

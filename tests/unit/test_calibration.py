@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from potato.training import calibration as cal
-from potato.trainers.decision_calibrate import DEFAULT_OPTIONS, calibrate_schema, check_options, describe
+from potato.training.trainers.decision_calibrate import DEFAULT_OPTIONS, calibrate_schema, check_options, describe
 
 
 def _rows(confidences, correct):

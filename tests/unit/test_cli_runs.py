@@ -20,9 +20,9 @@ def test_runs_lists_state_trigger_and_backend(tmp_path):
     result = CliRunner().invoke(main, ["training", "runs", str(config_path)])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
-        "ID  STATE   TRIGGER  RAN ON  STARTED  DURATION  SCORES",
-        "2   queued  auto     local   -        -         -",
-        "1   queued  manual   local   -        -         -",
+        "ID  STATE   TRIGGER  RAN ON  STARTED  DURATION  PREDICTIONS  CHANGED  SCORES",
+        "2   queued  auto     local   -        -         -            -        -",
+        "1   queued  manual   local   -        -         -            -        -",
     ]
 
 
@@ -37,3 +37,11 @@ def test_decision_calibrate_on_a_remote_backend_is_refused_with_exit_1(tmp_path)
         assert result.exit_code == 1
         assert result.output == f"Error: {LOCAL_ONLY.format(name=backend, kind=kind)}\n"
     assert open_store(load_config(config_path)).count_runs() == 0
+
+
+def test_curve_asks_the_trainer_for_a_learning_curve(tmp_path):
+    config_path = make_project(tmp_path, n_items=5)
+    result = CliRunner().invoke(main, ["training", "run", str(config_path), "--curve", "--option", "epochs=2",
+                                       "--detach"])
+    assert result.exit_code == 0, result.output
+    assert open_store(load_config(config_path)).get_run(1).options == {"epochs": 2, "curve": True}

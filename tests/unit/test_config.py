@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from potato import config as config_mod
-from potato.backends.registry import BACKEND_TYPES, backend_type
+from potato.backend_types.registry import BACKEND_TYPES, backend_type
 from potato.config import (
     DOCS_COMMAND,
     Issue,
@@ -34,7 +34,7 @@ item_properties:
   id_key: "id"
   text_key: "text"
 output_annotation_dir: "annotation_output"
-admin_api_key: "change-me"
+admin_api_key: "test-admin-key"
 
 annotation_schemes:
   - annotation_type: "radio"
@@ -101,7 +101,7 @@ def test_seed_config_loads_typed(tmp_path):
     assert cfg.data_files == (tmp_path.resolve() / "data" / "reviews.json",)
     assert cfg.output_annotation_dir == tmp_path.resolve() / "annotation_output"
     assert cfg.training_dir == tmp_path.resolve() / "annotation_output" / "training"
-    assert (cfg.id_key, cfg.text_key, cfg.admin_api_key) == ("id", "text", "change-me")
+    assert (cfg.id_key, cfg.text_key, cfg.admin_api_key) == ("id", "text", "test-admin-key")
     assert cfg.annotation_task_name == "Review Sentiment"
     assert cfg.schemes[0].name == "sentiment" and cfg.schemes[0].labels == ("positive", "negative")
     assert cfg.scheme("sentiment").annotation_type == "radio"
@@ -251,8 +251,8 @@ def test_load_config_missing_file(tmp_path):
 
 
 def test_trainer_options_checked_by_the_trainer_module(tmp_path, monkeypatch):
-    from potato.trainers import registry
-    from potato.trainers.registry import TrainerInfo
+    from potato.training.trainers import registry
+    from potato.training.trainers.registry import TrainerInfo
 
     module = types.ModuleType("fake_trainer_for_tests")
     module.check_options = lambda options: [f"epochs is {options['epochs']!r}; use a whole number"]
@@ -266,8 +266,8 @@ def test_trainer_options_checked_by_the_trainer_module(tmp_path, monkeypatch):
 
 
 def test_trainer_module_missing_or_without_check_is_tolerated(tmp_path, monkeypatch):
-    from potato.trainers import registry
-    from potato.trainers.registry import TrainerInfo
+    from potato.training.trainers import registry
+    from potato.training.trainers.registry import TrainerInfo
 
     monkeypatch.setitem(registry.TRAINERS, "absent", TrainerInfo("absent", "no_such_module_for_tests", ("nominal",)))
     monkeypatch.setitem(sys.modules, "bare_trainer_for_tests", types.ModuleType("bare_trainer_for_tests"))
@@ -286,7 +286,8 @@ def test_unknown_trainer_is_an_error(tmp_path):
     assert result.errors == (Issue(
         "model_training.trainers.hf-text-clasification",
         "model_training.trainers.hf-text-clasification: there is no trainer 'hf-text-clasification'; "
-        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging, hf-llm-finetune"),)
+        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging, hf-llm-finetune, "
+        "cold-start"),)
 
 
 # --- SLURM times ---------------------------------------------------------------
@@ -338,7 +339,7 @@ def test_backends_doc_lists_every_key_of_every_table():
 
 
 def test_the_real_trainer_checks_its_options(tmp_path):
-    pytest.importorskip("potato.trainers.hf_text_classification")
+    pytest.importorskip("potato.training.trainers.hf_text_classification")
     raw = seed_dict()
     raw["model_training"]["trainers"] = {"hf-text-classification": {"epochs": 0}}
     result = build(tmp_path, raw)

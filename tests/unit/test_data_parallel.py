@@ -10,7 +10,7 @@ import pytest
 
 from potato.config import BackendConfig
 from potato.jobs import processes_for
-from potato.trainers import hf_common as hf
+from potato.training.trainers import hf_common as hf
 from potato.training.data_parallel import PlanError, check_processes, plan_processes
 from potato.training.rank_events import describe_devices
 from potato.training.events import EventWriter, read_events

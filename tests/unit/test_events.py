@@ -8,10 +8,11 @@ import threading
 import pytest
 
 from potato.training.device import has_kernels
-from potato.training.events import Cancelled, EventWriter, read_events, write_atomic
+from potato.training.atomic_files import write_text
+from potato.training.events import Cancelled, EventWriter, read_events
 from potato.training.worker import import_error_message, memory_message
-from potato.trainers import hf_common
-from potato.trainers import hf_text_classification as hf
+from potato.training.trainers import hf_common
+from potato.training.trainers import hf_text_classification as hf
 
 
 # -- events ------------------------------------------------------------------
@@ -116,8 +117,8 @@ def test_cancel_request_raises_at_the_next_check(tmp_path):
 
 def test_write_atomic_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "scores.json"
-    write_atomic(str(target), json.dumps({"a": 1}))
-    write_atomic(str(target), json.dumps({"a": 2}))
+    write_text(str(target), json.dumps({"a": 1}))
+    write_text(str(target), json.dumps({"a": 2}))
     assert json.loads(target.read_text()) == {"a": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["scores.json"]
 

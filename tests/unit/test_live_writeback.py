@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import yaml
 
 from potato.config import load_config
 from potato.errors import RetractError
-from potato.json_records import records, starts_array
-from potato.live_items import TABLE_FILE, foreign_field
+from potato.live_items import TABLE_FILE
 from potato.live_writeback import FROM_DATA_FILES, catch_up, publish, read_targets
 from potato.project import build_bundle
 from potato.retract import retract
@@ -26,84 +23,21 @@ from potato.runs.paths import open_store, run_paths
 from potato.store import SUCCEEDED
 from potato.validate import format_report, validate_config_file
 from potato.writeback import read_report
-from tests.support.live_project import ARRAY, CSV, JSONL, snapshot, write_hostile_directory
-from tests.support.potato_project import write_user_state
-
-ITEMS = [(f"t{i}", f"ticket {i} café") for i in range(12)]
-LABELLED = ["t0", "t1"]  # trained on (no holdout)
-
-
-def _config(tmp_path: Path, *, strategy: str | None = None, data_files: bool = False, **writeback) -> Path:
-    write_hostile_directory(tmp_path / "tickets", ITEMS)
-    raw = {
-        "annotation_task_name": "Tickets", "task_dir": ".", "data_directory": "tickets", "admin_api_key": "k",
-        "watch_data_directory": True, "watch_poll_interval": 2, "output_annotation_dir": "annotations",
-        "annotation_schemes": [
-            {"annotation_type": "radio", "name": "tone", "labels": ["calm", "angry"]},
-            {"annotation_type": "slider", "name": "urgency", "min_value": 0, "max_value": 10, "step": 1}],
-        "pre_annotation": {"enabled": True},
-        "model_training": {"holdout_fraction": 0.0, "writeback": {
-            "schemas": ["tone"], "include_unlabeled": True, "min_confidence": 0.5, "live": True,
-            **writeback}},
-    }
-    if strategy:
-        raw["assignment_strategy"] = strategy
-    if data_files:
-        (tmp_path / "early.jsonl").write_text('{"id": "t3", "text": "read first from data_files"}\n')
-        raw["data_files"] = ["early.jsonl"]
-    write_user_state(tmp_path / "annotations", "alice", {i: {"tone": "calm"} for i in LABELLED})
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def _load(config_path: Path):
-    """The config, with the slider written back too (its kind's trainer comes with another branch of work:
-    validation refuses it in writeback.schemas until then; the writeback itself needs no trainer)."""
-    config = load_config(config_path)
-    wb = replace(config.model_training.writeback, schemas=("tone", "urgency"))
-    return replace(config, model_training=replace(config.model_training, writeback=wb))
-
-
-def _run(tmp_path: Path, config_path: Path, run_id: int, tone: dict[str, tuple[str, float]],
-         urgency: dict[str, float] | None = None, schemas=("tone", "urgency")):
-    """Record run *run_id* as succeeded and write its predictions back, as the flow's record-results does."""
-    config = _load(config_path)
-    store = open_store(config)
-    while store.count_runs() < run_id:
-        store.create_run("hf-text-classification", list(schemas), "local")
-    store.update_run(run_id, state=SUCCEEDED)
-    bundle = tmp_path / f"bundle{run_id}"
-    build_bundle(config, list(schemas), bundle)
-    rows = [{"id": i, "schema": "tone", "label": label, "confidence": c} for i, (label, c) in tone.items()]
-    rows += [{"id": i, "schema": "urgency", "value": v} for i, v in (urgency or {}).items()]
-    predictions = run_paths(config, run_id).predictions
-    predictions.parent.mkdir(parents=True, exist_ok=True)
-    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return config, store, publish(config, run_id, list(schemas), predictions, bundle)
-
-
-def _item_fields(directory: Path, field: str = "predictions") -> dict[str, object]:
-    """What each item's record in the JSON files holds under *field* (absent ones left out)."""
-    found = {}
-    for name in (JSONL, ARRAY):
-        data = (directory / name).read_bytes()
-        for record in records(data, array=starts_array(data)):
-            if field in record.value:
-                found[str(record.value["id"])] = record.value[field]
-    return found
-
+from tests.support.live_project import (
+    ARRAY, CSV, ITEMS, JSONL, item_fields, load_with_slider, record_run, snapshot, tickets_config,
+    write_hostile_directory,
+)
 
 def test_each_record_holds_what_the_writeback_file_holds_and_nothing_else_changes(tmp_path):
-    config_path = _config(tmp_path)
+    config_path = tickets_config(tmp_path)
     tickets = tmp_path / "tickets"
     before = snapshot(tickets)
     tone = {i: ("angry", 0.9) for i, _ in ITEMS}
     tone["t5"] = ("calm", 0.4)  # below min_confidence
-    config, _, (summary, live) = _run(tmp_path, config_path, 1, tone, {"t4": 7.2, "t6": 3})
+    config, _, (summary, live) = record_run(tmp_path, config_path, 1, tone, {"t4": 7.2, "t6": 3})
 
     targets = read_targets(config)
-    assert _item_fields(tickets) == {i: v for i, v in targets.items() if i not in ("t10", "t11")}  # CSV: none
+    assert item_fields(tickets) == {i: v for i, v in targets.items() if i not in ("t10", "t11")}  # CSV: none
     assert set(targets) == {f"t{i}" for i in range(2, 12)} - {"t5"}  # the leak guard and min_confidence
     assert targets["t4"] == {"tone": {"label": "angry", "confidence": 0.9, "run_id": 1}, "urgency": 7}
     assert live.files == {"tickets/a.jsonl": 4, "tickets/b.json": 3} and live.problems == [] and not live.error
@@ -125,20 +59,20 @@ def test_each_record_holds_what_the_writeback_file_holds_and_nothing_else_change
 
 
 def test_only_changed_files_are_rewritten_and_a_retract_brings_back_the_earlier_run(tmp_path):
-    config_path = _config(tmp_path)
+    config_path = tickets_config(tmp_path)
     tickets = tmp_path / "tickets"
     original = snapshot(tickets)
-    _run(tmp_path, config_path, 1, {i: ("calm", 0.8) for i, _ in ITEMS})
+    record_run(tmp_path, config_path, 1, {i: ("calm", 0.8) for i, _ in ITEMS})
     after_first = snapshot(tickets)
     array_stat = os.stat(tickets / ARRAY)
     # Run 2 trains another schema, predicted on one item of a.jsonl: b.json is not written (2.12 does not
     # re-read it), and the record of t2 keeps run 1's tone beside run 2's urgency.
-    config, store, (_, live) = _run(tmp_path, config_path, 2, {}, {"t2": 6}, schemas=("urgency",))
+    config, store, (_, live) = record_run(tmp_path, config_path, 2, {}, {"t2": 6}, schemas=("urgency",))
     assert live.files == {"tickets/a.jsonl": 1}
     assert os.stat(tickets / ARRAY).st_mtime_ns == array_stat.st_mtime_ns
-    assert _item_fields(tickets)["t2"] == {"tone": {"label": "calm", "confidence": 0.8, "run_id": 1}, "urgency": 6}
+    assert item_fields(tickets)["t2"] == {"tone": {"label": "calm", "confidence": 0.8, "run_id": 1}, "urgency": 6}
 
-    config, store, _ = _run(tmp_path, config_path, 3, {i: ("angry", 0.7) for i, _ in ITEMS}, schemas=("tone",))
+    config, store, _ = record_run(tmp_path, config_path, 3, {i: ("angry", 0.7) for i, _ in ITEMS}, schemas=("tone",))
     result = retract(config, store, 3)
     assert result.describe() == ("Run 3's predictions were retracted: annotators now see run 1's predictions of "
                                  "tone, within 2 s (watch_poll_interval)")
@@ -159,9 +93,9 @@ def test_only_changed_files_are_rewritten_and_a_retract_brings_back_the_earlier_
 
 
 def test_a_retracted_run_replaced_by_a_newer_one_changes_nothing_annotators_see(tmp_path):
-    config_path = _config(tmp_path)
-    _run(tmp_path, config_path, 1, {"t4": ("calm", 0.8)})
-    config, store, _ = _run(tmp_path, config_path, 2, {"t4": ("angry", 0.8)})
+    config_path = tickets_config(tmp_path)
+    record_run(tmp_path, config_path, 1, {"t4": ("calm", 0.8)})
+    config, store, _ = record_run(tmp_path, config_path, 2, {"t4": ("angry", 0.8)})
     shown = snapshot(tmp_path / "tickets")
     assert retract(config, store, 1).describe() == (
         "Run 1's predictions were retracted; annotators saw none of them (a newer run's replaced them), so "
@@ -172,7 +106,7 @@ def test_a_retracted_run_replaced_by_a_newer_one_changes_nothing_annotators_see(
 
 
 def test_a_run_without_predictions_cannot_be_retracted(tmp_path):
-    config = load_config(_config(tmp_path))
+    config = load_config(tickets_config(tmp_path))
     store = open_store(config)
     store.create_run("hf-text-classification", ["tone"], "local")
     store.update_run(1, state="failed")
@@ -186,10 +120,11 @@ def test_a_run_without_predictions_cannot_be_retracted(tmp_path):
 
 
 def test_under_model_review_an_item_below_min_confidence_holds_its_confidence_only(tmp_path):
-    config_path = _config(tmp_path, strategy="model_review")
+    # Potato 2.12's own order (the lowest confidence first): no place is added (tests/unit/test_review_order.py).
+    config_path = tickets_config(tmp_path, strategy="model_review", order="least-confidence")
     tone = {i: ("angry", 0.9 - int(i[1:]) * 0.05) for i, _ in ITEMS}  # t9: 0.45 and t8: 0.5…
-    config, _, (summary, _) = _run(tmp_path, config_path, 1, tone, {"t2": 4})
-    fields = _item_fields(tmp_path / "tickets")
+    config, _, (summary, _) = record_run(tmp_path, config_path, 1, tone, {"t2": 4})
+    fields = item_fields(tmp_path / "tickets")
     assert fields["t9"] == {"tone": {"confidence": pytest.approx(0.45), "run_id": 1}}  # ordered, pre-fills nothing
     assert fields["t8"]["tone"]["label"] == "angry"
     assert summary.confidence_only == {"tone": 3}  # t9, and t10, t11 in the CSV file (in the writeback file)
@@ -202,18 +137,18 @@ def test_under_model_review_an_item_below_min_confidence_holds_its_confidence_on
 
 
 def test_a_slider_held_back_gets_no_confidence_it_would_show_as_text(tmp_path):
-    config = _load(_config(tmp_path, strategy="model_review"))
+    config = load_with_slider(tickets_config(tmp_path, strategy="model_review"))
     store = open_store(config)
     store.create_run("hf-text-classification", ["urgency"], "local")
     build_bundle(config, ["urgency"], tmp_path / "bundle")
     predictions = tmp_path / "p.jsonl"
     predictions.write_text(json.dumps({"id": "t4", "schema": "urgency", "value": 3, "confidence": 0.1}) + "\n")
     summary, _ = publish(config, 1, ["urgency"], predictions, tmp_path / "bundle")
-    assert summary.confidence_only == {} and "t4" not in _item_fields(tmp_path / "tickets")
+    assert summary.confidence_only == {} and "t4" not in item_fields(tmp_path / "tickets")
 
 
 def test_a_record_holding_the_field_before_the_first_live_writeback_stops_it(tmp_path):
-    config_path = _config(tmp_path)
+    config_path = tickets_config(tmp_path)
     jsonl = tmp_path / "tickets" / JSONL
     jsonl.write_bytes(jsonl.read_bytes().replace(b'"id":"t2",', b'"id":"t2","predictions":{"tone":"mine"},'))
     before = snapshot(tmp_path / "tickets")
@@ -222,43 +157,44 @@ def test_a_record_holding_the_field_before_the_first_live_writeback_stops_it(tmp
                "pre_annotation.field to a key the items do not use")
     report = validate_config_file(config_path, read_items=True)
     assert [(e.path, e.message) for e in report.errors] == [("model_training.writeback.live", message)]
-    _, _, (_, live) = _run(tmp_path, config_path, 1, {"t4": ("calm", 0.9)})
-    assert live.error == message and live.describe() == f"Live writeback: no record of tickets/ was changed: {message}"
+    _, _, (_, live) = record_run(tmp_path, config_path, 1, {"t4": ("calm", 0.9)})
+    assert live.error == message and live.describe() == (
+        f"The live writeback was refused, and no record of tickets/ changed: {message}")
     assert snapshot(tmp_path / "tickets") == before
 
 
 def test_items_potato_212_keeps_from_data_files_are_counted_not_written(tmp_path):
-    config_path = _config(tmp_path, data_files=True)
-    _, _, (_, live) = _run(tmp_path, config_path, 1, {"t3": ("calm", 0.9), "t4": ("calm", 0.9)})
+    config_path = tickets_config(tmp_path, data_files=True)
+    _, _, (_, live) = record_run(tmp_path, config_path, 1, {"t3": ("calm", 0.9), "t4": ("calm", 0.9)})
     assert live.not_live == {FROM_DATA_FILES: 1} and live.files == {"tickets/a.jsonl": 1}
-    assert set(_item_fields(tmp_path / "tickets")) == {"t4"}
+    assert set(item_fields(tmp_path / "tickets")) == {"t4"}
 
 
 def test_a_file_another_program_changes_meanwhile_is_read_again(tmp_path, monkeypatch):
     import potato.live_writeback as live_writeback
 
-    config_path = _config(tmp_path)
+    config_path = tickets_config(tmp_path)
     jsonl = tmp_path / "tickets" / JSONL
-    real = live_writeback.read_data_file
+    real = live_writeback.parse_data_file
     appended = []
 
-    def read_then_append(path, encoding):
-        found = real(path, encoding)
+    def read_then_append(path, data, encoding):
+        found = real(path, data, encoding)
         if path.name == JSONL and not appended:  # an import script appends an item as we rewrite
             with open(jsonl, "ab") as out:
                 out.write(b'{"id": "t99", "text": "appended"}\r\n')
             appended.append(path)
         return found
 
-    monkeypatch.setattr(live_writeback, "read_data_file", read_then_append)
-    _, _, (_, live) = _run(tmp_path, config_path, 1, {"t4": ("calm", 0.9)})
+    monkeypatch.setattr(live_writeback, "parse_data_file", read_then_append)
+    _, _, (_, live) = record_run(tmp_path, config_path, 1, {"t4": ("calm", 0.9)})
     assert appended and live.files == {"tickets/a.jsonl": 1}
     assert jsonl.read_bytes().endswith(b'{"id": "t99", "text": "appended"}\r\n')
 
 
 def test_potato_start_catches_the_records_up_after_a_writer_was_killed(tmp_path):
-    config_path = _config(tmp_path)
-    config, _, _ = _run(tmp_path, config_path, 1, {"t4": ("calm", 0.9), "t8": ("angry", 0.9)})
+    config_path = tickets_config(tmp_path)
+    config, _, _ = record_run(tmp_path, config_path, 1, {"t4": ("calm", 0.9), "t8": ("angry", 0.9)})
     shown = snapshot(tmp_path / "tickets")
     # A writer killed after the writeback file, before the records: they are as they were, beside a temporary.
     write_hostile_directory(tmp_path / "tickets", ITEMS)
@@ -273,14 +209,14 @@ def test_potato_start_catches_the_records_up_after_a_writer_was_killed(tmp_path)
 
 
 def test_potato_validate_says_what_is_on_and_what_potato_212_needs(tmp_path):
-    config_path = _config(tmp_path, strategy="model_review")
+    config_path = tickets_config(tmp_path, strategy="model_review")
     raw = yaml.safe_load(config_path.read_text())
     text = format_report(validate_config_file(config_path))
     assert text.splitlines()[0] == (
         "Live writeback: on. Each run's predictions go into the field 'predictions' of the items' own records in "
         "tickets/ (.json and .jsonl files; nothing else in them changes), and Potato 2.12 shows them within 2 s "
-        "(watch_poll_interval); under assignment_strategy: model_review an item below min_confidence holds its "
-        "confidence only, so that the items the model is least sure of are served first")
+        "(watch_poll_interval); under assignment_strategy: model_review Potato 2.12 serves the items in the order "
+        "'margin' ranks them, and an item below min_confidence holds its confidence only, pre-filling nothing")
     raw.pop("watch_data_directory")
     raw["pre_annotation"] = {"enabled": True, "predictions_file": "annotations/training/predictions.jsonl"}
     raw["model_training"]["writeback"]["include_unlabeled"] = False
@@ -307,7 +243,7 @@ def test_potato_validate_says_what_is_on_and_what_potato_212_needs(tmp_path):
 
 
 def test_live_off_and_model_review_without_it_are_said_too(tmp_path):
-    config_path = _config(tmp_path, strategy="model_review", live=False)
+    config_path = tickets_config(tmp_path, strategy="model_review", live=False)
     report = validate_config_file(config_path)
     assert format_report(report).splitlines()[-2] == (
         "Live writeback: off. Annotators see a new run's predictions after Potato 2.12 restarts; with "
@@ -326,9 +262,9 @@ def test_the_page_the_api_and_the_command_retract_and_show_what_annotators_see(t
     from potato.cli import main
     from potato.server import create_app
 
-    config_path = _config(tmp_path, strategy="model_review")
-    _run(tmp_path, config_path, 1, {"t4": ("calm", 0.9), "t6": ("angry", 0.3)})
-    config, store, _ = _run(tmp_path, config_path, 2, {"t4": ("angry", 0.8), "t6": ("angry", 0.2)})
+    config_path = tickets_config(tmp_path, strategy="model_review", order="least-confidence")
+    record_run(tmp_path, config_path, 1, {"t4": ("calm", 0.9), "t6": ("angry", 0.3)})
+    config, store, _ = record_run(tmp_path, config_path, 2, {"t4": ("angry", 0.8), "t6": ("angry", 0.2)})
     client = create_app(config, store=store, start_background=False).test_client()
     key = {"X-API-Key": "k"}
     api = "/admin/training/api"
@@ -339,13 +275,13 @@ def test_the_page_the_api_and_the_command_retract_and_show_what_annotators_see(t
         "served first under model_review)",
         "tone: 1 predictions written; held back: 1 below min_confidence"]
     assert shown["lines"][3].startswith("Live writeback: 2 record(s) in 1 file(s) of tickets/ changed")
-    assert shown["least_certain"] == [
-        {"id": "t6", "confidence": 0.2, "predictions": {"tone": "held back (confidence 0.20)"}},
-        {"id": "t4", "confidence": 0.8, "predictions": {"tone": "angry (0.80)"}}]
+    assert shown["least_certain"] == [  # each with its text, so that the reader need not look the id up
+        {"id": "t6", "text": "ticket 6 café", "confidence": 0.2, "predictions": {"tone": "held back (confidence 0.20)"}},
+        {"id": "t4", "text": "ticket 4 café", "confidence": 0.8, "predictions": {"tone": "angry (0.80)"}}]
     client.post("/admin/training/login", data={"api_key": "k"})
     page = client.get("/admin/training").get_data(as_text=True)
     assert "The predictions of run 2, the newest written back:" in page
-    assert "<tr><td>t6</td><td>0.200</td><td>tone: held back (confidence 0.20)</td></tr>" in page
+    assert "<tr><td>t6</td><td>ticket 6 café</td><td>0.200</td><td>tone: held back (confidence 0.20)</td></tr>" in page
     run_page = client.get("/admin/training/runs/2").get_data(as_text=True)
     assert 'id="retract-button"' in run_page and f'data-api="{api}/runs/2/predictions"' in run_page
 
@@ -356,7 +292,7 @@ def test_the_page_the_api_and_the_command_retract_and_show_what_annotators_see(t
         "(watch_poll_interval)")
     assert answer.json["restored"] == {"tone": 1} and answer.json["run"]["retractable"] is False
     assert client.get(f"{api}/writeback", headers=key).json["run_id"] == 1  # a retracted run is not shown
-    assert _item_fields(tmp_path / "tickets")["t6"] == {"tone": {"confidence": 0.3, "run_id": 1}}
+    assert item_fields(tmp_path / "tickets")["t6"] == {"tone": {"confidence": 0.3, "run_id": 1}}
     # The page's own session needs the CSRF header for a DELETE, as for every change.
     assert client.delete(f"{api}/runs/1/predictions").status_code == 403
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from potato.trainers import hf_llm_finetune as llm
-from potato.trainers.llm_memory import (
+from potato.training.trainers import hf_llm_finetune as llm
+from potato.training.trainers.llm_memory import (
     GB,
     bitsandbytes_missing_message,
     estimate_training_memory,
@@ -20,8 +20,9 @@ from potato.trainers.llm_memory import (
     read_shape,
     too_little_memory_message,
 )
-from potato.trainers.llm_prompts import fill, template_problems
-from potato.trainers.metrics import describe, holdout_scores
+from potato.training.trainers.answers import SchemaAnswers
+from potato.training.trainers.llm_prompts import AnswerTokens, PromptFormat, PromptTooLong, fill, template_problems
+from potato.training.trainers.metrics import describe, holdout_scores
 
 # config.json of Meta-Llama-3-8B and of GPT-2, as the hub ships them (the keys the estimate reads).
 LLAMA3_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
@@ -44,9 +45,9 @@ def test_the_defaults_pass_and_each_bad_value_is_named():
         "gradient_accumulation_steps": 0, "max_new_tokens": True, "merge": "true", "learning_rate": float("nan"),
         "prompt_template": "Review: {txt}", "pyhton": 1,
     }) == [
-        "'pyhton' is not an option of hf-llm-finetune; valid options: batch_size, bnb_4bit_quant_type, epochs, "
+        "'pyhton' is not an option of hf-llm-finetune; valid options: batch_size, bnb_4bit_quant_type, curve, epochs, "
         "gradient_accumulation_steps, gradient_checkpointing, learning_rate, load_in_4bit, lora, max_length, "
-        "max_new_tokens, merge, model, prompt_template, seed",
+        "max_new_tokens, merge, min_steps, model, patience, prompt_template, seed, validation_share, warmup",
         "load_in_4bit must be true, false or auto, got 'yes'",
         "bnb_4bit_quant_type must be nf4 or fp4, got 'int4'",
         "lora.rank is not a LoRA option; valid: r, alpha, dropout, target_modules",
@@ -84,9 +85,38 @@ def test_prompt_templates_fill_only_their_placeholders():
     assert template_problems("") == ["prompt_template must be a non-empty string with {text} in it, got ''"]
 
 
+class _Characters:
+    """A tokenizer of one id per character (no chat template; end of sequence 0): lengths a test can count."""
+
+    eos_token_id = 0
+    chat_template = None
+
+    def __call__(self, texts, add_special_tokens=True):
+        one = isinstance(texts, str)
+        ids = [[ord(c) for c in text] for text in ([texts] if one else texts)]
+        return {"input_ids": ids[0] if one else ids}
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+
+def test_a_prompt_too_long_for_max_length_says_its_tokens_the_room_and_the_length_that_would_do():
+    fmt = PromptFormat(_Characters())
+    with pytest.raises(PromptTooLong) as raised:
+        fmt.fit_prompt("Review: {text}\nLabel:", "a fine film", [], "", room=10)
+    assert (raised.value.tokens, raised.value.room) == (len("Review: \nLabel:\n"), 10)  # the text cut to nothing
+    schema = SchemaAnswers("sentiment", ["good", "bad"], {"kind": "nominal"})
+    prompter = llm._Prompter(fmt, AnswerTokens(fmt, "nominal", ["good", "bad"]), "{text}", schema,
+                             {"max_length": 16, "max_new_tokens": 8})
+    assert str(prompter._too_short(raised.value)) == (
+        "max_length 16 is too short for schema 'sentiment''s prompt: with an item's text cut as far as it goes, "
+        "the prompt takes 16 tokens where 10 are left beside an answer of 6; raise max_length to 22 or more or "
+        "shorten prompt_template")
+
+
 def test_the_bundle_decides_each_schemas_kind_and_refuses_the_others():
-    from potato.trainers.answers import answers_of
-    from potato.trainers.registry import TRAINERS
+    from potato.training.trainers.answers import answers_of
+    from potato.training.trainers.registry import TRAINERS
 
     manifest = {"schemas": {"s": ["a", "b"], "t": [], "m": ["x", "y"], "n": []},
                 "answers": {"t": {"type": "text", "kind": "text", "description": "Summarize."},
@@ -131,7 +161,7 @@ def test_the_gpu_memory_estimate_of_llama3_8b():
 
 
 def test_the_registrys_gpu_memory_hook_is_the_training_estimate(tmp_path):
-    from potato.trainers.registry import TRAINERS, hook
+    from potato.training.trainers.registry import TRAINERS, hook
 
     gpu_memory_mb = hook(TRAINERS[llm.NAME], "gpu_memory_mb")
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
@@ -201,7 +231,7 @@ def test_four_bit_works_on_this_cpu_and_not_without_bitsandbytes():
     assert here.ok and here.problem is None and here.version.startswith("0.")
     blocked = subprocess.run(
         [sys.executable, "-c", "import sys; sys.modules['bitsandbytes'] = None\n"
-         "from potato.trainers.llm_memory import four_bit_support\nprint(tuple(four_bit_support('cpu')))"],
+         "from potato.training.trainers.llm_memory import four_bit_support\nprint(tuple(four_bit_support('cpu')))"],
         capture_output=True, text=True, timeout=120)
     assert blocked.stdout.strip() == (
         "(False, None, 'ModuleNotFoundError: import of bitsandbytes halted; None in sys.modules')"), blocked.stderr

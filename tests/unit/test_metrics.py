@@ -1,4 +1,4 @@
-"""Holdout metrics per kind of answer (potato/trainers/metrics.py), checked against scikit-learn and
+"""Holdout metrics per kind of answer (potato/training/trainers/metrics.py), checked against scikit-learn and
 SciPy where they compute the same thing, and the run log's line for each kind."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from potato import answer_kinds
-from potato.trainers import metrics
+from potato.training.trainers import metrics
 
 
 def test_accuracy_and_macro_f1():

@@ -1,4 +1,4 @@
-"""ONNX Runtime's session in a process of its own (potato/trainers/onnx_session.py): the logits an in-process
+"""ONNX Runtime's session in a process of its own (potato/training/trainers/onnx_session.py): the logits an in-process
 session gives, a clear message when the child cannot start or dies, and its memory counted as the worker's."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ numpy = pytest.importorskip("numpy")
 onnxruntime = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from potato.trainers.onnx_session import SessionFailed, SessionProcess  # noqa: E402
+from potato.training.trainers.onnx_session import SessionFailed, SessionProcess  # noqa: E402
 from potato.training import helper_processes  # noqa: E402
 from potato.training.worker import read_rss_mb  # noqa: E402
 
@@ -90,7 +90,7 @@ def test_a_session_process_that_dies_says_how_and_the_next_batch_fails_with_it(t
 def test_the_child_leaves_when_the_worker_goes_without_closing_it(tmp_path):
     """A worker killed outright closes the child's stdin with its death: the child ends on its own."""
     path = write_model(tmp_path / "tiny.onnx")
-    script = ("import sys; from potato.trainers.onnx_session import SessionProcess; "
+    script = ("import sys; from potato.training.trainers.onnx_session import SessionProcess; "
               "s = SessionProcess(sys.argv[1], 1); print(s.pid, flush=True); sys.stdin.read()")
     worker = subprocess.Popen([sys.executable, "-c", script, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)

@@ -1,4 +1,4 @@
-"""Fast paths checked against fp32 (potato/trainers/predict_precision.py): the sample, the decision,
+"""Fast paths checked against fp32 (potato/training/trainers/predict_precision.py): the sample, the decision,
 the run log's words, the int8 twins of a model's linear layers, and the ONNX export's child."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from potato.trainers import predict_precision as pp
-from potato.trainers.predict_precision import FastPathCheck, check_sample, checked_predictions, tie_gap
+from potato.training.trainers import predict_precision as pp
+from potato.training.trainers.predict_precision import FastPathCheck, check_sample, checked_predictions, tie_gap
 
 
 class Probs(list):
@@ -154,7 +154,9 @@ def test_int8_twins_compute_in_int8_only_when_on_and_leave_the_model_as_it_was()
             assert torch.equal(model(x), before)
         assert "forward" not in vars(model[0])
         assert torch.equal(model(x), before)
-    assert not torch.equal(int8, before) and torch.allclose(int8, before, atol=0.05)
+    # 0.1, not tighter: on a CPU without VNNI, fbgemm keeps activations to 7 bits
+    # (so its 16-bit sums cannot saturate), which about doubles the error (0.06 seen).
+    assert not torch.equal(int8, before) and torch.allclose(int8, before, atol=0.1)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 

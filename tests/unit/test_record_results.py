@@ -12,7 +12,7 @@ from potato.results import record_results
 from potato.runlog import RunLog
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
-from potato.trainers.registry import TRAINERS
+from potato.training.trainers.registry import TRAINERS
 from tests.support.potato_project import make_project, project_config
 
 recorded = []

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from potato.answer_kinds import KINDS
 from potato.backends.base import Steps
-from potato.backends.registry import BACKEND_TYPES, configurable_types, resolve
+from potato.backend_types.registry import BACKEND_TYPES, configurable_types, resolve
 from potato.cli import main
 from potato.config import KINDS as KEY_KINDS
 from potato.config import load_config
@@ -24,7 +24,7 @@ from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.server import create_app
 from potato.trainer_choice import NoTrainerFor
-from potato.trainers.registry import TRAINERS, hook, import_failure_message, load, module_names
+from potato.training.trainers.registry import TRAINERS, hook, import_failure_message, load, module_names
 from tests.support import toy_backend
 from tests.support.potato_project import make_project
 from tests.support.toy_backend import TOY, TOY_TRAINER

@@ -36,7 +36,7 @@ def remote_modules() -> list[str]:
 def test_there_are_remote_modules():
     names = remote_modules()
     assert "potato.training.worker" in names
-    assert "potato.trainers.hf_text_classification" in names
+    assert "potato.training.trainers.hf_text_classification" in names
 
 
 def test_remote_half_is_valid_python_3_8():

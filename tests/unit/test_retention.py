@@ -9,7 +9,7 @@ from potato.evaluation import write_evaluation
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
 from potato.retention import prune_run_dirs
-from potato.trainers.decision_calibrate import NAME as CALIBRATE
+from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
 from potato.writeback import writeback_path
 from tests.support.potato_project import make_project, project_config
 

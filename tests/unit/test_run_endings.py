@@ -14,7 +14,7 @@ from potato.runs.queue import create_run
 from potato.runs.reconcile import orphan_reason, reconcile
 from potato.config import load_config
 from potato.store import Run
-from potato.backends.contract import Stopped
+from potato.backend_types.contract import Stopped
 from potato.backends.local.steps import stop_leftovers as stop_local_worker
 from potato.backends.ssh.leftovers import read_stop_report
 from tests.support.potato_project import make_project

@@ -18,19 +18,19 @@ UNAUTHORIZED = "Missing or wrong admin key: send the config's admin_api_key in t
 
 
 @pytest.mark.parametrize("headers", [{}, {"X-API-Key": "wrong"}, {"X-API-Key": ""},
-                                     {"X-API-Key": "change-me "}, {"Authorization": "Bearer change-me"}])
+                                     {"X-API-Key": "test-admin-key "}, {"Authorization": "Bearer test-admin-key"}])
 def test_wrong_or_missing_key_is_401_without_a_hint(client, headers):
     for method, url in (("get", f"{API}/runs"), ("post", f"{API}/runs"), ("get", f"{API}/backends"),
                         ("post", f"{API}/backends/local/check"), ("post", f"{API}/runs/1/cancel")):
         response = getattr(client, method)(url, headers=headers, json={})
         assert response.status_code == 401
         assert response.json == {"error": UNAUTHORIZED}
-        assert b"change-me" not in response.data
+        assert b"test-admin-key" not in response.data
 
 
 def test_key_in_the_url_is_not_accepted(client):
-    assert client.get(f"{API}/runs?api_key=change-me").status_code == 401
-    assert client.get(f"{API}/runs?X-API-Key=change-me").status_code == 401
+    assert client.get(f"{API}/runs?api_key=test-admin-key").status_code == 401
+    assert client.get(f"{API}/runs?X-API-Key=test-admin-key").status_code == 401
 
 
 def test_no_admin_key_in_config_means_no_admin(tmp_path, store):
@@ -52,10 +52,10 @@ def test_page_redirects_to_login_and_login_sets_a_session(client):
     assert page.status_code == 200 and b'<label for="api_key">Admin key</label>' in page.data
     bad = client.post("/admin/training/login", data={"api_key": "nope"})
     assert bad.status_code == 401 and b"That is not the admin key" in bad.data
-    good = client.post("/admin/training/login", data={"api_key": "change-me", "next": "/admin/training"})
+    good = client.post("/admin/training/login", data={"api_key": "test-admin-key", "next": "/admin/training"})
     assert good.status_code == 302 and good.headers["Location"] == "/admin/training"
     cookie = good.headers["Set-Cookie"]
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "change-me" not in cookie
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "test-admin-key" not in cookie
     assert client.get("/admin/training").status_code == 200
     assert client.get(f"{API}/runs").status_code == 200  # the page's own JSON calls
     client.post("/admin/training/logout")
@@ -64,12 +64,12 @@ def test_page_redirects_to_login_and_login_sets_a_session(client):
 
 def test_login_never_redirects_off_site(client):
     for target in ("https://evil.example/", "//evil.example/", "/admin/training/../../x\\y"):
-        response = client.post("/admin/training/login", data={"api_key": "change-me", "next": target})
+        response = client.post("/admin/training/login", data={"api_key": "test-admin-key", "next": target})
         assert response.headers["Location"] == "/admin/training"
 
 
 def test_session_post_needs_the_csrf_header(client):
-    client.post("/admin/training/login", data={"api_key": "change-me"})
+    client.post("/admin/training/login", data={"api_key": "test-admin-key"})
     body = {"trainer": "hf-text-classification", "schemas": ["sentiment"], "backend": "local"}
     refused = client.post(f"{API}/runs", json=body)
     assert refused.status_code == 403

@@ -334,6 +334,46 @@ def test_predictions_over_the_limit_without_content_length_is_counted(app, clien
     assert not [p for p in run_paths(project, run.id).dir.iterdir() if p.name.startswith(".predictions")]
 
 
+class _Unreadable(io.BytesIO):
+    def read(self, *a):
+        raise AssertionError("the server read the body")
+
+    readline = readinto = read
+
+
+@pytest.mark.parametrize("method, path", [
+    ("PUT", "artifacts"), ("POST", "artifacts"), ("PUT", "artifacts/sentiment/adapter_model.safetensors"),
+    ("PUT", "model.tar.gz"),
+])
+def test_an_agent_uploading_a_1_gb_adapter_finds_no_door_and_nothing_is_kept(client, claimed, token, project,
+                                                                              method, path):
+    """An agent's model stays on its machine (the run's artifact_uri says where): no route takes model files,
+    so a 1 GB adapter is answered without a byte of it read, and nothing is written that could pass for one."""
+    run, _ = claimed
+    before = sorted(p.name for p in run_paths(project, run.id).dir.iterdir())
+    response = client.open(f"{V1}/runs/{run.id}/{path}", method=method, headers=bearer(token),
+                           input_stream=_Unreadable(), environ_overrides={"CONTENT_LENGTH": str(1 << 30)})
+    assert response.status_code in (404, 405)
+    assert sorted(p.name for p in run_paths(project, run.id).dir.iterdir()) == before
+    assert not (run_paths(project, run.id).dir / "artifacts").exists()
+
+
+def test_a_cut_predictions_upload_keeps_nothing_and_the_next_one_is_taken_whole(client, claimed, token, project):
+    """The one upload an agent makes: cut short (fewer bytes than announced), it is refused and leaves no
+    file, no temporary; sent again, it is taken whole."""
+    run, _ = claimed
+    body = b"".join(json.dumps({"id": f"r{i}", "schema": "sentiment", "label": "positive",
+                                "confidence": 0.9}).encode() + b"\n" for i in range(100))
+    cut = client.put(f"{V1}/runs/{run.id}/predictions", headers=bearer(token), input_stream=io.BytesIO(body[:1000]),
+                     environ_overrides={"CONTENT_LENGTH": str(len(body))})
+    assert cut.status_code == 400
+    assert cut.json["error"] == f"The upload ended after 1000 of {len(body)} bytes; send it again"
+    directory = run_paths(project, run.id).dir
+    assert not [p.name for p in directory.iterdir() if "predictions" in p.name]
+    again = client.put(f"{V1}/runs/{run.id}/predictions", headers=bearer(token), data=body)
+    assert again.status_code == 200 and (directory / "predictions.jsonl").read_bytes() == body
+
+
 def test_predictions_need_a_claimed_run(client, running_run, token):
     run = running_run("lab-workstation")
     assert client.put(f"{V1}/runs/{run.id}/predictions", headers=bearer(token), data=b"{}\n").status_code == 403

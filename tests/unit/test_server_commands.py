@@ -115,7 +115,7 @@ def test_start_serves_and_stops_cleanly_on_sigterm(tmp_path, monkeypatch, server
         while time.monotonic() < deadline:
             try:
                 request = urllib.request.Request(f"http://127.0.0.1:{port}/admin/training/api/backends",
-                                                 headers={"X-API-Key": "change-me"})
+                                                 headers={"X-API-Key": "test-admin-key"})
                 with urllib.request.urlopen(request, timeout=2) as response:
                     answers.append(response.status)
                 break
@@ -150,3 +150,21 @@ def test_an_annotator_named_training_is_never_read_and_validate_and_start_warn(t
     echo = Echo()
     assert commands.check_config(path, echo=echo) is not None
     assert echo.err == [f"warning: {TRAINING_USER}"]
+
+
+def test_the_training_page_s_address_is_recorded_for_the_links_a_run_leaves_in_prefect(tmp_path):
+    import socket
+
+    from potato.config import load_config
+    from potato.runs.paths import run_page, training_page_file
+
+    config = load_config(_project(tmp_path))
+    assert run_page(config, 3) is None  # no server has started yet
+    assert commands.training_page(config, "127.0.0.1", 8123) == "http://127.0.0.1:8123/admin/training"
+    assert run_page(config, 3) == "http://127.0.0.1:8123/admin/training/runs/3"
+    # On every interface, the address shown is the one given; the one recorded is this host's name.
+    assert commands.training_page(config, "0.0.0.0", 8000) == "http://0.0.0.0:8000/admin/training"
+    assert run_page(config, 3) == f"http://{socket.getfqdn()}:8000/admin/training/runs/3"
+    assert commands.training_page(config, "::1", 8000) == "http://[::1]:8000/admin/training"
+    training_page_file(config).write_text("javascript:alert(1)")
+    assert run_page(config, 3) is None  # only a web address becomes a link

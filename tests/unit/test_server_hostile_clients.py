@@ -278,7 +278,7 @@ def test_huge_query_numbers_are_400(client, store):
 
 
 def test_a_crlf_in_the_login_next_is_not_followed(client):
-    answer = client.post("/admin/training/login", data={"api_key": "change-me",
+    answer = client.post("/admin/training/login", data={"api_key": "test-admin-key",
                                                         "next": "/admin/training\r\nSet-Cookie: owned=1"})
     assert answer.status_code == 302 and answer.headers["Location"] == "/admin/training"
     assert "owned" not in answer.headers.get("Set-Cookie", "")

@@ -20,7 +20,7 @@ from tests.support.potato_project import make_project
 __all__ = ["ADMIN", "BACKENDS", "V1", "project", "store", "app", "client", "admin", "running_run", "token",
            "bearer", "make_config"]
 
-ADMIN = {"X-API-Key": "change-me"}
+ADMIN = {"X-API-Key": "test-admin-key"}
 V1 = "/training/agent/v1"
 
 # The user guide's example backends.

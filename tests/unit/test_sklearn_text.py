@@ -1,11 +1,11 @@
 """sklearn-text's options: 2.12.1's params, checked without importing anything, and what building them
-from a config value may import (potato/trainers/sklearn_text.py)."""
+from a config value may import (potato/training/trainers/sklearn_text.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from potato.trainers import sklearn_text as sk
+from potato.training.trainers import sklearn_text as sk
 from potato.training.events import TrainerFailure
 
 # Potato 2.12.1's own defaults (its SklearnTextTrainer.default_params), as a 2.12 config writes them.
@@ -112,12 +112,12 @@ class _Events:
 
 
 def _fit(tmp_path, items, schema="tone", **options):
-    from potato.trainers.answers import Answers, gold_answers
+    from potato.training.trainers.answers import SchemaAnswers, gold_answers
     from potato.training.worker import read_job
     from tests.support.bundles import KIND_ANSWERS, KIND_LABELS, write_job
 
     job = read_job(str(write_job(tmp_path / "job", items=items, labels=KIND_LABELS, answers=KIND_ANSWERS)))
-    answers = Answers.of(job.manifest, schema)
+    answers = SchemaAnswers.of(job.manifest, schema)
     index = job.index_items()
     events = _Events()
     try:

@@ -13,8 +13,8 @@ import random
 
 import pytest
 
-from potato.trainers import hf_span_tagging as st
-from potato.trainers import metrics
+from potato.training.trainers import hf_span_tagging as st
+from potato.training.trainers import metrics
 
 LABELS = ["PER", "LOC", "EMO"]
 

@@ -1,4 +1,4 @@
-"""What trainers share about answers (potato/trainers/answers.py): reading the bundle's answers per kind,
+"""What trainers share about answers (potato/training/trainers/answers.py): reading the bundle's answers per kind,
 a slider's range and step, multi-label thresholds, the prediction fields docs/answer-types.md gives."""
 
 from __future__ import annotations
@@ -6,20 +6,20 @@ from __future__ import annotations
 import pytest
 
 from potato import answer_kinds
-from potato.trainers import answers as a
-from potato.trainers import hf_heads
-from potato.trainers.registry import TRAINERS
+from potato.training.trainers import answers as a
+from potato.training.trainers import hf_heads
+from potato.training.trainers.registry import TRAINERS
 from potato.training.events import TrainerFailure
 
 SLIDER = {"type": "slider", "kind": "continuous", "min": 0, "max": 100, "step": 5}
 
 
 def of(kind_spec: dict, labels=()):
-    return a.Answers.of({"schemas": {"s": list(labels)}, "answers": {"s": kind_spec}}, "s")
+    return a.SchemaAnswers.of({"schemas": {"s": list(labels)}, "answers": {"s": kind_spec}}, "s")
 
 
 def test_a_bundle_without_answers_is_nominal():
-    answers = a.Answers.of({"schemas": {"s": ["x", "y"]}}, "s")
+    answers = a.SchemaAnswers.of({"schemas": {"s": ["x", "y"]}}, "s")
     assert (answers.kind, answers.labels, answers.describe()) == ("nominal", ["x", "y"], "labels x, y")
 
 
@@ -79,7 +79,12 @@ def test_prediction_fields_follow_the_contract():
     assert a.multilabel_fields(labels, [0.9, 0.45, 0.05], [0.5, 0.4, 0.5]) == {
         "label": ["a", "b"], "confidence": 0.45, "probs": [0.9, 0.45, 0.05]}
     scale = of({"kind": "ordinal"}, ["1", "2", "3", "4"])
-    assert a.label_fields(scale, [0.4, 0.0, 0.3, 0.3], False) == {"label": "1", "confidence": 0.4}
+    # Every item's probabilities, for the margin and entropy orders; a held-out item's whatever their number.
+    assert a.label_fields(scale, [0.4, 0.0, 0.3, 0.3], False) == {
+        "label": "1", "confidence": 0.4, "probs": [0.4, 0.0, 0.3, 0.3]}
+    many = of({"kind": "nominal"}, [str(n) for n in range(33)])
+    assert a.label_fields(many, [1 / 33] * 33, False) == {"label": "0", "confidence": round(1 / 33, 5)}
+    assert len(a.label_fields(many, [1 / 33] * 33, True)["probs"]) == 33
     assert a.median_point([0.4, 0.0, 0.3, 0.3]) == 2
     assert a.label_fields(scale, [0.4, 0.0, 0.3, 0.3], True, 2) == {
         "label": "3", "confidence": 0.3, "probs": [0.4, 0.0, 0.3, 0.3]}

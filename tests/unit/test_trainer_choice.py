@@ -31,7 +31,7 @@ from potato.validate import validate_config_file
 from tests.support import toy_trainers
 from tests.support.potato_project import make_project
 
-ADMIN = {"X-API-Key": "change-me"}
+ADMIN = {"X-API-Key": "test-admin-key"}
 API = "/admin/training/api"
 SCHEMES = [
     {"annotation_type": "span", "name": "entities", "labels": ["PER", "LOC"]},

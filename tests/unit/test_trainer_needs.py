@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from potato.backends.ssh.trainer_needs import MAX_SAID, assess, probe_questions
-from potato.trainers.hf_llm_finetune import NAME
+from potato.training.trainers.hf_llm_finetune import NAME
 
 LLAMA_8B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8}
@@ -27,7 +27,8 @@ def test_the_estimate_comes_from_the_config_the_host_read():
     assert needs.problems == [] and 35000 < needs.gpu_mb < 45000  # 8 sequences of 512 tokens, no checkpointing
     assert needs.by == "hf-llm-finetune's estimate for /models/llama-3-8b"
     assert needs.notes[0] == "4-bit: bitsandbytes 0.45.5 loads 4-bit weights on gpu.example.org (cuda:0)"
-    assert needs.notes[1].startswith("/models/llama-3-8b needs about ") and needs.notes[1].endswith(
+    assert needs.notes[1] == "/models/llama-3-8b: 8.03 B parameters, 16.06 GB in 16 bits"  # Llama-3-8B: 8.03 B
+    assert needs.notes[2].startswith("/models/llama-3-8b needs about ") and needs.notes[2].endswith(
         " of GPU memory to train at 4-bit (batch_size 8, max_length 512)")
 
 

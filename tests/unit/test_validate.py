@@ -289,8 +289,8 @@ def test_unknown_model_training_key_is_a_warning_with_did_you_mean(tmp_path):
         "model_training.max_wall_second is not a key of model_training; did you mean "
         "`max_wall_seconds`? Accepted keys: enabled, backend, max_wall_seconds, grace_seconds, "
         "heartbeat_timeout_s, device, num_threads, max_ram_mb, max_predictions_mb, "
-        "holdout_fraction, splits, split_seed, aggregation, retain_runs, writeback, auto_retrain, "
-        "backends, trainers, prefect_deployment, license")),)
+        "holdout_fraction, splits, split_seed, aggregation, stable_below, retain_runs, writeback, auto_retrain, "
+        "backends, trainers, prefect_deployment, license, report_to")),)
 
 
 def test_long_slurm_time_warns_word_for_word(tmp_path):

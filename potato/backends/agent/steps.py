@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from potato.backends.base import RunContext
-from potato.backends.contract import CheckReport
+from potato.backend_types.contract import CheckReport
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import NoAgent, RunCancelled
 from potato.project import pack_bundle

@@ -1,4 +1,4 @@
-"""The local backend's steps, check and stop: the worker runs as a child process of this machine.
+"""The local backend's steps and stop: the worker runs as a child process of this machine.
 
 The run directory is the worker's job directory, so predictions, scores and
 artifacts land where the run keeps them and nothing has to be copied.
@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from potato.backends.base import RunContext
-from potato.backends.contract import CheckReport, Stopped
-from potato.backends.leftovers import LOCAL_WAIT_S, wait_gone
+from potato.backend_types.contract import Stopped
+from potato.runs.stopping import LOCAL_WAIT_S, wait_gone
 from potato.backends.relay import EventTail, record_event
-from potato.config import BackendConfig, ProjectConfig
+from potato.config import ProjectConfig
 from potato.jobs import make_job, write_job
 from potato.runs.paths import importing_this_potato, run_paths
 from potato.store import Run, Store
-from potato.training.device import THREAD_VARIABLES, describe_local_device
+from potato.training.device import THREAD_VARIABLES
 from potato.training.stop_job import processes
 
 
@@ -178,17 +178,6 @@ def _reap_group(worker: LocalWorker | None) -> None:
         worker.process.wait(timeout=10)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not ignorable
         pass
-
-
-def check(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
-    """``potato training check local``: the device local runs would use."""
-    setting = config.model_training.device
-    description = describe_local_device(setting)
-    return CheckReport(
-        backend=backend.name, type=backend.type, ok=True,
-        lines=[f"{backend.name}: this machine, {description}"],
-        data={"device_setting": setting, "device": description},
-    )
 
 
 def stop_leftovers(config: ProjectConfig, store: Store, run: Run) -> Stopped:

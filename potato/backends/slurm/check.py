@@ -6,19 +6,19 @@ in a short first run.
 
 from __future__ import annotations
 
-from potato.backends.contract import CheckReport
-from potato.backends.slurm import under_node_local_dir
+from potato.backend_types.contract import CheckReport
+from potato.backend_types.slurm import under_node_local_dir
 from potato.backends.slurm.steps import REQUIRED_COMMANDS
 from potato.backends.ssh import trainer_needs
-from potato.backends.ssh.check import login_and_probe, trainers_options
+from potato.backends.ssh.check import login_and_probe
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import MissingSlurmCommand
-from potato.trainers.registry import TRAINERS, hook
+from potato.training.trainers.registry import TRAINERS, hook
 
 
 def check_slurm(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     """Log in to the login node: sbatch/squeue/scancel on PATH, remote_dir, its Python, job_python."""
-    options = trainers_options(config)
+    options = trainer_needs.trainers_options(config)
     # The login node's interpreter is not job_python on a compute node: bitsandbytes is judged by the job.
     questions = trainer_needs.probe_questions(options, four_bit=False)
     report, probe = login_and_probe(backend, list(options), f"{backend.name}: slurm on {backend.host}", questions)

@@ -5,16 +5,14 @@ The Training page's Check button runs the same check (``potato.backends.checks``
 
 from __future__ import annotations
 
-from potato.backends.contract import CheckReport
+from potato.backend_types.contract import CheckReport
 from potato.backends.ssh import steps as ssh
 from potato.backends.ssh import trainer_needs
 from potato.backends.ssh.gpus import choose_for_backend
 from potato.backends.ssh.openssh import Connection, SshTarget
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import PotatoError
-from potato.jobs import trainer_options
-from potato.trainer_choice import project_trainers
-from potato.trainers.registry import TRAINERS, module_names
+from potato.training.trainers.registry import TRAINERS, module_names
 
 
 def login_and_probe(backend: BackendConfig, trainers: list[str], first_line: str,
@@ -36,16 +34,11 @@ def login_and_probe(backend: BackendConfig, trainers: list[str], first_line: str
         connection.close()
 
 
-def trainers_options(config: ProjectConfig) -> dict[str, dict]:
-    """The trainers the project's runs use, each with the options a run would give it."""
-    return {name: trainer_options(config, None, name) for name in project_trainers(config)}
-
-
 def check_ssh(config: ProjectConfig, backend: BackendConfig) -> CheckReport:
     """Log in, probe the host: its Python, every GPU, the GPU a run would take, missing packages (those of
     the trainers the project's runs use), and what those trainers check there (4-bit, the GPU memory a run
     needs: ``trainer_needs``)."""
-    options = trainers_options(config)
+    options = trainer_needs.trainers_options(config)
     trainers = list(options)
     questions = trainer_needs.probe_questions(options, four_bit=not backend.get("packages"))
     report, probe = login_and_probe(backend, trainers, f"{backend.name}: ssh to {backend.host}", questions)

@@ -22,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 from potato import training
-from potato.backends.contract import Stopped
-from potato.backends.leftovers import LOCAL_WAIT_S, joined, wait_gone
+from potato.backend_types.contract import Stopped
+from potato.runs.stopping import LOCAL_WAIT_S, joined, wait_gone
 from potato.backends.ssh.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError

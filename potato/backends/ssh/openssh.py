@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -61,19 +62,22 @@ SSH_FAILURES = (
     ("REMOTE HOST IDENTIFICATION HAS CHANGED", "the host's key has changed",
      "if the host was reinstalled, remove its old key with `ssh-keygen -R {host}`; otherwise ask its admin"),
     ("Connection refused", "Connection refused",
-     "no ssh server listens there: check the backend's host and port"),
+     "no ssh server listens there{on_port}: check the backend's host and port"),
     ("Could not resolve hostname", "host not found",
      "check the backend's host (any name `ssh` accepts works, ~/.ssh/config aliases too)"),
     ("Name or service not known", "host not found",
      "check the backend's host (any name `ssh` accepts works, ~/.ssh/config aliases too)"),
-    ("Connection timed out", "Connection timed out",
-     "the host did not answer: check the network, a VPN, or the port"),
+    ("Connection timed out", "Connection timed out{on_port}",
+     "the host did not answer: check the network, a VPN, the port, and that its sshd answers "
+     "(`ssh -v {host} true` shows where it stops)"),
     ("No route to host", "No route to host", "check the network or VPN"),
     ("remote port forwarding failed", "the reverse forward could not be set up",
      "the host's sshd must allow UNIX-socket forwarding (AllowStreamLocalForwarding / AllowTcpForwarding)"),
     ("Connection closed", "the connection was closed", "check the host's sshd logs"),
 )
 
+
+_PORT = re.compile(r"\bport (\d+)\b")
 
 # Failures worth a second try: the network, not the setup (a wrong key stays wrong).
 TRANSIENT_REASONS = ("Connection timed out", "No route to host", "the connection was closed", "no connection within")
@@ -169,9 +173,13 @@ def remote_path(path: str) -> str:
 def describe_ssh_failure(host: str, stderr: str) -> tuple[str, str]:
     """(reason, fix) for ssh's own failure (exit 255), from its stderr."""
     lines = [line.strip() for line in stderr.replace("\r", "").splitlines() if line.strip()]
+    # ssh names the port it tried ("connect to host h port 22: …", "Connection to h port 2222 timed out"),
+    # ~/.ssh/config's included: said where a port is the likely culprit.
+    port = next((m.group(1) for m in map(_PORT.search, lines) if m), None)
+    on_port = f" on port {port}" if port else ""
     for needle, reason, fix in SSH_FAILURES:
         if any(needle in line for line in lines):
-            return reason, fix.format(host=host)
+            return reason.format(on_port=on_port), fix.format(host=host, on_port=on_port)
     last = lines[-1] if lines else "ssh exited with status 255 and said nothing"
     return last, f"check that `ssh {host} true` works from the annotation server's account"
 
@@ -212,7 +220,10 @@ class Connection:
                 return
             time.sleep(0.05)
         self.close()
-        raise SshError(f"ssh to {self.target.host} failed: no connection within {timeout:g} s")
+        port = self.target.port or 22
+        raise SshError(f"ssh to {self.target.host} failed: no connection within {timeout:g} s on port {port}. Fix: "
+                       f"check that {self.target.host} answers ssh on port {port} (`ssh -p {port} {self.target.host} "
+                       "true` from the annotation server's account)")
 
     def _check(self) -> bool:
         argv = make_ssh_argv(self.target, None, control_path=self.control_path, extra=["-O", "check"])

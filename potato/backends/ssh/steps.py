@@ -42,7 +42,7 @@ from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
 from potato.jobs import trainer_options
 from potato.runlog import last_line
-from potato.trainers.registry import TRAINERS, module_names
+from potato.training.trainers.registry import TRAINERS, module_names
 from potato.training.device import THREAD_VARIABLES
 from potato.training.job_paths import JobPaths
 
@@ -146,7 +146,7 @@ def _absolute(path: str, home: str) -> str:
 
 def connect(ctx: RunContext) -> SshSession:
     target = SshTarget.from_backend(ctx.backend)
-    ctx.set_step(f"connecting to {target.host}")
+    ctx.set_step(f"connecting to {target.host}{ctx.attempt}")
     protocol = ProtocolServer(ctx.config, ctx.store)
     # A fresh path per run: the socket file stays behind if a session dies, and
     # a real host's sshd will not unlink it for the next bind (measured).

@@ -1,6 +1,6 @@
 """What a run's trainers need of an ssh host: the questions they add to the probe, and what its answers mean.
 
-A trainer declares them (potato/trainers/registry.py: ``host_questions``,
+A trainer declares them (potato/training/trainers/registry.py: ``host_questions``,
 ``host_check``, ``gpu_memory_mb``); hf-llm-finetune asks for its model's
 config.json and whether bitsandbytes loads 4-bit weights there. The answers
 come back in the probe's one round trip, so a run that cannot train on the
@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from potato.trainers.registry import TRAINERS, hook
+from potato.jobs import trainer_options
+from potato.trainer_choice import project_trainers
+from potato.training.trainers.registry import TRAINERS, hook
 
 
 @dataclass
@@ -27,6 +29,11 @@ class HostNeeds:
     gpu_mb: int | None = None
     by: str = ""
     four_bit: dict | None = None
+
+
+def trainers_options(config: Any) -> dict[str, dict]:
+    """The trainers the project's runs use, each with the options a run would give it (what a check assumes)."""
+    return {name: trainer_options(config, None, name) for name in project_trainers(config)}
 
 
 def probe_questions(options: Mapping[str, Mapping[str, Any]], *, four_bit: bool = True) -> dict:

@@ -16,11 +16,21 @@ var Potato = (function () {
     });
   }
   function pad(n) { return (n < 10 ? "0" : "") + n; }
+  // "2025-03-01 14:02:11 UTC+01:00": the browser's local time with its offset from UTC, as the CLI prints it.
   function time(t) {
     if (!t) return "–";
     var d = new Date(t * 1000);
-    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
-      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + clock(t) + " " + offset(d);
+  }
+  function clock(t) {
+    var d = new Date(t * 1000);
+    return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+  function offset(d) {
+    var minutes = -d.getTimezoneOffset();
+    if (!minutes) return "UTC";
+    var a = Math.abs(minutes);
+    return "UTC" + (minutes > 0 ? "+" : "-") + pad(Math.floor(a / 60)) + ":" + pad(a % 60);
   }
   function duration(s) {
     if (s === null || s === undefined) return "–";
@@ -51,5 +61,10 @@ var Potato = (function () {
     }
     tick();
   }
-  return { request: request, time: time, duration: duration, scores: scores, el: el, poll: poll };
+  // Cancel asks first, as retract does: a cancelled run keeps no model and no predictions.
+  function confirmCancel(id, grace) {
+    return window.confirm("Cancel run " + id + "? A queued run ends at once; a running one's worker gets SIGTERM, " +
+      "then SIGKILL after " + grace + " s. A cancelled run keeps no model and writes no predictions back.");
+  }
+  return { confirmCancel: confirmCancel, request: request, time: time, clock: clock, duration: duration, scores: scores, el: el, poll: poll };
 })();

@@ -1,5 +1,6 @@
 /* The run page's Model panel: download the model, publish it to the Hugging Face Hub, follow the upload.
-   Shown once the run has succeeded; a run whose model cannot be published says why (and the fix) instead. */
+   Shown once the run has succeeded. The download is offered whenever the model is on this server; without a
+   Hub token the publish part says so quietly. A run whose model is not here says why (and the fix) instead. */
 "use strict";
 (function () {
   var box = document.getElementById("publish");
@@ -11,6 +12,7 @@
   var bar = document.getElementById("publish-progress");
   var error = document.getElementById("publish-error");
   var base = document.getElementById("publish-base");
+  var note = document.getElementById("publish-hub-note");
 
   function showError(text) { error.hidden = !text; error.textContent = text || ""; }
 
@@ -47,9 +49,14 @@
       if (data.run_state !== "succeeded") return false;  // no model: the panel stays hidden
       box.hidden = false;
       document.getElementById("publish-hub").textContent = data.hub;
-      refusal.hidden = data.ready;
+      refusal.hidden = !data.refusal;
       refusal.textContent = data.refusal || "";
-      ready.hidden = !data.ready;
+      // The download needs only the model here; publishing needs the Hub too, and a missing token is
+      // a quiet note in that part, not an error over a run that succeeded.
+      document.getElementById("download").hidden = !data.downloadable;
+      ready.hidden = !data.downloadable;
+      note.hidden = !data.hub_note;
+      note.textContent = data.hub_note || "";
       if (data.base_model && !base.value) base.value = data.base_model;
       base.required = data.kind === "lora" && !data.base_model;
       return render(data.publication) ? undefined : false;  // poll on while an upload runs

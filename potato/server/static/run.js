@@ -1,6 +1,8 @@
-/* The run page: facts, live step row, the run log, the loss curve, per schema its holdout picture (a
-   label schema's confusion matrix and reliability diagram, a multilabel schema's confusion per label, a
-   span schema's matches per label; all inline SVG or tables, no outside assets), predictions, artifacts. */
+/* The run page: facts, live step row, the run log, the loss curve (epochs marked, validation loss per epoch
+   where the run reports it), per schema its holdout picture (a label schema's accuracy beside the trivial
+   baseline, confusion matrix, reliability diagram before and after calibration, and precision, recall and F1
+   per label; a multilabel schema's confusion per label, a span schema's matches per label; all inline SVG or
+   tables, no outside assets), predictions, artifacts. */
 "use strict";
 (function () {
   var root = document.getElementById("run");
@@ -9,13 +11,17 @@
   var caption = document.getElementById("loss-caption");
   var cancelButton = document.getElementById("cancel-button");
   var after = 0;
-  var points = [];       // [x, loss]
-  var lastTotal = null, epochBase = 0, lastStep = -1;
+  var points = [];       // [x, training loss]
+  var validation = [];   // [x, validation loss], one per epoch where the run holds a validation share out
+  var epochs = [];       // [x, epoch]: where each epoch ended
+  var lastTotal = null, epochBase = 0, lastStep = -1, lastEpoch = 0;
   var predictionsShown = false;
+  var ended = false, runState = "";
   var finishedPolls = 0;
   var NS = "http://www.w3.org/2000/svg";
 
   cancelButton.addEventListener("click", function () {
+    if (!Potato.confirmCancel(root.dataset.runId, root.dataset.grace)) return;
     cancelButton.disabled = true;
     Potato.request("POST", root.dataset.cancel, undefined, root);
   });
@@ -44,6 +50,41 @@
       retractStatus.textContent = "Retracted " + Potato.time(run.retracted_at) + ": annotators no longer see these predictions.";
   }
 
+  // The quality gate's verdict per schema; a run it held back can be promoted (written back anyway).
+  var gateBox = document.getElementById("gate");
+  var promoteButton = document.getElementById("promote-button");
+  var promoteStatus = document.getElementById("promote-status");
+  promoteButton.addEventListener("click", function () {
+    if (!window.confirm(promoteButton.dataset.confirm)) return;
+    promoteButton.disabled = true;
+    promoteStatus.className = "";
+    promoteStatus.textContent = "Writing back…";
+    Potato.request("POST", gateBox.dataset.api, undefined, gateBox).then(function (data) {
+      promoteStatus.className = data._status === 200 ? "" : "error";
+      promoteStatus.textContent = data._status === 200 ? "Promoted: annotators see these predictions now. " + data.writeback
+        : (data.error || "The server answered " + data._status);
+      if (data.run) gateState(data.run);
+    }, function () { promoteStatus.className = "error"; promoteStatus.textContent = "The server did not answer"; })
+      .then(function () { promoteButton.disabled = false; });
+  });
+  function gateState(run) {
+    var list = document.getElementById("gate-lines");
+    var lines = (run.gate_text || []).slice();
+    if (run.predictions_state === "live" || run.predictions_state === "live, pinned")
+      lines.unshift("Annotators see this run's predictions now" + (run.pinned ? " (pinned)." : "."));
+    var key = lines.join("\n");
+    if (list.dataset.key !== key) {
+      list.dataset.key = key;
+      list.textContent = "";
+      lines.forEach(function (text) { list.appendChild(Potato.el("li", {}, text)); });
+    }
+    promoteButton.hidden = !run.promotable;
+    promoteButton.dataset.confirm = "Write run " + run.id + "'s predictions back although the quality gate held " +
+      "them back? Annotators then see them in place of the ones they see now.";
+  }
+
+  function how(state) { return state === "cancelled" ? "was cancelled" : state; }
+
   function line(text, cls) {
     var span = Potato.el("span", cls ? { "class": cls } : {}, text + "\n");
     var atBottom = logBox.scrollTop + logBox.clientHeight >= logBox.scrollHeight - 4;
@@ -53,36 +94,51 @@
 
   function describe(ev) {
     var d = ev.data || {};
-    var t = Potato.time(ev.t).slice(11);
+    var t = Potato.clock(ev.t);  // the offset is in Started above
     switch (ev.kind) {
       case "log": return [t + " " + (d.level || "info").toUpperCase() + " " + d.message, d.level];
       // started and metrics are logged as run-log lines by the relay already.
       case "done": return [t + " worker done: " + d.status + (d.error ? " — " + d.error : ""), d.status === "succeeded" ? null : "error"];
       case "claimed": return [t + " claimed by the agent at " + (d.host || d.address), null];
       case "result": return [t + " agent reported exit code " + d.exit_code + (d.artifact_uri ? ", model at " + d.artifact_uri : ""), null];
+      case "cancel": return [t + " WARNING Cancel requested " + d.by, "warning"];
+      case "validation": return typeof d.loss === "number" ?
+        [t + " INFO validation loss " + d.loss.toFixed(4) + (d.epoch !== undefined ? " after epoch " + d.epoch : ""), null] : null;
       default: return null;
     }
   }
 
   function addProgress(d) {
     if (d.phase && d.phase !== "train") return;
-    if (typeof d.loss !== "number" || typeof d.step !== "number") return;
-    // Steps may restart per epoch in some trainers: keep x increasing.
-    if (d.step <= lastStep && lastTotal) epochBase += lastStep;
+    if (typeof d.step !== "number") return;
+    // Steps start again for each schema (one model each): keep x increasing.
+    if (d.step < lastStep && lastTotal) { epochBase += lastStep; lastEpoch = 0; }
     lastStep = d.step; lastTotal = d.total;
-    points.push([epochBase + d.step, d.loss]);
+    var x = epochBase + d.step;
+    // An epoch ends where the fractional epoch reaches the next whole number.
+    if (typeof d.epoch === "number" && Math.floor(d.epoch) > lastEpoch) {
+      lastEpoch = Math.floor(d.epoch);
+      epochs.push([x, lastEpoch]);
+    }
+    if (typeof d.loss === "number") points.push([x, d.loss]);
+    if (typeof d.validation_loss === "number") validation.push([x, d.validation_loss]);
+  }
+  function addValidation(d) {  // a "validation" event: the held-out validation share's loss after an epoch
+    if (typeof d.loss !== "number") return false;
+    validation.push([epochBase + (typeof d.step === "number" ? d.step : Math.max(lastStep, 0)), d.loss]);
+    return true;
   }
 
   function draw() {
     while (svg.lastChild && svg.lastChild.nodeName !== "desc") svg.removeChild(svg.lastChild);
     var desc = document.getElementById("loss-chart-desc");
-    if (!points.length) return;
+    if (!points.length && !validation.length) return;
     var W = 640, H = 240, L = 44, R = 10, T = 10, B = 24;
-    var xs = points.map(function (p) { return p[0]; }), ys = points.map(function (p) { return p[1]; });
+    var all = points.concat(validation);
+    var xs = all.map(function (p) { return p[0]; }), ys = all.map(function (p) { return p[1]; });
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
-    var y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
-    var pad = (y1 - y0) * 0.05 || Math.abs(y1) * 0.05 || 0.05;
-    y0 -= pad; y1 += pad;
+    // A loss axis from zero: how far the loss fell is seen at its true size.
+    var y0 = 0, y1 = Math.max.apply(null, ys) * 1.05 || 1;
     if (x1 === x0) x1 = x0 + 1;
     function X(x) { return L + (x - x0) / (x1 - x0) * (W - L - R); }
     function Y(y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); }
@@ -95,12 +151,29 @@
     add("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, "class": "axis" });
     add("line", { x1: L, y1: T, x2: L, y2: H - B, "class": "axis" });
     add("text", { x: 2, y: T + 8 }, y1.toFixed(3));
-    add("text", { x: 2, y: H - B }, y0.toFixed(3));
+    add("text", { x: 2, y: H - B }, "0");
     add("text", { x: L, y: H - 6 }, "step " + x0);
     add("text", { x: W - R - 60, y: H - 6 }, "step " + x1);
-    add("polyline", { "class": "loss", points: points.map(function (p) { return X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1); }).join(" ") });
-    var last = points[points.length - 1];
-    var text = points.length + " points; loss went from " + points[0][1].toFixed(4) + " to " + last[1].toFixed(4) + " by step " + last[0] + ".";
+    epochs.forEach(function (e) {
+      add("line", { x1: X(e[0]), y1: T, x2: X(e[0]), y2: H - B, "class": "epoch" });
+      add("text", { x: X(e[0]) - 3, y: T + 8, "text-anchor": "end", "class": "epoch-label" }, "epoch " + e[1]);
+    });
+    function path(list) { return list.map(function (p) { return X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1); }).join(" "); }
+    if (points.length) add("polyline", { "class": "loss", points: path(points) });
+    if (validation.length) {
+      add("polyline", { "class": "validation", points: path(validation) });
+      validation.forEach(function (p) { add("circle", { cx: X(p[0]), cy: Y(p[1]), r: 3, "class": "validation-point" }); });
+    }
+    var text = "";
+    if (points.length) {
+      var last = points[points.length - 1];
+      text = points.length + " points; loss went from " + points[0][1].toFixed(4) + " to " + last[1].toFixed(4) +
+        " by step " + last[0] + (epochs.length ? " (" + epochs.length + " epoch" + (epochs.length > 1 ? "s" : "") + " marked)" : "") + ".";
+    }
+    if (validation.length) {
+      text += (text ? " " : "") + "Validation loss (dots, once per epoch): " +
+        validation.map(function (p) { return p[1].toFixed(4); }).join(", ") + ".";
+    }
     desc.textContent = text;
     caption.textContent = text;
   }
@@ -114,7 +187,11 @@
     document.getElementById("run-duration").textContent = Potato.duration(run.duration_s);
     document.getElementById("run-scores").textContent = Potato.scores(run.scores_text);
     document.getElementById("run-device").textContent = run.gpu || "–";
-    if (run.artifact_uri) document.getElementById("run-artifact-uri").textContent = run.artifact_uri;
+    ended = ["succeeded", "failed", "cancelled"].indexOf(run.state) >= 0;
+    runState = run.state;
+    var files = document.getElementById("run-artifact-uri");
+    if (run.artifact_uri) files.textContent = run.artifact_uri;
+    else if (ended && run.state !== "succeeded") files.textContent = "none: the run " + how(run.state) + " before it saved a model";
     var prefect = document.getElementById("run-prefect");
     if (run.prefect_url && !prefect.querySelector("a")) {
       prefect.textContent = "";
@@ -131,13 +208,25 @@
     if (run.cancel_requested) cancelButton.disabled = true;
     var err = document.getElementById("run-error");
     err.hidden = !run.error || run.state === "succeeded";
-    err.textContent = run.error || "";
+    // A cancelled run says who asked (its error) and when.
+    err.textContent = (run.error || "") + (run.state === "cancelled" && run.cancel_requested_at ?
+      " (requested " + Potato.time(run.cancel_requested_at) + ")" : "");
     retractState(run);
+    gateState(run);
+    learningCurves(run.curves || {});
   }
 
   function artifacts(list) {
     var ul = document.getElementById("artifacts");
-    if (!list.length) return;
+    if (!list.length) {
+      // Nothing more comes once a run has ended without a model: say so instead of "None yet".
+      if (ended && runState !== "succeeded" && !ul.dataset.final) {
+        ul.dataset.final = "1";
+        ul.textContent = "";
+        ul.appendChild(Potato.el("li", { "class": "hint" }, "None: the run " + how(runState) + " before it saved a model."));
+      }
+      return;
+    }
     ul.textContent = "";
     list.forEach(function (a) { ul.appendChild(Potato.el("li", {}, a.path + " (" + a.bytes + " bytes)")); });
   }
@@ -214,10 +303,12 @@
     return svg;
   }
 
-  // Confidence bins against accuracy; bars before calibration, a line after it when there is one.
+  // Confidence bins against accuracy: a bar per bin before calibration and, when a calibration was fitted,
+  // one after it beside it; each bar says how many held-out items its bin holds.
   function reliabilityDiagram(name, s) {
-    var W = 320, H = 300, L = 40, R = 10, T = 24, B = 40;
+    var W = 340, H = 320, L = 40, R = 10, T = 52, B = 40;
     var cal = s.calibration && s.calibration.reliability_after ? s.calibration : null;
+    var ece = "ECE " + fixed(s.ece) + (cal ? " before, " + fixed(cal.ece_after) + " after calibration" : "");
     var desc = "ECE " + (s.ece === null ? "–" : s.ece.toFixed(3)) + " over " + s.n + " held-out items";
     if (cal) desc += "; after calibration (" + (cal.kept ? "kept" : "backed out") + ", run " + cal.by_run + ") ECE " +
       cal.ece_after.toFixed(3) + " out of fold";
@@ -234,21 +325,63 @@
     });
     svgEl(svg, "text", { x: X(0.5), y: H - 6, "text-anchor": "middle", "class": "muted" }, "confidence");
     svgEl(svg, "text", { x: 4, y: T - 8, "class": "muted" }, "accuracy");
-    s.reliability.forEach(function (b) {
-      if (!b.n) return;
-      var bar = svgEl(svg, "rect", { x: X(b.lo) + 1, y: Y(b.accuracy), width: X(b.hi) - X(b.lo) - 2,
-                                     height: Y(0) - Y(b.accuracy), "class": "before" });
-      svgEl(bar, "title", {}, b.lo + "–" + b.hi + ": " + b.n + " items, mean confidence " + b.confidence + ", accuracy " + b.accuracy);
-    });
-    if (cal) {
-      var pts = cal.reliability_after.filter(function (b) { return b.n; });
-      svgEl(svg, "polyline", { "class": "after", points: pts.map(function (b) {
-        return X(b.confidence).toFixed(1) + "," + Y(b.accuracy).toFixed(1); }).join(" ") });
-      pts.forEach(function (b) { svgEl(svg, "circle", { cx: X(b.confidence), cy: Y(b.accuracy), r: 3, "class": "after-point" }); });
+    svgEl(svg, "text", { x: L, y: 14, "class": "ece" }, ece);
+    function bars(bins, cls, half) {
+      bins.forEach(function (b) {
+        if (!b.n) return;
+        var width = (X(b.hi) - X(b.lo) - 2) / (cal ? 2 : 1), x = X(b.lo) + 1 + (half ? width : 0);
+        var bar = svgEl(svg, "rect", { x: x, y: Y(b.accuracy), width: width, height: Y(0) - Y(b.accuracy), "class": cls });
+        svgEl(bar, "title", {}, (cls === "after" ? "after calibration, " : "") + b.lo + "–" + b.hi + ": " + b.n +
+          " items, mean confidence " + b.confidence + ", accuracy " + b.accuracy);
+        svgEl(svg, "text", { x: x + width / 2, y: Y(b.accuracy) - 3, "text-anchor": "middle", "class": "bin-count " + cls + "-count" },
+          String(b.n));
+      });
     }
-    svgEl(svg, "text", { x: L + 6, y: T + 4, "class": "muted" },
-      "bars: before" + (cal ? "; line: after calibration" + (cal.kept ? "" : " (backed out)") : ""));
+    bars(s.reliability, "before", false);
+    if (cal) bars(cal.reliability_after, "after", true);
+    svgEl(svg, "text", { x: L, y: 30, "class": "muted" },
+      "blue: before" + (cal ? "; green: after" + (cal.kept ? "" : " (backed out)") : "") + "; numbers: items per bin");
     return svg;
+  }
+
+  // Per label, from the confusion matrix: how often the model is right when it says it (precision), how many
+  // of the label's items it finds (recall), and their harmonic mean (F1).
+  function labelScores(name, s) {
+    var table = Potato.el("table", { "class": "label-scores" });
+    table.appendChild(Potato.el("caption", {}, name + ": per label, on " + s.n + " held-out items"));
+    var head = Potato.el("tr");
+    ["Label", "Held out", "Predicted", "Precision", "Recall", "F1"].forEach(function (h) {
+      head.appendChild(Potato.el("th", { scope: "col" }, h));
+    });
+    table.appendChild(head);
+    s.labels.forEach(function (label, i) {
+      var gold = s.confusion[i].reduce(function (a, b) { return a + b; }, 0);
+      var predicted = s.confusion.reduce(function (a, row) { return a + row[i]; }, 0);
+      var tp = s.confusion[i][i];
+      var p = predicted ? tp / predicted : null, r = gold ? tp / gold : null;
+      var f = p !== null && r !== null ? (p + r ? 2 * p * r / (p + r) : 0) : null;
+      var tr = Potato.el("tr");
+      [label, String(gold), String(predicted), fixed(p), fixed(r), fixed(f)].forEach(function (v) {
+        tr.appendChild(Potato.el("td", {}, v));
+      });
+      table.appendChild(tr);
+    });
+    return table;
+  }
+
+  // The trivial baseline: always answering the label most held-out items have. A model is only worth its
+  // accuracy above that.
+  function baseline(s) {
+    var counts = s.confusion.map(function (row) { return row.reduce(function (a, b) { return a + b; }, 0); });
+    var total = counts.reduce(function (a, b) { return a + b; }, 0);
+    if (!total) return null;
+    var best = counts.indexOf(Math.max.apply(null, counts));
+    var share = counts[best] / total;
+    var text = "Accuracy " + fixed(s.accuracy) + "; always answering “" + s.labels[best] + "” (the most common label of these " +
+      total + " held-out items) scores " + fixed(share) + ".";
+    var worse = typeof s.accuracy === "number" && s.accuracy <= share;
+    return Potato.el("p", { "class": "baseline" + (worse ? " error" : "") },
+      text + (worse ? " The model does no better than that." : ""));
   }
 
   function fixed(x) { return typeof x === "number" ? x.toFixed(3) : "–"; }
@@ -285,6 +418,42 @@
     return table;
   }
 
+  // A learning curve: the main holdout score after training on 25, 50, 75 and 100 % of the labels.
+  function learningCurves(curves) {
+    var box = document.getElementById("learning-curves");
+    var key = JSON.stringify(curves);
+    if (box.dataset.key === key) return;
+    box.dataset.key = key;
+    box.textContent = "";
+    Object.keys(curves).sort().forEach(function (name) {
+      var c = curves[name], W = 420, H = 200, L = 48, R = 12, T = 12, B = 36;
+      var values = c.points.map(function (p) { return p[c.key]; }).filter(function (v) { return typeof v === "number"; });
+      if (!values.length) return;
+      var top = Math.max.apply(null, values.concat([c.higher_is_better && Math.max.apply(null, values) <= 1 ? 1 : 0]));
+      var svg = chart(W, H, "Learning curve of " + name, c.text);
+      svg.setAttribute("class", "learning-curve");
+      function X(share) { return L + share * (W - L - R); }
+      function Y(v) { return H - B - (top ? v / top : 0) * (H - T - B); }
+      svgEl(svg, "line", { x1: L, y1: Y(0), x2: W - R, y2: Y(0), "class": "axis" });
+      svgEl(svg, "line", { x1: L, y1: T, x2: L, y2: Y(0), "class": "axis" });
+      svgEl(svg, "text", { x: L - 6, y: Y(0) + 4, "text-anchor": "end" }, "0");
+      svgEl(svg, "text", { x: L - 6, y: Y(top) + 4, "text-anchor": "end" }, top.toFixed(2));
+      var pts = c.points.filter(function (p) { return typeof p[c.key] === "number"; });
+      svgEl(svg, "polyline", { points: pts.map(function (p) { return X(p.share).toFixed(1) + "," + Y(p[c.key]).toFixed(1); }).join(" "),
+                               "class": "curve", fill: "none" });
+      pts.forEach(function (p) {
+        svgEl(svg, "circle", { cx: X(p.share), cy: Y(p[c.key]), r: 3, "class": "curve-point" });
+        svgEl(svg, "text", { x: X(p.share), y: H - B + 16, "text-anchor": "middle", "class": "curve-label" },
+              Math.round(100 * p.share) + " % (" + p.items + ")");
+      });
+      var figure = Potato.el("figure", { "class": "learning-curve" });
+      figure.appendChild(svg);
+      figure.appendChild(Potato.el("figcaption", { "class": "curve-caption" }, c.text));
+      box.appendChild(Potato.el("h3", {}, "Learning curve: " + name + " (" + c.metric + " on the holdout)"));
+      box.appendChild(figure);
+    });
+  }
+
   function evaluation() {
     return Potato.request("GET", root.dataset.evaluation).then(function (data) {
       var box = document.getElementById("evaluation");
@@ -306,7 +475,12 @@
         else if (s.kind === "span") row.appendChild(spanMatches(name, s));
         else if (s.kind === "continuous") row.appendChild(Potato.el("p", {}, "Mean absolute error " + fixed(s.mae) + " over " + s.n + " held-out items."));
         else if (s.kind === "text") row.appendChild(Potato.el("p", {}, "Exact answers: " + fixed(s.exact_match) + " of " + s.n + " held-out items."));
-        else { row.appendChild(confusionMatrix(name, s)); row.appendChild(reliabilityDiagram(name, s)); }
+        else {
+          var base = baseline(s);
+          if (base) box.appendChild(base);
+          row.appendChild(confusionMatrix(name, s)); row.appendChild(reliabilityDiagram(name, s));
+          row.appendChild(labelScores(name, s));
+        }
         box.appendChild(row);
       });
     });
@@ -319,6 +493,7 @@
       var grew = false;
       data.events.forEach(function (ev) {
         if (ev.kind === "progress") { addProgress(ev.data || {}); grew = true; return; }
+        if (ev.kind === "validation" && addValidation(ev.data || {})) grew = true;
         var d = describe(ev);
         if (d) line(d[0], d[1]);
       });
@@ -326,7 +501,9 @@
       if (grew) draw();
       facts(data.run);
       artifacts(data.artifacts);
-      var ended = ["succeeded", "failed", "cancelled"].indexOf(data.run.state) >= 0;
+      if (ended && !points.length && !validation.length)
+        caption.textContent = "The run reported no training progress" +
+          (data.run.state === "succeeded" ? "." : ": it " + how(data.run.state) + " before it trained.");
       if (ended && !predictionsShown) { predictionsShown = true; predictions(); evaluation(); }
       if (data.more_events) return refresh();
       // After the end, poll a few more times for the last log lines, then stop.

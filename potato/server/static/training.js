@@ -33,6 +33,7 @@
     var body = { schemas: schemas, backend: backendSelect.value };
     var trainer = document.getElementById("trainer").value;
     if (trainer) body.trainer = trainer;  // none: each schema is trained by its kind's default trainer
+    if (document.getElementById("curve").checked) body.options = { curve: true };
     var button = document.getElementById("start-button");
     button.disabled = true;
     message.className = "";
@@ -49,7 +50,19 @@
       .then(function () { button.disabled = false; });
   });
 
+  // Runs side by side: the ticked runs' compare page, oldest first.
+  var compareButton = byId("compare-button");
+  function picked() {
+    return Array.prototype.map.call(tbody.querySelectorAll("input.compare-pick:checked"), function (c) {
+      return Number(c.value); }).sort(function (a, b) { return a - b; });
+  }
+  function pickedChanged() { compareButton.disabled = picked().length < 2; }
+  compareButton.addEventListener("click", function () {
+    window.location.href = compareButton.dataset.page + "?runs=" + picked().join(",");
+  });
+
   function cancel(id, button) {
+    if (!Potato.confirmCancel(id, table.dataset.grace)) return;
     button.disabled = true;
     Potato.request("POST", table.dataset.api + "/" + id + "/cancel", undefined, form).then(function (data) {
       if (data._status !== 200) { note.textContent = data.error || "Cancel failed"; button.disabled = false; }
@@ -60,8 +73,12 @@
   function makeRow(run) {
     var main = Potato.el("tr", { "data-run": run.id, "id": "run-" + run.id });
     var link = Potato.el("a", { href: table.dataset.runPage + run.id }, "Run " + run.id);
-    var first = Potato.el("td"); first.appendChild(link); main.appendChild(first);
-    ["state", "trigger", "trainer", "ran-on", "queue", "started", "duration", "scores", "published"].forEach(function (k) {
+    var pick = Potato.el("input", { type: "checkbox", "class": "compare-pick", value: String(run.id),
+                                    "aria-label": "Compare run " + run.id });
+    pick.addEventListener("change", pickedChanged);
+    var first = Potato.el("td"); first.appendChild(pick); first.appendChild(document.createTextNode(" "));
+    first.appendChild(link); main.appendChild(first);
+    ["state", "trigger", "trainer", "ran-on", "queue", "started", "duration", "predictions", "changed", "scores", "published"].forEach(function (k) {
       main.appendChild(Potato.el("td", { "class": "col-" + k }));
     });
     var actions = Potato.el("td", { "class": "col-actions" });
@@ -70,7 +87,7 @@
     actions.appendChild(button);
     main.appendChild(actions);
     var step = Potato.el("tr", { "class": "step-row", "id": "step-" + run.id });
-    var cell = Potato.el("td", { colspan: "11" });
+    var cell = Potato.el("td", { colspan: "13" });
     var label = Potato.el("span", { "class": "visually-hidden" }, "Run " + run.id + " step: ");
     var text = Potato.el("span", { "class": "step", "id": "step-text-" + run.id, "aria-live": "polite" });
     var bar = Potato.el("progress", { max: "1", "aria-labelledby": "step-text-" + run.id });
@@ -106,6 +123,12 @@
     set(r.main, "queue", run.queue_position ? "#" + run.queue_position : "");
     set(r.main, "started", Potato.time(run.started_at));
     set(r.main, "duration", Potato.duration(run.duration_s));
+    // live / live, pinned / held back (the quality gate's words in its title) / retracted.
+    set(r.main, "predictions", run.predictions_state === "-" ? "" : run.predictions_state);
+    r.main.querySelector(".col-predictions").title = (run.gate_text || []).join("\n");
+    // The stopping signal: the share of unlabelled items whose predicted label changed since the previous run.
+    set(r.main, "changed", run.changed === "-" ? "" : run.changed);
+    r.main.querySelector(".col-changed").title = (run.changed_text || []).join("\n");
     set(r.main, "scores", run.error && run.state === "failed" ? run.error : Potato.scores(run.scores_text));
     published(r.main.querySelector(".col-published"), run.publication);
     var open = run.state === "queued" || run.state === "running";
@@ -157,13 +180,16 @@
       ? "The predictions of run " + data.run_id + ", the newest written back:" : "No run has written predictions back yet.";
     var list = byId("writeback-lines");
     list.textContent = "";
+    (data.held_back || []).forEach(function (line) { list.appendChild(Potato.el("li", { "class": "held-back" }, line)); });
     (data.lines || []).forEach(function (line) { list.appendChild(Potato.el("li", {}, line)); });
+    (data.changed || []).forEach(function (line) { list.appendChild(Potato.el("li", { "class": "changed" }, line)); });
     var body = leastCertain.querySelector("tbody");
     body.textContent = "";
     (data.least_certain || []).forEach(function (item) {
       var tr = Potato.el("tr");
       tr.appendChild(Potato.el("td", {}, item.id));
-      tr.appendChild(Potato.el("td", {}, item.confidence.toFixed(3)));
+      tr.appendChild(Potato.el("td", { "class": "item-text" }, item.text || ""));  // older reports have ids only
+      tr.appendChild(Potato.el("td", {}, item.confidence === null ? "\u2014" : item.confidence.toFixed(3)));
       tr.appendChild(Potato.el("td", {}, Object.keys(item.predictions).map(function (s) {
         return s + ": " + item.predictions[s]; }).join("; ")));
       body.appendChild(tr);
