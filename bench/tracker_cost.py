@@ -7,9 +7,11 @@ copied to a scratch directory, trained by ``potato training run`` against a
 warm embedded Prefect API, in the same run of this script:
 
 - baseline: no ``report_to`` (what a user has without trackers);
-- ours: ``report_to: [mlflow, tensorboard]``, reporting to a real MLflow
-  tracking server (``--mlflow``, else ``mlflow server`` started from
-  ``.venv-mlflow``: ``bash scripts/install-mlflow.sh``) and TensorBoard.
+- ours: ``report_to: [mlflow, tensorboard, wandb]``, reporting to a real
+  MLflow tracking server (``--mlflow``, else ``mlflow server`` started from
+  ``.venv-mlflow``: ``bash scripts/install-mlflow.sh``), TensorBoard and W&B
+  offline (``WANDB_MODE=offline``: no W&B server here);
+  ``--trackers mlflow,tensorboard`` measures fewer.
 
 Prints each run's wall time (from the run's start to its end, as the store
 has them), the report step's own seconds (its line in the run log), and the
@@ -101,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--mlflow", help="an MLflow tracking server's address (default: start one)")
+    parser.add_argument("--trackers", default="mlflow,tensorboard,wandb", help="the report_to list (comma-separated)")
     args = parser.parse_args()
+    trackers = [name.strip() for name in args.trackers.split(",") if name.strip()]
     with tempfile.TemporaryDirectory(prefix="potato-tracker-cost-") as tmp:
         scratch = Path(tmp)
         server = None
@@ -109,12 +113,13 @@ def main() -> None:
         if not url:
             url, server = _mlflow(scratch)
         prefect = start_embedded(scratch / "prefect")
-        env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_TRACKING_URI=url, PREFECT_API_URL=prefect.url)
+        env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_TRACKING_URI=url, PREFECT_API_URL=prefect.url,
+                   WANDB_MODE="offline")
         try:
             plain, tracked, reports = [], [], []
             for k in range(args.repeats):
                 plain.append(_run(_project(scratch, f"plain-{k}", []), env)[0])
-                seconds, report = _run(_project(scratch, f"tracked-{k}", ["mlflow", "tensorboard"]), env)
+                seconds, report = _run(_project(scratch, f"tracked-{k}", trackers), env)
                 tracked.append(seconds)
                 reports.append(report)
                 print(f"repeat {k + 1}: without trackers {plain[-1]:.1f} s, with {seconds:.1f} s "
@@ -124,7 +129,7 @@ def main() -> None:
             if server is not None:
                 stop_group(server, 10)
     p, t, r = statistics.median(plain), statistics.median(tracked), statistics.median(reports)
-    print(f"\nmedian of {args.repeats}: a run without trackers {p:.1f} s, with mlflow and tensorboard {t:.1f} s; "
+    print(f"\nmedian of {args.repeats}: a run without trackers {p:.1f} s, with {', '.join(trackers)} {t:.1f} s; "
           f"the report step took {r:.2f} s = {100 * r / t:.2f} % of the run (target < 2 %); "
           f"the whole runs differ by {t - p:+.1f} s ({100 * (t - p) / p:+.1f} %, training's own noise included)")
 

@@ -69,7 +69,7 @@ from potato.runs.paths import open_store, private_dir, run_page, run_paths
 from potato.runs.queue import create_run
 from potato.store import MANUAL, SCHEDULE, Store
 from potato.score_text import curve_lines, curve_rows, table_rows
-from potato.trackers import report_to_trackers
+from potato.trackers import import_clients_early, report_to_trackers
 from potato.trainer_choice import describe_plan
 from potato.training.escaping import escaped
 from potato.training.trainers.registry import hooks
@@ -357,6 +357,7 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         ctx.log.info(f"Run {run_id}: {describe_plan(run.trainers)} on {', '.join(run.schemas)}, "
                      f"on backend {backend_cfg.describe()}")
         backend = steps_of(backend_cfg)
+        import_clients_early(cfg.model_training.report_to)
         step(build_bundle_task, f"build the bundle of run {run_id}")
         session = step(connect_task, f"connect to {where}", backend)
         step(pick_gpu_task, f"pick GPU on {where}", backend, session)
@@ -366,9 +367,9 @@ def _execute(cfg: ProjectConfig, store: Store, run_id: int, cancel: "_CancelFrom
         if code != 0:
             raise RunError(describe_worker_failure(ctx, code))
         step(record_results_task, f"record results of run {run_id}")
-        if cfg.model_training.report_to:
-            step(report_to_trackers_task, f"report run {run_id} to {', '.join(cfg.model_training.report_to)}")
         step(fetch_artifacts_task, f"fetch artifacts from {where}", backend, session, handle)
+        if cfg.model_training.report_to:  # after the fetch: a tracker asked for the model finds it here
+            step(report_to_trackers_task, f"report run {run_id} to {', '.join(cfg.model_training.report_to)}")
         final_state = "succeeded"
     except RunCancelled as exc:
         final_state = "cancelled"

@@ -403,7 +403,8 @@ MODEL_TRAINING_KEYS: tuple[Key, ...] = (
         "e.g. `apache-2.0`; a publish request's own `license` wins", default_text="— (none stated)"),
     Key("report_to", "list of str", "experiment trackers the annotation server reports each run to, from the "
         "events it receives (a GPU host needs no route to them): `mlflow` (`MLFLOW_TRACKING_URI`, "
-        "`MLFLOW_EXPERIMENT_NAME`), `tensorboard` (event files under `training/tensorboard/`); docs/trackers.md",
+        "`MLFLOW_EXPERIMENT_NAME`), `tensorboard` (event files under `training/tensorboard/`), `wandb` "
+        "(`WANDB_PROJECT`, `WANDB_MODE=offline`); docs/trackers.md",
         default=()),
 )
 

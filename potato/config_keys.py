@@ -73,9 +73,9 @@ class Issues:
 
 
 # The experiment trackers a run reports to (model_training.report_to), named as transformers' report_to names them.
-TRACKERS = ("mlflow", "tensorboard")
+TRACKERS = ("mlflow", "tensorboard", "wandb")
 # Known to transformers, not (yet) reported to here: a config naming one is told so rather than "unknown".
-TRACKERS_NOT_HERE = ("wandb", "comet_ml", "clearml", "neptune", "dagshub", "dvclive", "swanlab", "trackio")
+TRACKERS_NOT_HERE = ("comet_ml", "clearml", "neptune", "dagshub", "dvclive", "swanlab", "trackio")
 
 
 SLURM_TIME_FORMS = (

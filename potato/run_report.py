@@ -1,6 +1,6 @@
 """A run's report for Prefect's Artifacts page: its scores per schema and label, and what annotators now see.
 
-Three artifacts per run, each keyed per project (``artifact_key``), so the
+Three artifacts per run (a fourth once it is published), each keyed per project (``artifact_key``), so the
 Artifacts page keeps one history per project with a version per run — the
 run-keyed ``run-N-scores`` table beside them says which run is which:
 
@@ -11,7 +11,9 @@ run-keyed ``run-N-scores`` table beside them says which run is which:
 - ``potato-<project>-label-scores`` (table): precision, recall, F1 and the
   held-out answers per schema and label (``label_rows``);
 - ``potato-<project>-run-page`` (link): the run's page, when the annotation
-  server has said where its Training page is (``potato start`` records it).
+  server has said where its Training page is (``potato start`` records it);
+- ``potato-<project>-hub-repo`` (link): the Hugging Face Hub repository, once
+  the run is published (``potato.publish.prefect_link``).
 
 Everything here is pure: it reads what record results kept beside the run
 (``evaluation.json``, ``gate.json``, ``writeback.json``) and builds text;
@@ -29,7 +31,7 @@ from potato.score_text import curve_lines, number_text, score_line
 from potato.training.escaping import escaped
 from potato.writeback import report_lines
 
-REPORT, LABEL_SCORES, RUN_PAGE = "report", "label-scores", "run-page"
+REPORT, LABEL_SCORES, RUN_PAGE, HUB_REPO = "report", "label-scores", "run-page", "hub-repo"
 # What Prefect accepts as an artifact's key.
 _KEY = re.compile(r"[a-z0-9-]+")
 

@@ -20,7 +20,9 @@ from typing import Callable
 from potato.config import ProjectConfig
 from potato.publish import errors, record
 from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
+from potato.publish.prefect_link import link_published
 from potato.publish.plan import Plan, Request, default_message, make_plan, request_from
+from potato.runs.prefect_runs import project_key_of
 from potato.store import Store
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,7 @@ class Prepared:
     request: Request
     endpoint: str
     via: str
+    project_key: str  # its Prefect artifacts' key (potato.runs.prefect_runs.project_key_of)
 
 
 def prepare(config: ProjectConfig, store: Store, run_id: int, request: Request, *, via: str) -> Prepared:
@@ -47,7 +50,7 @@ def prepare(config: ProjectConfig, store: Store, run_id: int, request: Request, 
     endpoint = hub_endpoint()
     total = sum(f.size for f in plan.files(request.repo))
     record.claim(store, run_id, request, endpoint=without_credentials(endpoint), via=via, total=total)
-    return Prepared(run_id, plan, request, endpoint, via)
+    return Prepared(run_id, plan, request, endpoint, via, project_key_of(config))
 
 
 def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, int], None] | None = None) -> Published:
@@ -88,6 +91,7 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
     finally:
         stop_beating.set()
     record.succeeded(store, prepared.run_id, published, prepared.via)
+    link_published(run, published, prepared.project_key)
     return published
 
 

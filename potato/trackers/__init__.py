@@ -1,23 +1,52 @@
 """Experiment trackers: the annotation server reports each run to those ``model_training.report_to`` names.
 
-The flow's report-to-trackers step, after record results: the run's numbers
+The flow's report-to-trackers step, after record results and fetch artifacts: the run's numbers
 and files are gathered once (``potato.trackers.tracked_run``, from the events and
 files the server already has: a GPU host or an agent never needs a route to
 a tracker, nor its credentials) and handed to each tracker in turn
-(``mlflow_rest``, ``tensorboard``). A tracker that is down, refuses or is
+(``mlflow_rest``, ``tensorboard``, ``weights_biases``). A tracker that is down, refuses or is
 not installed is a warning in the run log naming the fix; the run is not
 affected.
 """
 
 from __future__ import annotations
 
+import importlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from potato.backends.base import RunContext
 from potato.errors import TrackerError
-from potato.trackers import mlflow_rest, tensorboard
-from potato.trackers.tracked_run import gather
+from potato.config import ProjectConfig
+from potato.trackers import mlflow_rest, tensorboard, weights_biases
+from potato.trackers.tracked_run import TrackedRun, gather
+
+# Each name of ``report_to`` (config_keys.TRACKERS) and what reports to it; each returns its run log line.
+REPORTERS: dict[str, Callable[[TrackedRun, ProjectConfig], str]] = {
+    "mlflow": lambda run, config: mlflow_rest.report(run),
+    "tensorboard": tensorboard.report,
+    "wandb": weights_biases.report,
+}
+
+# The clients whose import is slow (wandb's: 1-2 s on 2 cores): imported while the run trains, not after it.
+CLIENT_MODULES = {"tensorboard": "tensorboard.summary.writer.event_file_writer", "wandb": "wandb"}
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # not installed, or broken: the report says so, with the fix, when it imports it again
+        pass
+
+
+def import_clients_early(names: tuple[str, ...]) -> None:
+    """Start importing the clients of *names* in the background, so the report step does not wait for them."""
+    for name in names:
+        if name in CLIENT_MODULES:
+            threading.Thread(target=_import_quietly, args=(CLIENT_MODULES[name],), name=f"import {name}",
+                             daemon=True).start()
 
 
 def report_to_trackers(ctx: RunContext) -> list[str]:
@@ -34,7 +63,7 @@ def report_to_trackers(ctx: RunContext) -> list[str]:
         return []
     def one(name: str) -> tuple[bool, str]:
         try:
-            return True, mlflow_rest.report(run) if name == "mlflow" else tensorboard.report(run, ctx.config)
+            return True, REPORTERS[name](run, ctx.config)
         except Exception as exc:  # a tracker never fails a run (its own bug included): the log says why
             return False, str(exc) if isinstance(exc, TrackerError) else f"{type(exc).__name__}: {exc}"
 

@@ -5,7 +5,8 @@ MLflow's own conventions, read from the server's environment:
 ``MLFLOW_EXPERIMENT_NAME`` (default: the project's name, created when
 missing), and its credentials ``MLFLOW_TRACKING_TOKEN`` (a bearer token) or
 ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``, and
-``MLFLOW_TRACKING_INSECURE_TLS``. The credentials go only into the requests'
+``MLFLOW_TRACKING_INSECURE_TLS``; ``HF_MLFLOW_LOG_ARTIFACTS`` (``1``/``true``)
+adds the run's model files under ``model/``, as transformers' integration does. The credentials go only into the requests'
 ``Authorization`` header: never into a message, the run log or the store;
 an address's ``user:password@`` is dropped from what is shown.
 
@@ -29,6 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from potato.errors import TrackerError
@@ -72,14 +74,19 @@ class TrackingServer:
         insecure = (env.get("MLFLOW_TRACKING_INSECURE_TLS") or "").lower() in ("1", "true")
         self.tls = ssl._create_unverified_context() if insecure else None  # noqa: S323 (the user asked for it)
 
-    def call(self, method: str, path: str, body: Any = None, data: bytes | None = None,
+    def call(self, method: str, path: str, body: Any = None, data: bytes | Path | None = None,
              content_type: str | None = None) -> dict[str, Any]:
         headers = dict(self.headers, **({"Content-Type": content_type} if content_type else {}))
         payload = data if data is not None else (json.dumps(body).encode() if body is not None else None)
-        request = urllib.request.Request(self.uri + path, data=payload, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.tls) as answer:
-                raw = answer.read()
+            if isinstance(payload, Path):  # a model file goes up as it is read, never whole in memory
+                headers["Content-Length"] = str(payload.stat().st_size)
+                with payload.open("rb") as stream:
+                    raw = self._send(urllib.request.Request(self.uri + path, data=stream, method=method,
+                                                            headers=headers))
+            else:
+                raw = self._send(urllib.request.Request(self.uri + path, data=payload, method=method,
+                                                        headers=headers))
         except urllib.error.HTTPError as exc:
             raise TrackerError(self._refusal(exc)) from None
         except (urllib.error.URLError, OSError) as exc:
@@ -91,6 +98,10 @@ class TrackingServer:
         except ValueError:
             raise TrackerError(f"{self.shown} answered {path} with something that is not JSON: is "
                                "MLFLOW_TRACKING_URI an MLflow tracking server?") from None
+
+    def _send(self, request: urllib.request.Request) -> bytes:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=self.tls) as answer:
+            return answer.read()
 
     def _refusal(self, exc: urllib.error.HTTPError) -> str:
         try:
@@ -134,10 +145,19 @@ def _field(answer: dict[str, Any], *path: str) -> str:
     return found
 
 
+def model_files(run: TrackedRun, env: dict[str, str]) -> dict[str, Path]:
+    """``model/<path>`` -> file, for each of the run's model files where ``HF_MLFLOW_LOG_ARTIFACTS`` asks."""
+    if run.model_dir is None or (env.get("HF_MLFLOW_LOG_ARTIFACTS") or "").strip().lower() not in ("1", "true"):
+        return {}
+    return {f"model/{path.relative_to(run.model_dir).as_posix()}": path
+            for path in sorted(run.model_dir.rglob("*")) if path.is_file() and not path.is_symlink()}
+
+
 def report(run: TrackedRun, env: dict[str, str] | None = None) -> str:
     """Log *run* as one MLflow run; return the line the run log keeps (where it went)."""
-    client = TrackingServer(dict(os.environ) if env is None else env)
-    experiment = (env if env is not None else os.environ).get("MLFLOW_EXPERIMENT_NAME") or run.project
+    env = dict(os.environ) if env is None else env
+    client = TrackingServer(env)
+    experiment = env.get("MLFLOW_EXPERIMENT_NAME") or run.project
     experiment_id = _experiment(client, experiment)
     info = client.call("POST", "/api/2.0/mlflow/runs/create", {
         "experiment_id": experiment_id, "run_name": run.name, "start_time": _ms(run.started_at),
@@ -155,16 +175,17 @@ def report(run: TrackedRun, env: dict[str, str] | None = None) -> str:
         client.call("POST", "/api/2.0/mlflow/runs/log-batch", {"run_id": run_id, "params": list(batch)})
     for batch in _chunks(metrics, METRICS_PER_BATCH):
         client.call("POST", "/api/2.0/mlflow/runs/log-batch", {"run_id": run_id, "metrics": list(batch)})
+    files: dict[str, bytes | Path] = {**run.files, **model_files(run, env)}
     try:
-        _upload(client, str(info.get("artifact_uri") or ""), run.files)
+        _upload(client, str(info.get("artifact_uri") or ""), files)
     finally:  # the numbers are in: the run is finished whether or not its files could follow
         client.call("POST", "/api/2.0/mlflow/runs/update", {"run_id": run_id, "status": "FINISHED",
                                                              "end_time": now})
     return (f"MLflow: run {run_id} of experiment {experiment!r} at {client.shown} ({len(metrics)} metrics, "
-            f"{len(params)} params, {len(run.files)} files)")
+            f"{len(params)} params, {len(files)} files)")
 
 
-def _upload(client: TrackingServer, artifact_uri: str, files: dict[str, bytes]) -> None:
+def _upload(client: TrackingServer, artifact_uri: str, files: dict[str, bytes | Path]) -> None:
     prefix = "mlflow-artifacts:/"
     if not artifact_uri.startswith(prefix):
         raise TrackerError(f"the MLflow tracking server at {client.shown} stores artifacts at {artifact_uri!r}, "

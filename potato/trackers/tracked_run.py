@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from potato import quality_gate
@@ -59,6 +60,7 @@ class TrackedRun:
     scores: dict[str, float] = field(default_factory=dict)       # metric name -> value, once per run
     curve: list[tuple[str, int, float]] = field(default_factory=list)  # (metric name, items, value)
     files: dict[str, bytes] = field(default_factory=dict)       # artifact path -> bytes
+    model_dir: Path | None = None  # the run's model files, logged only where a tracker's convention asks
 
 
 def _number(value: Any) -> float | None:
@@ -158,5 +160,7 @@ def gather(ctx: RunContext) -> TrackedRun:
     data = read_training_data(ctx.run_dir) or {}
     return TrackedRun(
         run_id=run.id, name=f"run-{run.id}", project=ctx.config.annotation_task_name or "potato",
-        started_at=run.started_at or run.created_at, params=_params(ctx, data), steps=_steps(ctx), scores=_scores(scores, evaluation), curve=_curve(scores),
-        files=_files(ctx, scores, evaluation))
+        started_at=run.started_at or run.created_at, params=_params(ctx, data), steps=_steps(ctx),
+        scores=_scores(scores, evaluation), curve=_curve(scores),
+        files=_files(ctx, scores, evaluation),
+        model_dir=ctx.paths.artifacts if ctx.paths.artifacts.is_dir() else None)

@@ -28,6 +28,7 @@ import yaml
 from potato.config import load_config
 from potato.holdout import is_holdout
 from potato.publish import errors
+from potato.runs.prefect_runs import project_key_of
 from tests.support.hub import CHECKED_WITH, StandInHub, quiet_werkzeug
 from tests.support.potato_project import DEFAULT_ANNOTATORS, item_text, make_project, true_label
 from tests.support.runs import POTATO, noisy_tiny_project, potato, run_dir_of, store_of, tiny_project, wait_for
@@ -191,6 +192,14 @@ def test_a_full_fine_tune_is_published_from_the_stored_login_and_loads_with_its_
         "repo": "lab/review-sentiment", "revision": "main", "commit": commit, "by": "alice", "via": "cli",
         "url": f"{hub.url}/lab/review-sentiment", "at": 0}
     assert token_files(project.parent) == []
+
+    # Prefect's Artifacts page links the repository, on the flow run that trained the model.
+    from prefect.artifacts import Artifact
+
+    link = Artifact.get(f"potato-{project_key_of(load_config(project))}-hub-repo")
+    assert link.data == f"[lab/review-sentiment on the Hugging Face Hub]({hub.url}/lab/review-sentiment)"
+    assert str(link.flow_run_id) == run.prefect_flow_run_id
+    assert link.description == f"Run 1 published to lab/review-sentiment (commit {commit[:12]})"
 
 
 def token_files(directory: Path) -> list[str]:

@@ -17,12 +17,13 @@ from tests.support.potato_project import make_project
 def test_report_to_names_the_trackers_and_refuses_the_others_saying_which(tmp_path):
     good = make_project(tmp_path / "good", n_items=5, model_training={"report_to": ["mlflow", "tensorboard"]})
     assert validate_config_file(good).errors == ()
-    bad = make_project(tmp_path / "bad", n_items=5, model_training={"report_to": ["mlfow", "wandb"]})
+    bad = make_project(tmp_path / "bad", n_items=5, model_training={"report_to": ["mlfow", "comet_ml"]})
     messages = [issue.message for issue in validate_config_file(bad).errors]
     assert messages == [
-        "model_training.report_to names 'mlfow', not a tracker; did you mean `mlflow`? Trackers: mlflow, tensorboard",
-        "model_training.report_to names 'wandb', a tracker this project does not report to yet. Trackers: mlflow, "
-        "tensorboard"]
+        "model_training.report_to names 'mlfow', not a tracker; did you mean `mlflow`? Trackers: mlflow, "
+        "tensorboard, wandb",
+        "model_training.report_to names 'comet_ml', a tracker this project does not report to yet. Trackers: "
+        "mlflow, tensorboard, wandb"]
 
 
 class _Run:
