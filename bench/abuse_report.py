@@ -108,7 +108,7 @@ class Server:
     def __init__(self, root: Path, config_path: Path, env: dict[str, str] | None = None, log_name: str = "server.log"):
         from potato.runs.paths import open_store
         from potato.config import load_config
-        from potato.tokens import register_agent
+        from potato.runs.tokens import register_agent
 
         self.config_path = config_path
         self.config = load_config(self.config_path)

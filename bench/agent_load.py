@@ -45,7 +45,7 @@ def prepare(root: Path, posters: int) -> tuple[Path, str, list[int]]:
     """A project with an agent backend, its token, and *posters* claimed running runs."""
     from potato.config import load_config
     from potato.runs.paths import open_store
-    from potato.tokens import register_agent
+    from potato.runs.tokens import register_agent
     from tests.support.potato_project import make_project
 
     path = make_project(root, n_items=50, model_training={

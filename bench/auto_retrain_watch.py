@@ -55,7 +55,7 @@ def _median_seconds(fn, repeat: int) -> float:
 
 
 def idle_and_one_save(annotators: int, items: int, repeat: int) -> None:
-    from potato.auto_retrain import AnnotationCounter
+    from potato.runs.auto_retrain import AnnotationCounter
     from potato.labels import count_user_state_annotations, find_user_states
     from tests.support.potato_project import write_user_state
 
@@ -130,7 +130,7 @@ class _Clicks(threading.Thread):
 
 def _watch(out: str, seconds: float, items: int, ours: bool) -> None:
     """In a child: poll like the watcher for *seconds*; print the CPU it took and what it counted."""
-    from potato.auto_retrain import AnnotationCounter
+    from potato.runs.auto_retrain import AnnotationCounter
 
     ids = frozenset(f"r{i}" for i in range(items))
     counter = AnnotationCounter(Path(out), lambda: ids) if ours else AnnotationCounter(Path(out))

@@ -16,7 +16,7 @@ RSS (``ru_maxrss``), on a fresh copy of the file:
   ``json.dumps`` every record back, write a temporary and rename it. (It also
   rewrites what it does not change: ``1e5`` becomes ``100000.0``, escapes and
   spacing are redone.)
-- ours: ``potato.live_writeback.sync_items`` (the changed records' one field
+- ours: ``potato.results.live_writeback.sync_items`` (the changed records' one field
   spliced into the file's bytes, every other byte kept, atomic).
 
 And, in Potato 2.12.1's own virtualenv (``.venv-potato212``, when installed),
@@ -80,8 +80,8 @@ def _generate(tmp: Path, n: int, changed: float) -> Path:
 OURS = """
 import json, resource, sys, time
 from potato.config import load_config
-from potato.live_writeback import sync_items
-from potato.writeback import writeback_lock
+from potato.results.live_writeback import sync_items
+from potato.results.writeback import writeback_lock
 config = load_config(sys.argv[1])
 started = time.perf_counter()
 with writeback_lock(config):

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from potato.config import load_config  # noqa: E402
-from potato.prefect_api import start_embedded  # noqa: E402
-from potato.store import Store  # noqa: E402
+from potato.runs.prefect_api import start_embedded  # noqa: E402
+from potato.runs.store import Store  # noqa: E402
 from tests.support.runs import POTATO, tiny_project  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def _events(path: Path) -> list[dict]:
 
 def baseline(config_yaml: Path, scratch: Path) -> tuple[float, float]:
     from potato.project import build_bundle
-    from potato.jobs import make_job, write_job
+    from potato.runs.jobs import make_job, write_job
 
     cfg = load_config(config_yaml)
     store = Store(scratch / "baseline.db")

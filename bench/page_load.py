@@ -37,7 +37,7 @@ def prepare(root: Path, n_runs: int, n_events: int) -> Path:
     """A project whose store holds *n_runs* runs (one running, two queued) and one run with *n_events* events."""
     from potato.config import load_config
     from potato.runs.paths import open_store
-    from potato.store import RUN_COLUMNS
+    from potato.runs.store import RUN_COLUMNS
     from tests.support.potato_project import make_project
 
     path = make_project(root, n_items=50, model_training={

@@ -26,7 +26,7 @@ from potato.runs.paths import open_store, run_paths
 
 from potato.runs.queue import create_run
 from potato.config import load_config
-from potato.runlog import RunLog
+from potato.runs.runlog import RunLog
 from potato.backends.ssh import fetch
 from potato.backends.ssh import steps as ssh
 from potato.backends.base import RunContext

@@ -43,8 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from potato.config import load_config  # noqa: E402
-from potato.prefect_api import start_embedded  # noqa: E402
-from potato.store import Store  # noqa: E402
+from potato.runs.prefect_api import start_embedded  # noqa: E402
+from potato.runs.store import Store  # noqa: E402
 from tests.support.runs import POTATO, free_port, stop_group, wait_for  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "review-sentiment"

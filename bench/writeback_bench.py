@@ -10,9 +10,9 @@ and a run's ``predictions.jsonl`` for every item are generated in a temp dir.
 Then two fresh interpreters write them back and report their own seconds and
 peak RSS (``ru_maxrss``):
 
-- baseline: ``potato/writeback.py`` as of commit 9907962 (one line per
+- baseline: ``potato/results/writeback.py`` as of commit 9907962 (one line per
   prediction, streamed; no leak guard, no checks), loaded from git;
-- ours: ``potato.writeback.write_back`` (the bundle's ids and flags in memory,
+- ours: ``potato.results.writeback.write_back`` (the bundle's ids and flags in memory,
   predictions in arrays, one record per item).
 
 Ours keeps the item index the leak guard and the one-record-per-item shape
@@ -65,13 +65,13 @@ def _run(which: str, tmp: str) -> None:
     config = _config(tmp_path)
     started = time.perf_counter()
     if which == "ours":
-        from potato.writeback import write_back
+        from potato.results.writeback import write_back
 
         write_back(config, 1, ["sentiment"], tmp_path / "predictions.jsonl", tmp_path / "bundle")
     else:
         import importlib.util
 
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:potato/writeback.py"],
+        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{BASELINE_COMMIT}:potato/results/writeback.py"],
                                 capture_output=True, text=True, check=True).stdout
         (tmp_path / "old_writeback.py").write_text(source)
         spec = importlib.util.spec_from_file_location("old_writeback", tmp_path / "old_writeback.py")

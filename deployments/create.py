@@ -150,7 +150,7 @@ def load_project(config_path: str, cron: str | None, timezone: str | None):
 
 def deploy_project(config, cron: str | None, timezone: str | None) -> str:
     """Register the project's own deployment and its concurrency limit; return ``training-run/<project>``."""
-    from potato.prefect_api import ensure_concurrency_limit
+    from potato.runs.prefect_api import ensure_concurrency_limit
     from potato.runs.prefect_runs import limit_name, project_key_of
 
     key = project_key_of(config)

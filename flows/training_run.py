@@ -5,7 +5,7 @@
 
 Each step is a Prefect task named for what it does on this run, so the Prefect
 UI traces a run the way its log reads. Step bodies live in the run's backend
-type's steps module (``potato.backends.base.Steps``) and in ``potato.results``,
+type's steps module (``potato.backends.base.Steps``) and in ``potato.results.record_results``,
 and test without Prefect; the tasks here only call them. Nothing here names a
 backend type or a trainer: what differs comes from their declarations. Clean-up
 runs in ``finally:``, so failures, timeouts and cancels run it too.
@@ -48,32 +48,32 @@ from prefect.flow_engine import run_flow
 from prefect.exceptions import TerminationSignal
 from prefect.states import Cancelled
 
-from potato import quality_gate, run_report
+from potato.results import quality_gate, run_report
 from potato.backends.base import RunContext, Steps, steps_of
 from potato.backends.relay import check_limits, describe_worker_failure, watch
 from potato.backends.ssh.openssh import is_transient
 from potato.config import ProjectConfig, load_config
 from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
-from potato.evaluation import read_evaluation
-from potato.jobs import make_job
-from potato.prefect_api import ensure_concurrency_limit
+from potato.results.evaluation import read_evaluation
+from potato.runs.jobs import make_job
+from potato.runs.prefect_api import ensure_concurrency_limit
 from potato.project import build_bundle, describe_bundle, read_manifest
 from potato.publish.facts import record_training_data
-from potato.results import record_results
-from potato.retention import prune_run_dirs
-from potato.runlog import RunLog
+from potato.results.record_results import record_results
+from potato.results.retention import prune_run_dirs
+from potato.runs.runlog import RunLog
 from potato.runs import prefect_runs
 from potato.runs.ending import after_flow, end_run
 from potato.runs.prefect_runs import CancelWatch
 from potato.runs.paths import open_store, private_dir, run_page, run_paths
 from potato.runs.queue import create_run
-from potato.store import MANUAL, SCHEDULE, Store
+from potato.runs.store import MANUAL, SCHEDULE, Store
 from potato.score_text import curve_lines, curve_rows, table_rows
 from potato.trackers import import_clients_early, report_to_trackers
 from potato.trainer_choice import describe_plan
 from potato.training.escaping import escaped
 from potato.training.trainers.registry import hooks
-from potato.writeback import read_report
+from potato.results.writeback import read_report
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (measured).
@@ -179,7 +179,7 @@ def record_results_task(ctx: RunContext) -> dict:
 
 
 def _project_artifacts(ctx: RunContext, scores: dict) -> None:
-    """The run's report, per-label table and page link under the project's keys (potato.run_report)."""
+    """The run's report, per-label table and page link under the project's keys (potato.results.run_report)."""
     project = prefect_runs.project_key_of(ctx.config)
     evaluation = read_evaluation(ctx.run_dir)
     page = run_page(ctx.config, ctx.run_id)
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--run-id", type=int, required=True)
     args = parser.parse_args(argv)
-    from potato.prefect_api import install_sigterm_exit
+    from potato.runs.prefect_api import install_sigterm_exit
 
     install_sigterm_exit()
     global _DISPATCHED

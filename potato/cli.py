@@ -112,7 +112,7 @@ def training_run(config, backend, trainer, schemas, options, curve, detach) -> N
 
     from potato.errors import PrefectApiError, RunRequestError
     from potato.follow import follow, next_steps, prefect_ready, prefect_starting, still_waiting
-    from potato.prefect_api import embedded_prefect
+    from potato.runs.prefect_api import embedded_prefect
     from potato.runs.dispatcher import Dispatcher
     from potato.runs.paths import open_store
     from potato.runs.queue import by_account, cancel_run, create_run
@@ -161,10 +161,10 @@ def training_run(config, backend, trainer, schemas, options, curve, detach) -> N
                 sys.exit(130)
         dispatcher.wait_for_flows()
     if final.state == "succeeded":
-        from potato.quality_gate import read as read_gate
+        from potato.results.quality_gate import read as read_gate
         from potato.runs.paths import run_paths
         from potato.score_text import curve_lines
-        from potato.writeback import live_run_ids, writeback_path
+        from potato.results.writeback import live_run_ids, writeback_path
 
         for line in curve_lines(final.scores):
             click.echo(line)
@@ -186,11 +186,11 @@ def training_runs(config, limit, as_json) -> None:
     import json
 
     from potato.follow import format_duration, format_scores, format_time, run_duration
-    from potato import stability
-    from potato.promote import predictions_state
-    from potato.quality_gate import read_pins
+    from potato.results import stability
+    from potato.results.promote import predictions_state
+    from potato.results.quality_gate import read_pins
     from potato.runs.paths import open_store
-    from potato.writeback import live_run_ids
+    from potato.results.writeback import live_run_ids
 
     cfg = _load(config)
     store = open_store(cfg)
@@ -265,7 +265,7 @@ def training_compare(config, run_ids, as_json) -> None:
 def training_retract(config, run_id) -> None:
     """Take run RUN_ID's predictions away from annotators; the newest earlier run's come back, per schema."""
     from potato.errors import RetractError, StoreError
-    from potato.retract import retract
+    from potato.results.retract import retract
     from potato.runs.paths import open_store
 
     cfg = _load(config)
@@ -284,7 +284,7 @@ def training_retract(config, run_id) -> None:
 def training_promote(config, run_id) -> None:
     """Write run RUN_ID's predictions back although the quality gate held them back."""
     from potato.errors import PromoteError, StoreError, WritebackError
-    from potato.promote import promote
+    from potato.results.promote import promote
     from potato.runs.paths import open_store
     from potato.runs.queue import by_account
 
@@ -317,7 +317,7 @@ def training_unpin(config, run_id) -> None:
 
 def _pin(config: str, run_id: int, pinned: bool) -> None:
     from potato.errors import PromoteError, StoreError
-    from potato.promote import pin
+    from potato.results.promote import pin
     from potato.runs.paths import open_store
 
     cfg = _load(config)

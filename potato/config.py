@@ -112,10 +112,10 @@ class WritebackConfig:
     include_unlabeled: bool = False
     min_confidence: float = 0.0
     field: str = "predictions"
-    live: bool = False  # also into the items' own records in the watched data_directory (potato.live_writeback)
+    live: bool = False  # also into the items' own records in the watched data_directory (potato.results.live_writeback)
     order: str = DEFAULT_STRATEGY  # the order Potato 2.12 serves items in under model_review (potato.review_order)
     order_batch: int | None = None  # the diverse order's batch; None: auto_retrain's update_frequency, else 50
-    gate: bool = True  # hold back a run no better than the trivial baseline or the live run (potato.quality_gate)
+    gate: bool = True  # hold back a run no better than the trivial baseline or the live run (potato.results.quality_gate)
     gate_confidence: float = 0.9
     min_holdout: int = 5
 
@@ -177,7 +177,7 @@ class ModelTrainingConfig:
     split_seed: int | None = None
     aggregation: str = "majority"
     retain_runs: int | None = None
-    stable_below: float = 0.01  # the stopping signal's threshold (potato.stability)
+    stable_below: float = 0.01  # the stopping signal's threshold (potato.results.stability)
     writeback: WritebackConfig = field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = field(default_factory=AutoRetrainConfig)
     trainers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -199,7 +199,7 @@ class ModelTrainingConfig:
 # directories, the writeback file). Potato 2.12 would take it for an annotator's directory
 # if a user named it so; the label reader never reads it.
 TRAINING_DIR = "training"
-# In it, the writeback file: what Potato 2.12 reads through pre_annotation.predictions_file (potato.writeback).
+# In it, the writeback file: what Potato 2.12 reads through pre_annotation.predictions_file (potato.results.writeback).
 WRITEBACK_FILE = "predictions.jsonl"
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
 from potato.score_text import number_text, score_line
-from potato.store import END_STATES, Run, Store
+from potato.runs.store import END_STATES, Run, Store
 from potato.training.trainers import metrics
 
 BAR_WIDTH = 24

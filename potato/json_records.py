@@ -1,6 +1,6 @@
 """The records of a JSON data file as byte ranges, and one member of a record set or removed, every other byte kept.
 
-Why bytes: the live writeback (``potato.live_writeback``) changes one field of
+Why bytes: the live writeback (``potato.results.live_writeback``) changes one field of
 some records in a project's own data files while Potato 2.12 serves them. A
 JSON round trip would rewrite what it does not change — ``1.0`` becomes
 ``1.0`` but ``1e5`` becomes ``100000.0``, key order, escapes (``\\u00e9``

@@ -29,7 +29,7 @@ the server is not root (the rewritten file could not be given back to its
 owner, who would lose write access to it). Their items' predictions reach
 annotators only through ``pre_annotation.predictions_file``, at 2.12's next
 start; ``potato validate`` names each such file (``not_rewritten_files``).
-Reading only: the writing is ``potato.live_writeback``'s.
+Reading only: the writing is ``potato.results.live_writeback``'s.
 
 **Whose field it is.** The live writeback owns ``writeback.field`` of the
 records it wrote. ``training/live-writeback.json`` (the marker) names the

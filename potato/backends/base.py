@@ -18,9 +18,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from potato.backend_types.registry import resolve
 from potato.config import BackendConfig, ProjectConfig
-from potato.runlog import RunLog
+from potato.runs.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths
-from potato.store import Run, Store
+from potato.runs.store import Run, Store
 
 
 @dataclass

@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from potato import run_events
+from potato.runs import run_events
 from potato.backends.base import RunContext, Steps
 from potato.errors import DiskFull, HeartbeatTimeout, RunCancelled, RunError, WallTimeExceeded
-from potato.runlog import last_line
+from potato.runs.runlog import last_line
 from potato.runs.queue import cancelled_message
-from potato.store import Run
+from potato.runs.store import Run
 from potato.training.events import read_events
 
 POLL_SECONDS = 0.25
@@ -41,7 +41,7 @@ class EventTail:
 
 
 def record_event(ctx: RunContext, event: dict[str, Any]) -> None:
-    """Record one worker event (``potato.run_events``), then run the flow's hooks for it."""
+    """Record one worker event (``potato.runs.run_events``), then run the flow's hooks for it."""
     run_events.record(ctx.store, ctx.run_id, ctx.log, event)
     kind = event.get("type")
     if kind == "progress":

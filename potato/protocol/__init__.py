@@ -14,7 +14,7 @@ import the protocol; the protocol imports neither of them
 - ``predictions`` the upload, streamed and checked line by line
 - ``state``       what the routes remember between requests; what a claim means for a run's state
 
-Events are recorded by ``potato.run_events``, which the local backend's relay
-uses too; ``potato.jsonapi`` holds what both Flask apps share (JSON errors,
+Events are recorded by ``potato.runs.run_events``, which the local backend's relay
+uses too; ``potato.protocol.jsonapi`` holds what both Flask apps share (JSON errors,
 strict bodies, admitting a body before reading it).
 """

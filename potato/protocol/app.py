@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from flask import Flask
 
-from potato import jsonapi
+from potato.protocol import jsonapi
 from potato.config import ProjectConfig
 from potato.protocol.routes import bp
 from potato.protocol.state import AgentState
-from potato.store import Store
+from potato.runs.store import Store
 
 
 def install(app: Flask) -> None:
-    """Serve the protocol on *app* (after ``potato.jsonapi.init_app``; the app holds the config and store)."""
+    """Serve the protocol on *app* (after ``potato.protocol.jsonapi.init_app``; the app holds the config and store)."""
     app.extensions["potato.agent_state"] = AgentState()
     app.register_blueprint(bp)
 
@@ -22,7 +22,7 @@ def make_app(config: ProjectConfig, store: Store) -> Flask:
     app = Flask("potato.protocol")
     app.config.update(POTATO=config, MAX_CONTENT_LENGTH=jsonapi.MAX_JSON_BYTES)
     app.json.sort_keys = False
-    app.extensions["potato.store"] = store
+    app.extensions["potato.runs.store"] = store
     jsonapi.init_app(app)
     install(app)
     return app

@@ -6,7 +6,7 @@ server uses has a declared type and bounds here, and a value outside them
 is refused with a sentence naming the field, the value and what to send.
 Unknown extra fields of an event are kept (a newer worker may add some); the
 body's strict JSON (no NaN, bounded nesting) is already checked by
-``potato.jsonapi``.
+``potato.protocol.jsonapi``.
 
 The checks are pure: they raise ``BadField`` and the routes turn it into the
 400 their callers expect (an event's answer names ``events[i]`` and its seq).
@@ -19,9 +19,9 @@ import re
 from typing import Any, Callable, Iterator, Mapping
 
 from potato.answer_kinds import KINDS
-from potato.jsonapi import ApiError, parse_json
+from potato.protocol.jsonapi import ApiError, parse_json
 from potato.prediction_shapes import check_answer_fields
-from potato.store import MAX_RUN_ID
+from potato.runs.store import MAX_RUN_ID
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
 LOG_LEVELS = ("info", "warning", "error")

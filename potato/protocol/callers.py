@@ -2,7 +2,7 @@
 
 Every request carries ``Authorization: Bearer TOKEN``: an agent backend's
 token (``potato training register``) or the run token the server gave the
-agent of an ssh or slurm run (``potato.tokens``). The answers, whatever the
+agent of an ssh or slurm run (``potato.runs.tokens``). The answers, whatever the
 route (docs/agent-protocol.md, "Authentication"):
 
 - 401: no token, or one this server does not know (one sentence for all);
@@ -14,7 +14,7 @@ route (docs/agent-protocol.md, "Authentication"):
   afterwards changes a run that is over.
 
 These checks only read: they run before a request's body is read, on
-waitress's I/O thread too (``potato.jsonapi.admits``). The views write the
+waitress's I/O thread too (``potato.protocol.jsonapi.admits``). The views write the
 sign of life (``last_seen``, the heartbeat) once they take the request.
 """
 
@@ -24,10 +24,10 @@ from flask import current_app, request
 
 from potato.config import ProjectConfig
 from potato.errors import UnknownRun
-from potato.jsonapi import ApiError
+from potato.protocol.jsonapi import ApiError
 from potato.protocol.state import AgentState
-from potato.store import END_STATES, Run, Store
-from potato.tokens import backend_of_token, run_of_token, tokens_equal
+from potato.runs.store import END_STATES, Run, Store
+from potato.runs.tokens import backend_of_token, run_of_token, tokens_equal
 from potato.training.agent_protocol import PREFIX
 
 BAD_TOKEN = "Missing or invalid agent token: send Authorization: Bearer <token>"
@@ -47,7 +47,7 @@ def config() -> ProjectConfig:
 
 
 def store() -> Store:
-    return current_app.extensions["potato.store"]
+    return current_app.extensions["potato.runs.store"]
 
 
 def agent_state() -> AgentState:

@@ -2,7 +2,7 @@
 
 Documented for people who write their own agent in docs/agent-protocol.md;
 keep the two in step. Views are thin: ``callers`` says who may do what,
-``bodies`` checks what was sent, ``potato.run_events`` records events,
+``bodies`` checks what was sent, ``potato.runs.run_events`` records events,
 ``predictions`` takes the upload. Each view that takes a body declares its
 check with ``admits``, so a refused body is never read.
 
@@ -21,17 +21,17 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request, send_file
 
-from potato import run_events
+from potato.runs import run_events
 from potato.errors import DiskFull
-from potato.jobs import make_job
-from potato.jsonapi import ApiError, admits, json_body
+from potato.runs.jobs import make_job
+from potato.protocol.jsonapi import ApiError, admits, json_body
 from potato.project import pack_bundle
 from potato.protocol import bodies, predictions
 from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
 from potato.protocol.state import CLAIMED, display_state
-from potato.runlog import RunLog
+from potato.runs.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths
-from potato.store import RUNNING, Run
+from potato.runs.store import RUNNING, Run
 from potato.training import atomic_files
 from potato.training import job_paths
 from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION

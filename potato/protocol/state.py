@@ -13,7 +13,7 @@ import threading
 import time
 
 from potato.config import ProjectConfig
-from potato.store import QUEUED, RUNNING, Run, Store
+from potato.runs.store import QUEUED, RUNNING, Run, Store
 
 # The event the protocol stores when an agent claims a run (the agent backend's spawn step waits for it).
 CLAIMED = "claimed"

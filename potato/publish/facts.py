@@ -6,7 +6,7 @@ needs and the bundle alone knew (items, annotators, labels per class, ties,
 aggregation, the split) and the trainer's options as the worker got them.
 It holds numbers and the names of schemas and labels; never an item, an id
 or an annotator's name. A run from before it existed still gets a card: its
-labelled and held-out counts come from ``labels.jsonl`` (``potato.evaluation``).
+labelled and held-out counts come from ``labels.jsonl`` (``potato.results.evaluation``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from potato.config import ProjectConfig
-from potato.evaluation import read_evaluation
+from potato.results.evaluation import read_evaluation
 from potato.publish.card import CardFacts, SchemaFacts
 from potato.runs.paths import RunPaths
-from potato.store import Run
+from potato.runs.store import Run
 from potato.training import atomic_files
 
 FORMAT = 1
@@ -92,7 +92,7 @@ def effective_options(config: ProjectConfig, run: Run, run_dir: Path) -> dict[st
     if data is not None and isinstance(data.get("options"), dict):
         given = data["options"]
     else:
-        from potato.jobs import make_job
+        from potato.runs.jobs import make_job
 
         given = make_job(config, run, bundle="")["options"]
     info = TRAINERS.get(run.trainer)  # a run of several trainers: each has its own defaults, none shown here

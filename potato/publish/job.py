@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from potato.config import ProjectConfig
-from potato.publish import errors, record
+from potato.publish import errors, publication
 from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
 from potato.publish.prefect_link import link_published
 from potato.publish.plan import Plan, Request, default_message, make_plan, request_from
 from potato.runs.prefect_runs import project_key_of
-from potato.store import Store
+from potato.runs.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def prepare(config: ProjectConfig, store: Store, run_id: int, request: Request, 
     plan = make_plan(config, store, run_id, request)
     endpoint = hub_endpoint()
     total = sum(f.size for f in plan.files(request.repo))
-    record.claim(store, run_id, request, endpoint=without_credentials(endpoint), via=via, total=total)
+    publication.claim(store, run_id, request, endpoint=without_credentials(endpoint), via=via, total=total)
     return Prepared(run_id, plan, request, endpoint, via, project_key_of(config))
 
 
@@ -62,7 +62,7 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
         now = time.monotonic()
         if phase != last[1] or now - last[0] >= PROGRESS_EVERY_S or done >= total:
             last[:] = [now, phase]
-            record.progress(store, prepared.run_id, phase, done, total)
+            publication.progress(store, prepared.run_id, phase, done, total)
         if on_progress is not None:
             on_progress(phase, done, total)
 
@@ -78,27 +78,27 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
             description=_description(prepared.plan), run_id=run.id,
             progress=Progress(sum(f.size for f in files), changed), endpoint=prepared.endpoint)
     except errors.PublishError as exc:
-        record.failed(store, prepared.run_id, str(exc))
+        publication.failed(store, prepared.run_id, str(exc))
         raise
     except KeyboardInterrupt:  # the CLI's Ctrl-C: the upload is over
-        record.interrupted(store, prepared.run_id, stale_only=False)
+        publication.interrupted(store, prepared.run_id, stale_only=False)
         raise
     except Exception as exc:  # outside the Hub client (hub.upload translates its own): no URL of the Hub in it
         log.exception("Publishing run %s failed", prepared.run_id)
         failure = errors.UploadFailed(f"{type(exc).__name__}: {exc}")
-        record.failed(store, prepared.run_id, str(failure))
+        publication.failed(store, prepared.run_id, str(failure))
         raise failure from exc
     finally:
         stop_beating.set()
-    record.succeeded(store, prepared.run_id, published, prepared.via)
+    publication.succeeded(store, prepared.run_id, published, prepared.via)
     link_published(run, published, prepared.project_key)
     return published
 
 
 def _beat(store: Store, run_id: int, stop: threading.Event) -> None:
-    while not stop.wait(record.BEAT_S):
+    while not stop.wait(publication.BEAT_S):
         try:
-            record.beat(store, run_id)
+            publication.beat(store, run_id)
         except Exception:  # noqa: BLE001 - a missed beat only makes the upload look stale sooner
             log.exception("Could not record that run %s is still being published", run_id)
 
@@ -123,7 +123,7 @@ class Publisher:
 
     def start(self) -> None:
         """Fail the publications an earlier server left uploading (it stopped mid-upload)."""
-        ended = record.reconcile(self.store)
+        ended = publication.reconcile(self.store)
         if ended:
             log.info("Publishing of run(s) %s was interrupted by the last stop", ", ".join(map(str, ended)))
 
@@ -150,7 +150,7 @@ class Publisher:
             running = list(self._threads)
         for run_id in running:
             try:
-                record.interrupted(self.store, run_id, stale_only=False)
+                publication.interrupted(self.store, run_id, stale_only=False)
             except Exception:  # noqa: BLE001 - stopping goes on
                 log.exception("Could not record that publishing run %s was interrupted", run_id)
 
@@ -167,7 +167,7 @@ def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Cal
         step = 4 * done // total if total else 4
         if (phase, step) != tuple(shown_at):
             shown_at[:] = [phase, step]
-            echo(record.progress_text(request.repo, phase, done, total))
+            echo(publication.progress_text(request.repo, phase, done, total))
 
     try:
         request = request_from(body, default_license=config.model_training.license)

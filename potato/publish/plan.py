@@ -4,7 +4,7 @@
 when ``runs/<id>/artifacts/`` holds a complete model for each of its schemas
 — wherever it trained, and however the files got there (a model left on a
 GPU host and copied back by hand counts). Otherwise the refusal says where
-the model is (``potato.artifact_uri``, the backend's type) and how to get it
+the model is (``potato.runs.artifact_uri``, the backend's type) and how to get it
 here.
 
 The repo's layout: a one-schema run's model at the repo's root (so
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from potato import artifact_uri
+from potato.runs import artifact_uri
 from potato.config import ProjectConfig
 from potato.publish import errors
 from potato.publish.card import CALIBRATION_FILE, CARD_FILE, SKLEARN_MODEL, CardFacts, render_card
 from potato.publish.facts import SchemaModel, card_facts, effective_options
 from potato.runs.paths import run_paths
-from potato.store import SUCCEEDED, Run, Store
+from potato.runs.store import SUCCEEDED, Run, Store
 from potato.training.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
 from potato.training.trainers.hf_common import safe_dirname
 from potato.training.trainers.hf_common import DEFAULT_MODEL_HUB_ID

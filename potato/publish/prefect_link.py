@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from potato.prefect_api import is_healthy
+from potato.runs.prefect_api import is_healthy
 from potato.publish.hub import Published
-from potato.run_report import HUB_REPO, artifact_key
-from potato.store import Run
+from potato.results.run_report import HUB_REPO, artifact_key
+from potato.runs.store import Run
 
 log = logging.getLogger(__name__)
 

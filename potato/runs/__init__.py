@@ -6,6 +6,6 @@
 - ``reconcile``   end the runs nobody drives any more (a dead or wedged flow)
 - ``ending``      ``end_run``: the one way a run ends, once what it started is gone
 
-The store (``potato.store``) is the truth about runs; the flow
+The store (``potato.runs.store``) is the truth about runs; the flow
 (``flows/training_run.py``) executes one.
 """

@@ -25,7 +25,7 @@ from potato.runs import prefect_runs
 from potato.runs.ending import end_run
 from potato.runs.paths import importing_this_potato, private_dir, run_paths
 from potato.runs.reconcile import reconcile, release_slot_if_idle
-from potato.store import END_STATES, Run, Store
+from potato.runs.store import END_STATES, Run, Store
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import time
 
 from potato.runs import stopping
 from potato.config import ProjectConfig
-from potato.runlog import RunLog
+from potato.runs.runlog import RunLog
 from potato.runs.paths import run_paths
-from potato.store import END_STATES, Run, Store
+from potato.runs.store import END_STATES, Run, Store
 from potato.training.client import UNREACHABLE_LIMIT_S
 
 # How often reconciliation tries again to stop what a run left on a host it could not reach.

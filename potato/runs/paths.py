@@ -19,7 +19,7 @@ from typing import Any
 
 import potato
 from potato.config import ProjectConfig
-from potato.store import Store
+from potato.runs.store import Store
 from potato.training import atomic_files, job_paths
 
 # Where this installation of potato is: the processes it starts (a flow, a local worker) import the same.
@@ -79,13 +79,13 @@ class RunPaths:
     flow_log = _File("flow.log")  # the flow's output: the dispatcher's child's, a flow's under a Prefect worker
     agent_log = _File("agent.log")  # an ssh or slurm run's agent's stderr
     artifacts_partial = _File("artifacts.partial")  # a remote run's model files, until all have arrived
-    evaluation = _File("evaluation.json")  # the holdout evaluation the run page draws (potato.evaluation)
+    evaluation = _File("evaluation.json")  # the holdout evaluation the run page draws (potato.results.evaluation)
     training_data = _File("training-data.json")  # the counts a model card states (potato.publish.facts)
     uncalibrated_predictions = _File("predictions.uncalibrated.jsonl")  # the worker's, once decision-calibrate rewrote them
-    written_back = _File("written-back.jsonl")  # what the run wrote back, per item and schema (potato.writeback)
+    written_back = _File("written-back.jsonl")  # what the run wrote back, per item and schema (potato.results.writeback)
     writeback_report = _File("writeback.json")  # what the Training page shows of its writeback
-    stability = _File("stability.json")  # predicted labels changed since the previous run (potato.stability)
-    gate = _File("gate.json")  # the quality gate's verdict per schema, and who promoted the run (potato.quality_gate)
+    stability = _File("stability.json")  # predicted labels changed since the previous run (potato.results.stability)
+    gate = _File("gate.json")  # the quality gate's verdict per schema, and who promoted the run (potato.results.quality_gate)
 
     def partial_upload_prefix(self) -> str:
         """The name an uploaded ``predictions.jsonl`` has until all of it has arrived (``potato.protocol``)."""

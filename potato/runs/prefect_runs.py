@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from potato.errors import NoPrefectWorker
-from potato.prefect_api import LIMIT_NAME
+from potato.runs.prefect_api import LIMIT_NAME
 from potato.runs.ending import end_run
 from potato.training import atomic_files
 

@@ -23,7 +23,7 @@ from potato.config import ProjectConfig
 from potato.errors import HeartbeatTimeout
 from potato.runs import prefect_runs
 from potato.runs.ending import RETRY_STOP_S, end_run
-from potato.store import END_STATES, Run, Store
+from potato.runs.store import END_STATES, Run, Store
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def release_slot_if_idle(config: ProjectConfig, store: Store) -> None:
     if any(r.state == "running" for r in store.active_runs()):
         return
     try:
-        from potato.prefect_api import release_leaked_slots
+        from potato.runs.prefect_api import release_leaked_slots
 
         release_leaked_slots(prefect_runs.limit_name(config))
     except Exception as exc:  # Prefect down: the flow's own lease expiry frees it later

@@ -23,7 +23,7 @@ import time
 from potato.backend_types.contract import Stopped
 from potato.backend_types.registry import BACKEND_TYPES, resolve
 from potato.config import ProjectConfig
-from potato.store import Run, Store
+from potato.runs.store import Run, Store
 from potato.training.stop_job import processes
 
 # How long a process on this machine may take to be gone after SIGKILL.

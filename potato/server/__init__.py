@@ -25,8 +25,8 @@ from typing import Any, Mapping
 from flask import Flask
 
 from potato.config import ProjectConfig
-from potato.jsonapi import MAX_JSON_BYTES
-from potato.store import Store
+from potato.protocol.jsonapi import MAX_JSON_BYTES
+from potato.runs.store import Store
 
 
 def _secret_key(training_dir: Path) -> bytes:
@@ -55,9 +55,9 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     (``potato start`` stops them on SIGTERM/SIGINT). Tests pass False and
     drive the store themselves. *overrides* update ``app.config``.
     """
-    from potato import jsonapi
+    from potato.protocol import jsonapi
     from potato.protocol.app import install as install_protocol
-    from potato.prefect_api import ui_url_for
+    from potato.runs.prefect_api import ui_url_for
     from potato.runs.paths import open_store
     from potato.server import admin_api, page, publish_api
     from potato.server.background import Background
@@ -77,7 +77,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     if overrides:
         app.config.update(overrides)
     app.json.sort_keys = False
-    app.extensions["potato.store"] = store if store is not None else open_store(config)
+    app.extensions["potato.runs.store"] = store if store is not None else open_store(config)
 
     jsonapi.init_app(app)
     app.register_blueprint(page.bp)
@@ -85,7 +85,7 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     app.register_blueprint(publish_api.bp)
     install_protocol(app)
 
-    background = Background(config, app.extensions["potato.store"])
+    background = Background(config, app.extensions["potato.runs.store"])
     app.extensions["potato.background"] = background
     if start_background:
         background.start()

@@ -2,7 +2,7 @@
 
 Every route needs the admin key (``X-API-Key``) or the page's session; see
 ``potato.server.auth``. Views are thin: read the request, call ``potato.runs``,
-the registries or the store, answer JSON. Errors are JSON (``potato.jsonapi``).
+the registries or the store, answer JSON. Errors are JSON (``potato.protocol.jsonapi``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from potato.backends.checks import check_backend
 from potato.errors import (
     CompareError, LocalOnlyTrainerError, PromoteError, RetractError, RunRequestError, UnknownBackendError, WritebackError,
 )
-from potato.evaluation import read_evaluation
-from potato.jsonapi import ApiError, json_body
-from potato.promote import pin, promote
-from potato.retract import retract
+from potato.results.evaluation import read_evaluation
+from potato.protocol.jsonapi import ApiError, json_body
+from potato.results.promote import pin, promote
+from potato.results.retract import retract
 from potato.run_comparison import compare, parse_runs
 from potato.runs import queue
 from potato.runs.paths import run_paths
@@ -31,7 +31,7 @@ from potato.server.context import get_config, get_store
 from potato.server.serialize import (
     Shown, backends_json, event_json, run_json, schemas_json, trainers_json, writeback_json,
 )
-from potato.store import MAX_RUN_ID
+from potato.runs.store import MAX_RUN_ID
 from potato.trainer_choice import NoTrainerFor, default_schemas
 from potato.training.trainers.registry import DEFAULT_BY_KIND
 
@@ -219,7 +219,7 @@ def _shown_answers(row: dict[str, Any]) -> list[str]:
 @bp.delete("/runs/<run_id:run_id>/predictions")
 @require_admin
 def retract_predictions(run_id: int):
-    """Retract the run's predictions (``potato.retract``), as Potato 2.12.1's own route of this name does."""
+    """Retract the run's predictions (``potato.results.retract``), as Potato 2.12.1's own route of this name does."""
     config, store = get_config(), get_store()
     try:
         result = retract(config, store, run_id)
@@ -234,7 +234,7 @@ PROMOTED_BY = {True: "by an admin on the Training page", False: "by a caller of 
 @bp.post("/runs/<run_id:run_id>/promote")
 @require_admin
 def promote_run(run_id: int):
-    """Write the run's predictions back although the quality gate held them back (``potato.promote``)."""
+    """Write the run's predictions back although the quality gate held them back (``potato.results.promote``)."""
     config, store = get_config(), get_store()
     try:
         summary, live = promote(config, store, run_id, by=PROMOTED_BY[admin_via() == "session"])
@@ -270,7 +270,7 @@ def writeback():
 @bp.get("/runs/<run_id:run_id>/evaluation")
 @require_admin
 def evaluation(run_id: int):
-    """The run's holdout evaluation (``potato.evaluation``): per schema the confusion matrix and reliability bins."""
+    """The run's holdout evaluation (``potato.results.evaluation``): per schema the confusion matrix and reliability bins."""
     get_store().get_run(run_id)
     found = read_evaluation(run_paths(get_config(), run_id).dir)
     if found is None:

@@ -29,7 +29,7 @@ from typing import Callable
 
 from flask import current_app, request, session
 
-from potato.jsonapi import ApiError, admits
+from potato.protocol.jsonapi import ApiError, admits
 
 UNAUTHORIZED = "Missing or wrong admin key: send the config's admin_api_key in the X-API-Key header"
 CSRF_HEADER = "X-Requested-With"

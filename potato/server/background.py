@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from potato.auto_retrain import AutoRetrainWatcher
+from potato.runs.auto_retrain import AutoRetrainWatcher
 from potato.config import ProjectConfig
 from potato.publish.job import Publisher
-from potato.store import Store
+from potato.runs.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Background:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        from potato.prefect_api import start_embedded, ui_url_for
+        from potato.runs.prefect_api import start_embedded, ui_url_for
         from potato.runs.dispatcher import Dispatcher
 
         self.prefect = start_embedded(self.config.training_dir)

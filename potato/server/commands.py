@@ -3,7 +3,7 @@
 ``start_command`` checks the config with ``potato.validate``'s one validation
 function (the same errors and messages as ``potato validate``), prints the
 warnings, catches a live writeback's data files up with the writeback file
-(``potato.live_writeback.catch_up``), builds the app with the Prefect API
+(``potato.results.live_writeback.catch_up``), builds the app with the Prefect API
 and the dispatcher running beside it, and serves until SIGTERM or SIGINT,
 then stops both cleanly.
 
@@ -16,7 +16,7 @@ waitress reads a request's whole body (up to ``max_request_body_size``,
 stranger's 600 MiB upload and only then let the app refuse it. Its limits
 here come from the largest legitimate body (a predictions upload of
 ``max_predictions_mb``), and its parser asks the app, as soon as a request's
-headers are in, whether it takes the body at all (``potato.jsonapi.
+headers are in, whether it takes the body at all (``potato.protocol.jsonapi.
 refusal_before_body``: the same check the app runs itself): a request that
 is refused is answered then, before a byte of its body is read.
 """
@@ -85,7 +85,7 @@ def make_server(app, host: str, port: int, server: str | None = None):
 
 def waitress_settings(app) -> dict:
     """waitress's adjustments for *app*: its body limit is the largest body a route of the app takes."""
-    from potato.jsonapi import MAX_JSON_BYTES
+    from potato.protocol.jsonapi import MAX_JSON_BYTES
 
     largest = max(app.config["POTATO"].model_training.max_predictions_mb * 1024 * 1024, MAX_JSON_BYTES)
     return {
@@ -103,7 +103,7 @@ def _gated_channel(app):
     from waitress.task import WSGITask
     from waitress.utilities import Error, RequestEntityTooLarge
 
-    from potato.jsonapi import refusal_before_body
+    from potato.protocol.jsonapi import refusal_before_body
 
     class Refused(Error):
         """waitress's error answer, made of the app's own JSON response."""
@@ -203,7 +203,7 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
     config = check_config(config_path, echo)
     if config is None:
         return 1
-    from potato.live_writeback import catch_up
+    from potato.results.live_writeback import catch_up
 
     # A live writeback cut short (a killed process) left some data files behind the writeback file.
     catch_up(config, lambda line: echo(line, err=True))
@@ -233,9 +233,9 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
     if auto.enabled:
         echo(f"Auto-retrain: a run on {auto.backend or config.model_training.backend} after every "
              f"{auto.update_frequency} new annotations, {auto.min_interval_s:g} s or more after the last run")
-    from potato.cold_start import start_if_needed, started_text
+    from potato.results.cold_start_writeback import start_if_needed, started_text
 
-    cold = start_if_needed(config, app.extensions["potato.store"])
+    cold = start_if_needed(config, app.extensions["potato.runs.store"])
     if cold is not None:
         echo(started_text(cold))
     try:
@@ -247,7 +247,7 @@ def start_command(config_path: str | Path, host: str = "127.0.0.1", port: int = 
             signal.signal(sig, handler)
         wsgi.close()
         background.stop()
-        app.extensions["potato.store"].close()
+        app.extensions["potato.runs.store"].close()
     return 0
 
 
@@ -260,7 +260,7 @@ def register_command(name: str, config_path: str | Path, *, server_url: str | No
     from potato.config import load_config
     from potato.errors import ConfigError
     from potato.runs.paths import open_store
-    from potato.tokens import TokenError, default_server_url, register_agent, register_text
+    from potato.runs.tokens import TokenError, default_server_url, register_agent, register_text
 
     try:
         config = load_config(config_path)

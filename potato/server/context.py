@@ -5,11 +5,11 @@ from __future__ import annotations
 from flask import current_app
 
 from potato.config import ProjectConfig
-from potato.store import Store
+from potato.runs.store import Store
 
 
 def get_store() -> Store:
-    return current_app.extensions["potato.store"]
+    return current_app.extensions["potato.runs.store"]
 
 
 def get_config() -> ProjectConfig:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
 
-from potato.jsonapi import ApiError, json_body
-from potato.publish import errors, record
+from potato.protocol.jsonapi import ApiError, json_body
+from potato.publish import errors, publication
 from potato.publish.archive import archive_name, stream_tar_gz
 from potato.publish.hub import hub_endpoint, hub_token, without_credentials
 from potato.publish.job import prepare
@@ -42,7 +42,7 @@ def publish_status(run_id: int):
     run = store.get_run(run_id)
     answer = {"run_state": run.state, "ready": False, "downloadable": False, "refusal": None, "hub_note": None,
               "files": 0, "bytes": 0, "kind": None, "base_model": None, "hub": without_credentials(hub_endpoint()),
-              "publication": record.view(run.publication)}
+              "publication": publication.view(run.publication)}
     try:
         plan = make_plan(config, store, run_id, for_hub=False)
     except errors.PublishRefused as exc:  # no model here: neither a download nor a publish
@@ -70,7 +70,7 @@ def publish(run_id: int):
     except errors.PublishRefused as exc:
         raise _refused(exc) from None
     current_app.extensions["potato.background"].publisher.submit(prepared)
-    response = jsonify({"publication": record.view(store.get_run(run_id).publication)})
+    response = jsonify({"publication": publication.view(store.get_run(run_id).publication)})
     response.status_code = 202
     return response
 

@@ -6,16 +6,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from potato import quality_gate, stability
+from potato.results import quality_gate, stability
 from potato.config import ProjectConfig
-from potato.promote import predictions_state
+from potato.results.promote import predictions_state
 from potato.protocol.state import display_state
-from potato.retract import why_not as why_not_retractable
+from potato.results.retract import why_not as why_not_retractable
 from potato.runs.paths import run_paths
 from potato.score_text import curves_json, score_lines
-from potato.publish.record import view as publication_view
-from potato.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
-from potato.writeback import live_run_ids, read_report, report_lines
+from potato.publish.publication import view as publication_view
+from potato.runs.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
+from potato.results.writeback import live_run_ids, read_report, report_lines
 from potato.training.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
 

@@ -1,7 +1,7 @@
 """A label schema's confusion matrix and reliability diagram as SVG, for a tracker's artifacts.
 
 The run page draws the same two pictures in the browser from the holdout
-evaluation (``potato.evaluation``); a tracker keeps files, so these are
+evaluation (``potato.results.evaluation``); a tracker keeps files, so these are
 drawn here, by hand: no plotting library on the annotation server. Every
 label is escaped as XML text, a lone surrogate as its ``\\udXXX`` escape.
 """

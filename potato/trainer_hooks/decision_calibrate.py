@@ -7,7 +7,7 @@ flow's usual steps:
 
 - ``prepare`` (build bundle): choose the run — the ``run`` option, else the
   newest succeeded run of another trainer that trained every chosen schema —
-  and put its holdout evaluation (``labels.jsonl``, ``potato.evaluation``) and
+  and put its holdout evaluation (``labels.jsonl``, ``potato.results.evaluation``) and
   its predictions into the bundle under ``calibrate/``, as hard links
   (nothing is copied; both files are only ever replaced, never written in
   place). A run calibrated before gives its worker's original predictions
@@ -15,12 +15,12 @@ flow's usual steps:
 - ``apply`` (record results, in place of the usual evaluation and writeback): for each schema whose calibration was kept,
   that run's ``predictions.jsonl`` gets the recalibrated lines (the worker's
   original stays as ``predictions.uncalibrated.jsonl``, so it is always
-  recoverable), and the writeback is rewritten through ``potato.writeback``
+  recoverable), and the writeback is rewritten through ``potato.results.writeback``
   (its one writer) under that run's id, its leak guard fed by that run's own
   ``labels.jsonl``. Its ``evaluation.json`` (and this run's) gains the
   calibration: before and after, kept or not and why. A schema a newer run
   has trained since keeps that run's writeback; one the quality gate held
-  back of that run (``potato.quality_gate``) stays held back: promote the
+  back of that run (``potato.results.quality_gate``) stays held back: promote the
   run to show it.
 """
 
@@ -33,14 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from potato import quality_gate
+from potato.results import quality_gate
 from potato.backends.base import RunContext
 from potato.errors import CalibrationError
-from potato.evaluation import read_evaluation, trained_on, write_evaluation
-from potato.live_writeback import publish
-from potato.results import log_live
+from potato.results.evaluation import read_evaluation, trained_on, write_evaluation
+from potato.results.live_writeback import publish
+from potato.results.record_results import log_live
 from potato.runs.paths import RunPaths, run_paths
-from potato.store import SUCCEEDED, Run, Store
+from potato.runs.store import SUCCEEDED, Run, Store
 from potato.training.trainers.decision_calibrate import NAME, SOURCE_DIR, SOURCE_FILE
 from potato.training import atomic_files
 from potato.training import job_paths

@@ -245,7 +245,7 @@ def test_each_kinds_prediction_written_back_is_prefilled_by_potato_212(annotated
     from dataclasses import replace
 
     from potato.config import WritebackConfig
-    from potato.writeback import write_back
+    from potato.results.writeback import write_back
 
     config_path, server = annotated
     config = load_config(config_path)

@@ -42,8 +42,8 @@ def server(tmp_path):
 def test_the_pages_say_which_run_is_live_why_a_run_was_held_back_and_promote_it(browser, server):  # noqa: F811
     from playwright.sync_api import expect
 
-    from potato import stability
-    from potato.writeback import live_runs_by_schema
+    from potato.results import stability
+    from potato.results.writeback import live_runs_by_schema
 
     url, store, config = server
     page = browser.new_page()

@@ -70,8 +70,8 @@ def _model(artifacts: Path) -> None:
 def server(tmp_path, monkeypatch):
     from potato.config import load_config
     from potato.runs.paths import open_store, private_dir, run_paths
-    from potato.run_events import record
-    from potato.runlog import RunLog
+    from potato.runs.run_events import record
+    from potato.runs.runlog import RunLog
     from tests.support.potato_project import make_project
     from tests.support.runs import served
     from tests.unit.test_server_support import BACKENDS

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from potato.tokens import default_server_url
+from potato.runs.tokens import default_server_url
 
 from tests.support.runs import POTATO, potato, run_dir_of, store_of, tiny_project, wait_for, wait_for_state
 

@@ -18,7 +18,7 @@ import pytest
 
 from potato.server import create_app
 from potato.server.commands import make_server
-from potato.tokens import register_agent
+from potato.runs.tokens import register_agent
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import ADMIN
 

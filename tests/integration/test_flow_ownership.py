@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from potato.config import load_config
-from potato.prefect_api import ensure_concurrency_limit
+from potato.runs.prefect_api import ensure_concurrency_limit
 from potato.runs.prefect_runs import limit_name
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run

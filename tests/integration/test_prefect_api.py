@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from potato.prefect_api import (
+from potato.runs.prefect_api import (
     LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, ensure_concurrency_limit, is_healthy,
     read_state, release_leaked_slots, start_embedded, ui_url_for, _lease_ids_for,
 )
@@ -120,7 +120,7 @@ def test_second_process_reuses_the_server(prefect_api):
     script = textwrap.dedent("""
         import json, sys, time
         t = time.monotonic()
-        from potato.prefect_api import start_embedded
+        from potato.runs.prefect_api import start_embedded
         s = start_embedded(sys.argv[1], set_env=False)
         print(json.dumps({"url": s.url, "pid": s.pid, "owned": s.owned,
                           "seconds": time.monotonic() - t}))
@@ -178,7 +178,7 @@ def test_two_starters_share_one_server_and_sigterm_leaves_no_orphan(tmp_path):
 
     script = textwrap.dedent("""
         import json, os, sys, time
-        from potato.prefect_api import embedded_prefect, install_sigterm_exit, prefect_home, read_state
+        from potato.runs.prefect_api import embedded_prefect, install_sigterm_exit, prefect_home, read_state
         install_sigterm_exit()
         with embedded_prefect(sys.argv[1]) as url:
             assert os.environ["PREFECT_API_URL"] == url

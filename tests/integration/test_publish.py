@@ -394,7 +394,7 @@ def _host_environments(sshd_service) -> list[bytes]:
 @pytest.mark.sshd
 def test_a_model_left_on_the_ssh_host_is_refused_naming_the_host_and_the_path(
         hub, prefect_api, sshd_service, ssh_user_config, shared_model, tmp_path, monkeypatch):
-    from potato import artifact_uri
+    from potato.runs import artifact_uri
     from tests.integration.test_ssh_backend import ssh_project
     from tests.support.runs import potato_watching
 

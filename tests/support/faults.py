@@ -43,7 +43,7 @@ import yaml
 
 from potato.config import load_config
 from potato.runs.prefect_runs import limit_name
-from potato.store import Run, Store
+from potato.runs.store import Run, Store
 from tests.support.potato_project import item_text, make_project, true_label, write_items
 from tests.support.remote_host import host_processes
 from tests.support.runs import POTATO, free_port, potato, processes_matching, stop_group, store_of, wait_for, wait_for_state

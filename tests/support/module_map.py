@@ -32,18 +32,13 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("steps", "What the flow's steps do: each backend type's steps, check and stop; the agent protocol "
               "both HTTP servers serve; what happens after a run (results, writeback — live into the items' "
               "records too —, the quality gate before it, promote and pin, the stopping signal, retract, evaluation, calibration, "
-              "retention, the run's report for Prefect, experiment trackers), publishing a model, and the "
-              "auto-retrain watcher.",
-     ("potato.backends", "potato.protocol", "potato.results", "potato.writeback", "potato.live_writeback",
-      "potato.retract", "potato.evaluation", "potato.trainer_hooks", "potato.retention", "potato.auto_retrain",
-      "potato.cold_start", "potato.quality_gate", "potato.promote", "potato.stability",
-      "potato.publish", "potato.run_report", "potato.trackers")),
+              "retention, the run's report for Prefect, experiment trackers), publishing a model.",
+     ("potato.backends", "potato.protocol", "potato.results", "potato.trainer_hooks", "potato.publish",
+      "potato.trackers")),
     ("runs", "The run lifecycle: the store (the truth about runs), the queue, the dispatcher, "
              "reconciliation, ending a run and stopping what it left; a run's events, log, job and "
-             "tokens; the Prefect glue.",
-     ("potato.runs", "potato.store", "potato.run_events", "potato.runlog",
-      "potato.jobs", "potato.tokens", "potato.jsonapi", "potato.prefect_api",
-      "potato.artifact_uri")),
+             "tokens; where its model is; the Prefect glue; the auto-retrain watcher.",
+     ("potato.runs",)),
     ("project", "The project: its config (read once, typed) and validation; items, annotators' answers of "
                 "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
                 "schema; the shapes of predictions and of what annotators see; the data files' records as "

@@ -1,7 +1,7 @@
 """A real Prefect API shared by the whole test session.
 
 ``prefect_api`` starts ONE ``prefect server start`` (via
-``potato.prefect_api.start_embedded``) in a session temp dir, sets
+``potato.runs.prefect_api.start_embedded``) in a session temp dir, sets
 ``PREFECT_API_URL`` in ``os.environ`` (flows in the test process and child
 processes use it) and stops the server at session end. Projects share it as
 projects share a user's Prefect server: each flow holds its own project's
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from potato.prefect_api import EmbeddedServer, prefect_home, start_embedded
+from potato.runs.prefect_api import EmbeddedServer, prefect_home, start_embedded
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from potato.store import Run, Store
+from potato.runs.store import Run, Store
 from tests.support.potato_project import DEFAULT_LABELS, item_text, make_project, true_label, write_user_state
 from tests.support.tiny_model import build_tiny_model
 

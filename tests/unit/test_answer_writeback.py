@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from potato.config import WritebackConfig
-from potato.evaluation import record_evaluation
+from potato.results.evaluation import record_evaluation
 from potato.prediction_shapes import check_answer_fields, parse_prediction
 from potato.project import build_bundle
 from potato.rendered_text import render
-from potato.writeback import write_back, writeback_path
+from potato.results.writeback import write_back, writeback_path
 from tests.support.answer_project import ALL, TEXTS, bundle_project
 
 NAMES = [s.name for s in ALL]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from potato.auto_retrain import AnnotationCounter, AutoRetrainWatcher, ProjectItems, decide
+from potato.runs.auto_retrain import AnnotationCounter, AutoRetrainWatcher, ProjectItems, decide
 from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.config import AutoRetrainConfig, load_config

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from potato.config import BackendConfig
-from potato.jobs import processes_for
+from potato.runs.jobs import processes_for
 from potato.training.trainers import hf_common as hf
 from potato.training.data_parallel import PlanError, check_processes, plan_processes
 from potato.training.rank_events import describe_devices

@@ -15,8 +15,8 @@ import logging
 import pytest
 
 from potato.project import dump_line, load_line
-from potato.runlog import RunLog
-from potato.store import Store
+from potato.runs.runlog import RunLog
+from potato.runs.store import Store
 from potato.training.escaping import escaped, json_bytes, quote, quote_all
 from potato.training.events import EventWriter, read_events
 

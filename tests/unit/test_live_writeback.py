@@ -16,13 +16,13 @@ import yaml
 from potato.config import load_config
 from potato.errors import RetractError
 from potato.live_items import TABLE_FILE
-from potato.live_writeback import FROM_DATA_FILES, catch_up, publish, read_targets
+from potato.results.live_writeback import FROM_DATA_FILES, catch_up, publish, read_targets
 from potato.project import build_bundle
-from potato.retract import retract
+from potato.results.retract import retract
 from potato.runs.paths import open_store, run_paths
-from potato.store import SUCCEEDED
+from potato.runs.store import SUCCEEDED
 from potato.validate import format_report, validate_config_file
-from potato.writeback import read_report
+from potato.results.writeback import read_report
 from tests.support.live_project import (
     ARRAY, CSV, ITEMS, JSONL, item_fields, load_with_slider, record_run, snapshot, tickets_config,
     write_hostile_directory,
@@ -171,7 +171,7 @@ def test_items_potato_212_keeps_from_data_files_are_counted_not_written(tmp_path
 
 
 def test_a_file_another_program_changes_meanwhile_is_read_again(tmp_path, monkeypatch):
-    import potato.live_writeback as live_writeback
+    import potato.results.live_writeback as live_writeback
 
     config_path = tickets_config(tmp_path)
     jsonl = tmp_path / "tickets" / JSONL

@@ -35,8 +35,8 @@ import yaml
 from potato.config import load_config
 from potato.errors import RetractError
 from potato.live_items import MARKER
-from potato.live_writeback import catch_up, sync_reported
-from potato.retract import retract
+from potato.results.live_writeback import catch_up, sync_reported
+from potato.results.retract import retract
 from potato.runs.paths import open_store
 from potato.validate import validate_config_file
 from tests.support.live_project import record_run, snapshot, tickets_config, written_back_project
@@ -345,7 +345,7 @@ def test_bytes_appended_to_the_old_file_while_it_is_renamed_are_put_back(tmp_pat
 
 
 def test_a_file_whose_lock_a_feed_keeps_is_left_as_it_was_and_said(tmp_path, monkeypatch):
-    import potato.live_writeback as live_writeback
+    import potato.results.live_writeback as live_writeback
 
     monkeypatch.setattr(live_writeback, "LOCK_WAIT_S", 0.3)
     config = load_config(written_back_project(tmp_path / "project", {"a.jsonl": _ids("a", 2),
@@ -364,7 +364,7 @@ def test_a_file_whose_lock_a_feed_keeps_is_left_as_it_was_and_said(tmp_path, mon
 
 def _killed_after_first_file(config) -> None:
     """Run the live writeback in a child process that SIGKILLs itself as it starts to replace its second file."""
-    import potato.live_writeback as live_writeback
+    import potato.results.live_writeback as live_writeback
 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -416,7 +416,7 @@ def test_a_retract_after_a_killed_writeback_takes_the_predictions_off_every_reco
 
 
 def test_a_retract_that_cannot_bring_the_records_along_fails_naming_the_files(tmp_path, monkeypatch):
-    import potato.live_writeback as live_writeback
+    import potato.results.live_writeback as live_writeback
 
     monkeypatch.setattr(live_writeback, "LOCK_WAIT_S", 0.2)
     config = load_config(written_back_project(tmp_path / "project", {"a.jsonl": _ids("a", 2),

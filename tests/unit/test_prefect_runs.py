@@ -13,7 +13,7 @@ from deployments.create import SetupError, build_project_deploy_argv, check_sche
 from potato.runs import prefect_runs
 from potato.errors import NoPrefectWorker
 from potato.runs.prefect_runs import CancelWatch, cancel_message, is_cancel, no_worker_in_time, project_key
-from potato.store import Store
+from potato.runs.store import Store
 from tests.support.potato_project import make_project, project_config
 
 

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from potato import follow
-from potato.run_events import describe_progress, time_left
-from potato.store import Store
+from potato.runs.run_events import describe_progress, time_left
+from potato.runs.store import Store
 from potato.training import events as events_module
 from potato.training.events import EventWriter
 
@@ -129,7 +129,7 @@ def test_times_carry_their_offset_from_utc(berlin, tmp_path):
 def test_a_prefect_api_that_does_not_start_is_waited_for_aloud_and_fails_the_run_it_held(tmp_path, monkeypatch):
     from contextlib import contextmanager
 
-    from potato import prefect_api
+    from potato.runs import prefect_api
     from potato.cli import main
     from potato.errors import PrefectApiError
     from tests.support.potato_project import make_project

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato import artifact_uri
-from potato.publish import errors, record
+from potato.runs import artifact_uri
+from potato.publish import errors, publication
 from potato.publish.archive import CHUNK, stream_tar_gz
 from potato.publish.card import CardFacts, SchemaFacts, render_card
 from potato.publish.hub import Progress, _Counted, without_credentials
 from potato.publish.plan import OutFile, Request, base_model_id, request_from
-from potato.store import Store
+from potato.runs.store import Store
 
 
 def test_artifact_uri_reads_back_what_the_backends_write():
@@ -176,19 +176,19 @@ def test_progress_counts_each_byte_once_however_often_it_is_read(tmp_path):
 def test_a_publication_is_claimed_once_until_its_upload_ends_or_its_process_dies(tmp_path):
     store = Store(tmp_path / "runs.db")
     run = store.create_run("hf-text-classification", ["sentiment"], "local")
-    first = record.claim(store, run.id, Request(repo="lab/a"), endpoint="https://hub", via="page", total=10)
+    first = publication.claim(store, run.id, Request(repo="lab/a"), endpoint="https://hub", via="page", total=10)
     assert (first["state"], first["phase"], first["pid"]) == ("uploading", "waiting", os.getpid())
     with pytest.raises(errors.PublishInProgress) as caught:
-        record.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=10)
+        publication.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=10)
     assert str(caught.value) == f"Run {run.id} is being published to lab/a already; publish again once that has ended"
     # An upload whose process is gone is over: the page shows it interrupted, and a new publish may start.
     store.change_json(run.id, "publication", lambda p: {**p, "pid": 2**22 + 12345})
-    assert record.view(store.get_run(run.id).publication)["error"] == record.INTERRUPTED
-    assert record.reconcile(store) == [run.id]
+    assert publication.view(store.get_run(run.id).publication)["error"] == publication.INTERRUPTED
+    assert publication.reconcile(store) == [run.id]
     assert store.get_run(run.id).publication["state"] == "failed"
-    assert record.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=1)["repo"] == "lab/b"
-    store.change_json(run.id, "publication", lambda p: {**p, "beat": time.time() - record.STALE_S - 1})
-    assert record.is_stale(store.get_run(run.id).publication)
+    assert publication.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=1)["repo"] == "lab/b"
+    store.change_json(run.id, "publication", lambda p: {**p, "beat": time.time() - publication.STALE_S - 1})
+    assert publication.is_stale(store.get_run(run.id).publication)
 
 
 def _saved(directory, kind: str, labels, base: str) -> None:
@@ -239,10 +239,10 @@ def test_a_plan_puts_each_schema_in_its_folder_and_refuses_a_model_partly_left_o
 
 
 def test_how_far_an_upload_is_reads_the_same_on_the_page_and_in_the_cli():
-    assert record.progress_text("lab/m", "waiting", 0, 10) == "Starting the upload to lab/m"
-    assert record.progress_text("lab/m", "checking", 999, 2_500_000) == "Checking the files for lab/m: 999 B of 2.5 MB"
-    assert record.progress_text("lab/m", "uploading", 12_000, 3_400_000_000) == "Uploading to lab/m: 12.0 kB of 3.4 GB"
-    shown = record.view({"state": "uploading", "repo": "lab/m", "phase": "uploading", "bytes": 5, "total": 10,
+    assert publication.progress_text("lab/m", "waiting", 0, 10) == "Starting the upload to lab/m"
+    assert publication.progress_text("lab/m", "checking", 999, 2_500_000) == "Checking the files for lab/m: 999 B of 2.5 MB"
+    assert publication.progress_text("lab/m", "uploading", 12_000, 3_400_000_000) == "Uploading to lab/m: 12.0 kB of 3.4 GB"
+    shown = publication.view({"state": "uploading", "repo": "lab/m", "phase": "uploading", "bytes": 5, "total": 10,
                          "pid": os.getpid(), "beat": time.time()})
     assert (shown["text"], "pid" in shown, shown["latest"]) == ("Uploading to lab/m: 5 B of 10 B", False, None)
 

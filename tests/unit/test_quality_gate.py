@@ -1,7 +1,7 @@
 """The quality gate: a run no better than the trivial baseline, one that gives one label to everything, and one
 worse than the run annotators see now are not written back; each can be promoted; a pinned run stays.
 
-Each run here is recorded by the flow's own record-results step (``potato.results.record_results``) on a real
+Each run here is recorded by the flow's own record-results step (``potato.results.record_results.record_results``) on a real
 bundle of a generated project; only the worker's predictions are written by the test.
 """
 
@@ -16,14 +16,14 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from potato import quality_gate
+from potato.results import quality_gate
 from potato.cli import main
 from potato.config import load_config
 from potato.project import build_bundle
-from potato.results import record_results
+from potato.results.record_results import record_results
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
-from potato.writeback import live_runs_by_schema, read_report, writeback_path
+from potato.results.writeback import live_runs_by_schema, read_report, writeback_path
 from tests.support.potato_project import make_project
 
 N_ITEMS = 80

@@ -1,4 +1,4 @@
-"""Recording a run's results (``potato.results``, the flow's record-results step without Prefect)."""
+"""Recording a run's results (``potato.results.record_results``, the flow's record-results step without Prefect)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 from potato.backends.base import RunContext
 from potato.config import WritebackConfig
 from potato.project import build_bundle
-from potato.results import record_results
-from potato.runlog import RunLog
+from potato.results.record_results import record_results
+from potato.runs.runlog import RunLog
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
 from potato.training.trainers.registry import TRAINERS

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from potato.evaluation import write_evaluation
+from potato.results.evaluation import write_evaluation
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
-from potato.retention import prune_run_dirs
+from potato.results.retention import prune_run_dirs
 from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
-from potato.writeback import writeback_path
+from potato.results.writeback import writeback_path
 from tests.support.potato_project import make_project, project_config
 
 

@@ -20,13 +20,13 @@ import yaml
 
 from potato.config import load_config
 from potato.project import build_bundle
-from potato.retract import retract
+from potato.results.retract import retract
 from potato.review_order import ORDER_KEY, model_confidences
 from potato.runs.paths import open_store, run_paths
-from potato.store import SUCCEEDED
+from potato.runs.store import SUCCEEDED
 from potato.training.trainers import uncertainty as u
 from potato.validate import validate_config_file
-from potato.writeback import write_back, writeback_path
+from potato.results.writeback import write_back, writeback_path
 from potato.writeback_shapes import payload_confidences
 from tests.support.potato_project import write_user_state
 

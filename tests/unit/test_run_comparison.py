@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from potato.cli import main
 from potato.config import load_config
-from potato.evaluation import write_evaluation
+from potato.results.evaluation import write_evaluation
 from potato.publish.facts import record_training_data
 from potato.run_comparison import compare
 from potato.runs.paths import open_store, run_paths

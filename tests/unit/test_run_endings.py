@@ -13,7 +13,7 @@ from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
 from potato.runs.reconcile import orphan_reason, reconcile
 from potato.config import load_config
-from potato.store import Run
+from potato.runs.store import Run
 from potato.backend_types.contract import Stopped
 from potato.backends.local.steps import stop_leftovers as stop_local_worker
 from potato.backends.ssh.leftovers import read_stop_report

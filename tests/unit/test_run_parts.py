@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from potato.run_events import describe_progress
+from potato.runs.run_events import describe_progress
 from potato.training.claims import BadClaim, check_claim
 from potato.training.events import EventWriter, read_events
 from potato.training.parts import check_parts

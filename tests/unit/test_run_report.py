@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from potato.run_report import LABEL_SCORES, REPORT, artifact_key, label_rows, report_markdown
+from potato.results.run_report import LABEL_SCORES, REPORT, artifact_key, label_rows, report_markdown
 
 EVALUATION = {"schemas": {
     # rows gold, columns predicted: 'pos' 8 right, 2 taken for 'neg'; 'neg' 9 right, 1 taken for 'pos'

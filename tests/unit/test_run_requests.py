@@ -58,7 +58,7 @@ def test_the_api_refuses_it_with_the_same_words(admin, store):
 
 
 def test_auto_retraining_says_why_it_queued_nothing(tmp_path):
-    from potato.auto_retrain import AutoRetrainWatcher
+    from potato.runs.auto_retrain import AutoRetrainWatcher
 
     config = load_config(_project(tmp_path, auto_retrain={
         "enabled": True, "trainer": "hf-llm-finetune", "schemas": ["sentiment"], "update_frequency": 1}))

@@ -152,7 +152,7 @@ def test_check_local(admin, project):
 
 
 def test_check_agent_before_and_after_register(admin, project, store):
-    from potato.tokens import register_agent
+    from potato.runs.tokens import register_agent
 
     data = admin.post(f"{API}/backends/lab-workstation/check").json
     assert data["ok"] is False

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from potato.cli import main
 from potato.labels import find_user_states
 from potato.server import commands
-from potato.store import Store
+from potato.runs.store import Store
 from tests.support.potato_project import make_project, write_user_state
 from tests.unit.test_server_support import BACKENDS
 

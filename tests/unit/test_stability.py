@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from potato import stability
+from potato.results import stability
 from potato.cli import main
 from potato.config import load_config
 from tests.unit.test_quality_gate import LABELS, _record, _truth, project  # noqa: F401 - the fixture

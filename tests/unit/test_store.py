@@ -10,7 +10,7 @@ import time
 import pytest
 
 from potato.errors import StoreError
-from potato.store import (
+from potato.runs.store import (
     MIGRATIONS, RUN_COLUMNS, Run, Store, hash_token,
 )
 
@@ -431,10 +431,10 @@ def test_a_second_store_in_one_process_does_not_blind_the_first(tmp_path):
     assert first.count_runs() == 0
     Store(path)  # e.g. the flow's after_flow, a test's store_of beside the server's own
     create = "s.create_run('hf-text-classification', ['sentiment'], 'local')"
-    subprocess.run([sys.executable, "-c", f"import sys; from potato.store import Store; s = Store(sys.argv[1]); "
+    subprocess.run([sys.executable, "-c", f"import sys; from potato.runs.store import Store; s = Store(sys.argv[1]); "
                     f"{create}; s.close()", str(path)], check=True, timeout=60)
     # A writer that stays connected, as a flow process does while its run trains.
-    stays = subprocess.Popen([sys.executable, "-c", f"import sys; from potato.store import Store; "
+    stays = subprocess.Popen([sys.executable, "-c", f"import sys; from potato.runs.store import Store; "
                               f"s = Store(sys.argv[1]); {create}; print('written', flush=True); sys.stdin.read()",
                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

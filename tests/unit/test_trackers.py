@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from potato.errors import TrackerError
-from potato.store import Event
+from potato.runs.store import Event
 from potato.trackers import pictures, tracked_run
 from potato.trackers.mlflow_rest import TrackingServer
 from potato.validate import validate_config_file

@@ -24,7 +24,7 @@ from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.cli import main
 from potato.config import load_config
-from potato.jobs import make_job
+from potato.runs.jobs import make_job
 from potato.server import create_app
 from potato.trainer_choice import NoTrainerFor, default_schemas, describe_plan, plan_trainers, trainer_kinds, trainers_for
 from potato.validate import validate_config_file

@@ -12,7 +12,7 @@ import yaml
 from potato.config import WritebackConfig
 from potato.holdout import is_holdout
 from potato.project import build_bundle
-from potato.writeback import WritebackError, write_back, writeback_path
+from potato.results.writeback import WritebackError, write_back, writeback_path
 from tests.support.potato_project import project_config, write_items, write_user_state
 
 # Items r0..r9; r0..r5 are labelled. Half of the labelled ones are held out (by id).

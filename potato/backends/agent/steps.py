@@ -21,7 +21,7 @@ from potato.errors import NoAgent, RunCancelled
 from potato.project import pack_bundle
 from potato.protocol.state import CLAIMED
 from potato.runs.paths import open_store
-from potato.store import Store
+from potato.runs.store import Store
 
 WAIT_SECONDS = 0.5
 STOP_MARGIN_S = 2.0

@@ -27,7 +27,7 @@ from potato.runs.stopping import LOCAL_WAIT_S, joined, wait_gone
 from potato.backends.ssh.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError
-from potato.store import Run, Store
+from potato.runs.store import Run, Store
 from potato.training.stop_job import processes
 
 STOP_JOB_SOURCE = Path(training.__file__).with_name("stop_job.py")

@@ -21,7 +21,7 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from potato.config import ProjectConfig
 from potato.protocol.app import make_app
-from potato.store import Store
+from potato.runs.store import Store
 
 
 class ProtocolServer:

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from potato import artifact_uri, training
+from potato.runs import artifact_uri
+
+from potato import training
 from potato.backends.base import RunContext
 from potato.backends.ssh import fetch, leftovers, trainer_needs
 from potato.backends.ssh.code import code_archive
@@ -40,8 +42,8 @@ from potato.backends.ssh.gpus import GpuChoice, choose_for_backend, mark_kernels
 from potato.backends.ssh.openssh import Connection, SshTarget, make_remote_command, remote_path, ssh_error, with_env
 from potato.backends.ssh.protocol_server import ProtocolServer
 from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
-from potato.jobs import trainer_options
-from potato.runlog import last_line
+from potato.runs.jobs import trainer_options
+from potato.runs.runlog import last_line
 from potato.training.trainers.registry import TRAINERS, module_names
 from potato.training.device import THREAD_VARIABLES
 from potato.training.job_paths import JobPaths
@@ -334,7 +336,7 @@ def make_job_dir(session: SshSession, ctx: RunContext) -> str:
 
 def start_agent(ctx: RunContext, session: SshSession, extra: list[str] = ()) -> RemoteAgent:
     """``python -m potato.training.agent`` in the job directory, the run's token on its stdin."""
-    from potato.tokens import issue_run_token
+    from potato.runs.tokens import issue_run_token
 
     token = issue_run_token(ctx.store, ctx.run_id)
     command = make_agent_command(session, ctx, list(extra))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from potato.jobs import trainer_options
+from potato.runs.jobs import trainer_options
 from potato.trainer_choice import project_trainers
 from potato.training.trainers.registry import TRAINERS, hook
 

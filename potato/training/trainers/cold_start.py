@@ -11,7 +11,7 @@ then each next one the farthest from everything labelled or chosen, for
 by their distance to those, farthest first. Its predictions file holds order
 lines only (``{"id", "schema", "order_rank"}``); the server writes them back
 as places in the order that pre-fill nothing (``potato.review_order``,
-``potato.cold_start``), so annotators are served a diverse first batch, and a
+``potato.results.cold_start_writeback``), so annotators are served a diverse first batch, and a
 run that trains replaces them.
 
 Runs on every backend (torch and transformers, the ``train-text`` extra).

@@ -140,7 +140,7 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         "Before any model: orders the unlabelled items for model_review, a first batch spread over the shipped "
         "encoder's embeddings (k-centre greedy); pre-fills nothing",
         required_modules=("torch", "transformers"), install_hint=TEXT_EXTRA, learns=False,
-        record="potato.cold_start:record"),
+        record="potato.results.cold_start_writeback:record"),
 )}
 
 

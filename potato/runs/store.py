@@ -56,7 +56,7 @@ STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 MANUAL = "manual"
 AUTO = "auto"
 SCHEDULE = "schedule"  # a Prefect deployment's schedule (deployments.create --cron)
-COLD_START = "cold-start"  # potato start, for a model_review project with nothing written back (potato.cold_start)
+COLD_START = "cold-start"  # potato start, for a model_review project with nothing written back (potato.results.cold_start_writeback)
 TRIGGERS = (MANUAL, AUTO, SCHEDULE, COLD_START)
 END_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 ACTIVE_STATES = frozenset({RUNNING})
@@ -137,7 +137,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 4: what started each run, and for auto runs the annotation count that
     # triggered it: the next auto run counts new annotations from there, so a
-    # restart neither loses nor repeats a trigger (potato/auto_retrain.py).
+    # restart neither loses nor repeats a trigger (potato/runs/auto_retrain.py).
     """
     ALTER TABLE runs ADD COLUMN trigger TEXT NOT NULL DEFAULT 'manual';
     ALTER TABLE runs ADD COLUMN annotation_count INTEGER;
@@ -164,11 +164,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN plan TEXT;
     """,
     # 8: the run's model on the Hugging Face Hub: the latest publish (repo, progress, commit, who,
-    # or why it failed) and the earlier ones that succeeded (potato/publish/record.py). JSON.
+    # or why it failed) and the earlier ones that succeeded (potato/publish/publication.py). JSON.
     """
     ALTER TABLE runs ADD COLUMN publication TEXT;
     """,
-    # 9: when the run's predictions were retracted (potato/retract.py): annotators no longer see them,
+    # 9: when the run's predictions were retracted (potato/results/retract.py): annotators no longer see them,
     # and no later retract or calibration brings them back.
     """
     ALTER TABLE runs ADD COLUMN retracted_at REAL;

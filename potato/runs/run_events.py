@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from potato.runlog import RunLog
-from potato.store import Store
+from potato.runs.runlog import RunLog
+from potato.runs.store import Store
 
 
 def time_left(seconds: float) -> str:

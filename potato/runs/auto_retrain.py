@@ -51,7 +51,7 @@ from potato.errors import ProjectDataError, RunRequestError
 from potato.labels import UserStateError, annotated_ids, find_user_states
 from potato.project import item_ids
 from potato.runs.queue import create_run
-from potato.store import AUTO, Run, Store
+from potato.runs.store import AUTO, Run, Store
 
 log = logging.getLogger(__name__)
 

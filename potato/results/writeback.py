@@ -15,7 +15,7 @@ number or string) has it under the record's ``run_ids``.
 
 2.12 reads the file once, when it starts: a new model reaches annotators at
 that server's next restart (docs/beside-potato-2.12.md) — unless the
-writeback is live (``writeback.live``): then ``potato.live_writeback`` puts
+writeback is live (``writeback.live``): then ``potato.results.live_writeback`` puts
 each item's record of this file into the item's own record in the watched
 ``data_directory``, and a running 2.12 shows it within one poll. The file is
 replaced atomically (a temporary file beside it, fsync, rename), so a server
@@ -64,7 +64,7 @@ Newest run wins, per schema: a run replaces every earlier prediction of the
 schemas it writes back, so a prelabel an earlier run left on an item this run
 trained on is taken down too. Other schemas' predictions stay. Each run keeps
 what it wrote back in ``runs/<id>/written-back.jsonl`` (one line per item and
-schema, ``{"id", "schema", "prefill"}``): a retract (``potato.retract``) puts
+schema, ``{"id", "schema", "prefill"}``): a retract (``potato.results.retract``) puts
 an earlier run's back from there. A run's own ``runs/<id>/predictions.jsonl``
 is changed only by decision-calibrate, which keeps the worker's original
 beside it; annotators' files are never opened.
@@ -95,7 +95,7 @@ from potato.errors import WritebackError
 from potato.prediction_shapes import OrderRank, is_confidence, parse_line
 from potato.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.runs.paths import private_dir, run_paths
-from potato.store import MAX_RUN_ID
+from potato.runs.store import MAX_RUN_ID
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes
 from potato.writeback_shapes import (

@@ -26,7 +26,7 @@ from typing import Any
 from potato.publish import errors
 from potato.publish.hub import Published
 from potato.publish.plan import Request
-from potato.store import Store
+from potato.runs.store import Store
 
 UPLOADING, PUBLISHED, FAILED = "uploading", "published", "failed"
 BEAT_S = 5.0

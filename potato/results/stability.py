@@ -23,7 +23,7 @@ from potato.config import ProjectConfig
 from potato.prediction_shapes import schema_records
 from potato.project import load_line, read_lines
 from potato.runs.paths import run_paths
-from potato.store import SUCCEEDED, Store
+from potato.runs.store import SUCCEEDED, Store
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes
 

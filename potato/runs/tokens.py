@@ -22,7 +22,7 @@ import socket
 
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import TokenError
-from potato.store import Run, Store, hash_token
+from potato.runs.store import Run, Store, hash_token
 
 # 32 random bytes, ~43 URL-safe characters (token_urlsafe(32)).
 TOKEN_BYTES = 32

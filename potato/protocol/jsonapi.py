@@ -38,7 +38,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
 from potato.errors import RunEnded, StoreBusy, StoreError, UnknownRun
-from potato.store import MAX_RUN_ID
+from potato.runs.store import MAX_RUN_ID
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from potato.markdown_text import md, table
 from potato.score_text import curve_lines, number_text, score_line
 from potato.training.escaping import escaped
-from potato.writeback import report_lines
+from potato.results.writeback import report_lines
 
 REPORT, LABEL_SCORES, RUN_PAGE, HUB_REPO = "report", "label-scores", "run-page", "hub-repo"
 # What Prefect accepts as an artifact's key.

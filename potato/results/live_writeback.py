@@ -7,7 +7,7 @@ another process changes a running 2.12's item data is its directory watcher
 (``data_directory`` with ``watch_data_directory: true``), which re-reads a
 changed file and replaces its items' data within ``watch_poll_interval``. So
 with ``model_training.writeback.live: true``, after the writeback file is
-written (``potato.writeback``), each item's record in the directory is made
+written (``potato.results.writeback``), each item's record in the directory is made
 to hold, under ``writeback.field``, exactly what that file holds for the item
 — nothing where it holds nothing — and 2.12 shows it within one poll.
 (Nothing else in 2.12.1 changes a running item's data from outside: its
@@ -71,11 +71,11 @@ The rules, because these are the project's own files:
   the report and left as it was; the run does not fail for it.
 
 The writeback file stays the truth: the same rules decide what it holds
-(``potato.writeback``: schemas, the item of the run, the leak guard,
+(``potato.results.writeback``: schemas, the item of the run, the leak guard,
 ``include_unlabeled``, ``min_confidence``), and a live writeback that failed
 half-way is finished by the next one, or by ``potato start``, which catches
 the records up with the file when it starts (``catch_up``). One writer at a
-time: ``potato.writeback.writeback_lock``.
+time: ``potato.results.writeback.writeback_lock``.
 
 The refusal's line (``The live writeback was refused, …``) starts otherwise
 than every line of a writeback that ran (``Live writeback: …``), so a log
@@ -103,7 +103,7 @@ from potato.live_items import (
 )
 from potato.training import atomic_files
 from potato.training.escaping import quote
-from potato.writeback import WritebackSummary, write_back, write_report, writeback_lock
+from potato.results.writeback import WritebackSummary, write_back, write_report, writeback_lock
 
 __all__ = ["LiveReport", "catch_up", "is_live", "publish", "read_targets", "sync_items", "sync_reported"]
 
@@ -177,7 +177,7 @@ def is_live(config: ProjectConfig) -> bool:
 def publish(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], predictions: Path, bundle_dir: Path,
             *, trained_on: Mapping[str, set[str]] | None = None,
             gate: Sequence[str] = ()) -> tuple[WritebackSummary, LiveReport | None]:
-    """Write run *run_id*'s predictions back (``potato.writeback.write_back``), then, when live, into the
+    """Write run *run_id*'s predictions back (``potato.results.writeback.write_back``), then, when live, into the
     items' records; keep the run's writeback report for the Training page, with the quality gate's *gate*
     verdicts in words. Raises ``WritebackError`` as ``write_back`` does; a live writeback that fails is
     reported, never raised: the file is written."""

@@ -8,9 +8,9 @@ route of this project's admin API all come here.
 For each schema whose predictions in the writeback file are the run's, they
 are taken out and replaced by what the newest earlier run that is not
 retracted wrote back for that schema (its ``written-back.jsonl``,
-``potato.writeback``): what annotators saw before the run. A schema no earlier
+``potato.results.writeback``): what annotators saw before the run. A schema no earlier
 run wrote back is left with none. Other schemas are untouched. When the
-writeback is live (``potato.live_writeback``) the items' records follow at
+writeback is live (``potato.results.live_writeback``) the items' records follow at
 once, and a running Potato 2.12 shows the change within one poll; otherwise
 at its next restart.
 
@@ -40,13 +40,13 @@ from typing import Any, Iterator
 
 from potato.config import ProjectConfig, watch_poll_interval
 from potato.errors import RetractError
-from potato.live_writeback import LiveReport, is_live, sync_reported
+from potato.results.live_writeback import LiveReport, is_live, sync_reported
 from potato.review_order import strip_order
-from potato.runlog import RunLog
+from potato.runs.runlog import RunLog
 from potato.runs.paths import run_paths
-from potato.store import SUCCEEDED, Run, Store
+from potato.runs.store import SUCCEEDED, Run, Store
 from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
-from potato.writeback import record_line, replacing, run_record, writeback_lock, writeback_path
+from potato.results.writeback import record_line, replacing, run_record, writeback_lock, writeback_path
 
 
 @dataclass

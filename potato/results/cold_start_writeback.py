@@ -26,11 +26,11 @@ from typing import Any
 
 from potato.backends.base import RunContext
 from potato.config import MODEL_REVIEW, ProjectConfig, assignment_strategy
-from potato.live_writeback import publish
+from potato.results.live_writeback import publish
 from potato.review_order import is_order_only, strip_order
-from potato.store import COLD_START, Run, Store
+from potato.runs.store import COLD_START, Run, Store
 from potato.training.trainers.cold_start import NAME
-from potato.writeback import writeback_lock, writeback_path
+from potato.results.writeback import writeback_lock, writeback_path
 from potato.writeback_shapes import CONFIDENCE_ONLY_TYPES
 
 
@@ -84,7 +84,7 @@ def _model_predictions(config: ProjectConfig, schemas: list[str]) -> list[str]:
 
 def record(ctx: RunContext) -> None:
     """The cold-start run's results: its order written back, unless a model's predictions are there already."""
-    from potato.results import log_live
+    from potato.results.record_results import log_live
 
     schemas = [s for s in ctx.run.schemas if s in ctx.config.model_training.writeback.schemas]
     with writeback_lock(ctx.config):

@@ -12,7 +12,7 @@ from typing import Any
 
 from potato.config import ProjectConfig
 from potato.review_order import order_spec
-from potato.store import Run
+from potato.runs.store import Run
 from potato.training import atomic_files
 from potato.training.job_paths import JobPaths
 

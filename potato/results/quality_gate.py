@@ -1,7 +1,7 @@
 """The quality gate: a run's predictions reach annotators only when the run is worth showing.
 
 Judged per schema at record results, after the holdout evaluation
-(``runs/<id>/labels.jsonl``, ``potato.evaluation``) and before the writeback.
+(``runs/<id>/labels.jsonl``, ``potato.results.evaluation``) and before the writeback.
 A schema of the run is written back unless one of these holds, checked in
 this order (the first that holds is the verdict):
 
@@ -31,7 +31,7 @@ not judged by 3 and 4 — a project's first runs have almost none — and the
 run log says so. ``writeback.gate: false`` turns the gate off.
 
 A schema held back leaves what annotators see as it was (the live run's
-predictions stay; ``potato.writeback`` keeps the lines of schemas a run does
+predictions stay; ``potato.results.writeback`` keeps the lines of schemas a run does
 not write). The run still succeeds; the run log, ``potato training runs``,
 the run page and the Training page say why, and ``potato training promote``
 (the run page's button, the admin API) writes it back anyway. The verdicts
@@ -56,7 +56,7 @@ from potato.runs.paths import RunPaths, private_dir, run_paths
 from potato.training.trainers import metrics
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes
-from potato.writeback import live_runs_by_schema
+from potato.results.writeback import live_runs_by_schema
 
 RESAMPLES = 1000
 # Fewer predictions than this, all of one label, may be a small project's honest answer.
@@ -138,7 +138,7 @@ KINDS = {
     # A text's main score, chrF, is a corpus's: no item's share of it to resample. Exact match is.
     TEXT: _Kind("exact match", True, lambda g, p, labels: float(_normal(p) in {_normal(t) for t in _texts(g)}), _mean),
 }
-# Where a held-out line of labels.jsonl keeps the prediction (potato.evaluation).
+# Where a held-out line of labels.jsonl keeps the prediction (potato.results.evaluation).
 ANSWER_FIELD = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text"}
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from potato.store import Store
+from potato.runs.store import Store
 from potato.training.escaping import escaped, open_text
 
 _module_logger = logging.getLogger("potato.run")

@@ -2,7 +2,7 @@
 
 ``potato training promote`` (the run page's button, the admin API's
 ``POST runs/<id>/promote``) writes a run's predictions back although the gate
-held them (``potato.quality_gate``): the user has looked and wants them. Its
+held them (``potato.results.quality_gate``): the user has looked and wants them. Its
 bundle was deleted at clean-up, so the writeback reads the project's items as
 they are now, and the leak guard takes what the run trained on from the run's
 own ``labels.jsonl``, as decision-calibrate's rewrite does. ``pin`` keeps a
@@ -16,15 +16,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from potato import quality_gate
+from potato.results import quality_gate
 from potato.config import ProjectConfig
 from potato.errors import PromoteError
-from potato.evaluation import trained_on
-from potato.live_writeback import LiveReport, publish
+from potato.results.evaluation import trained_on
+from potato.results.live_writeback import LiveReport, publish
 from potato.project import build_bundle
 from potato.runs.paths import private_dir, run_paths
-from potato.store import SUCCEEDED, Run, Store
-from potato.writeback import WritebackSummary, live_run_ids
+from potato.runs.store import SUCCEEDED, Run, Store
+from potato.results.writeback import WritebackSummary, live_run_ids
 
 
 def promote(config: ProjectConfig, store: Store, run_id: int, by: str) -> tuple[WritebackSummary, LiveReport | None]:

@@ -4,10 +4,10 @@ The flow's record-results step, without Prefect: the worker's ``scores.json``
 goes into the store and the run log, then the trainer's own ``record`` hook
 runs if it declares one (``potato.training.trainers.registry``: decision-calibrate
 rewrites an earlier run's results instead), else the usual: the holdout
-evaluation (``potato.evaluation``), the quality gate's verdicts
-(``potato.quality_gate``), the stopping signal (``potato.stability``) and the
-writeback of the schemas the gate let through (``potato.writeback``, and into
-the items' own records when live: ``potato.live_writeback``).
+evaluation (``potato.results.evaluation``), the quality gate's verdicts
+(``potato.results.quality_gate``), the stopping signal (``potato.results.stability``) and the
+writeback of the schemas the gate let through (``potato.results.writeback``, and into
+the items' own records when live: ``potato.results.live_writeback``).
 Both read the server's own bundle, which clean-up removes only after this.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from potato.backends.base import RunContext
-from potato import quality_gate, stability
-from potato.evaluation import record_evaluation, schema_answers
-from potato.live_writeback import LiveReport, publish
-from potato.runlog import RunLog
+from potato.results import quality_gate, stability
+from potato.results.evaluation import record_evaluation, schema_answers
+from potato.results.live_writeback import LiveReport, publish
+from potato.runs.runlog import RunLog
 from potato.training.trainers import metrics
 from potato.training.trainers.registry import hooks
 
@@ -77,7 +77,7 @@ def log_live(log: RunLog, live: LiveReport | None) -> None:
 
 
 def _stability(ctx: RunContext, kinds: dict[str, str]) -> None:
-    """The stopping signal per label schema (``potato.stability``), in the run log and ``stability.json``."""
+    """The stopping signal per label schema (``potato.results.stability``), in the run log and ``stability.json``."""
     changes = stability.measure(ctx.config, ctx.store, ctx.run_id, kinds)
     for change in changes:
         ctx.log.info(change.describe())
