@@ -23,8 +23,8 @@ Everything a real run does is the project's own code, not a copy:
   holdout score (``scores.json``), the pool's predictions come from its own
   prediction path;
 - the next batch is the first of the order the writeback would give Potato
-  2.12 (``potato.prediction_shapes.parse_line`` and
-  ``potato.review_order.ReviewOrder``, the same ranks the payloads carry),
+  2.12 (``potato.prefill.prediction_shapes.parse_line`` and
+  ``potato.prefill.review_order.ReviewOrder``, the same ranks the payloads carry),
   ``diverse`` included (its order lines come from the worker, job.json's
   ``order``); ``random`` draws from the pool;
 - the cold-start seed batch is the ``cold-start`` trainer's order;
@@ -65,8 +65,8 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from potato.prediction_shapes import OrderRank, parse_line  # noqa: E402
-from potato.review_order import ReviewOrder  # noqa: E402
+from potato.prefill.prediction_shapes import OrderRank, parse_line  # noqa: E402
+from potato.prefill.review_order import ReviewOrder  # noqa: E402
 from potato.training.trainers.uncertainty import DIVERSE, STRATEGIES  # noqa: E402
 
 RANDOM = "random"

@@ -18,7 +18,7 @@ the same every run), and each rule's agreed answer is scored against it:
   against a strict majority — exact-set accuracy and micro-F1, 1–4 annotators;
 - span (30-word texts, spans of 1–3 words; an annotator misses a span 15 % of
   the time, moves one boundary by a word 15 %, adds a stray span 5 %): our
-  character-level majority (``potato.aggregation.majority_spans``) against
+  character-level majority (``potato.annotations.aggregation.majority_spans``) against
   span-level voting — exact-match F1, 2–5 annotators.
 
 docs/answer-types.md quotes these numbers.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from potato.aggregation import majority_label_sets, majority_spans, median_points
+from potato.annotations.aggregation import majority_label_sets, majority_spans, median_points
 
 N = 20_000
 

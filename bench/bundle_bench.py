@@ -21,7 +21,7 @@ Targets: 1 M items built in <= 4 s with peak RSS <= 300 MB,
 100 k in <= 0.4 s. The machine may be shared: the load average is printed,
 and CPU seconds are the figure that load disturbs least. Ours parses the
 annotators' files in forked children only when the load average leaves a CPU
-idle (``potato.labels._cpu_to_spare``); their CPU and peak RSS are printed
+idle (``potato.annotations.labels._cpu_to_spare``); their CPU and peak RSS are printed
 apart when they ran.
 """
 
@@ -52,18 +52,18 @@ def _generate(project_dir: str, n_items: int) -> None:
 
 def _build(project_dir: str, dest: str) -> None:
     # The baseline's child finds the baseline's own potato package first on its path.
-    from potato import project
+    from potato.bundle import build, pack
     from tests.support.potato_project import project_config
 
     root = Path(project_dir)
     config = project_config(root / "config.yaml")
     t0, c0 = time.perf_counter(), time.process_time()
-    info = project.build_bundle(config, ["sentiment"], Path(dest))
+    info = build.build_bundle(config, ["sentiment"], Path(dest))
     t1, c1 = time.perf_counter(), time.process_time()
-    project.pack_bundle(dest, dest + ".tar.gz")
+    pack.pack_bundle(dest, dest + ".tar.gz")
     t2 = time.perf_counter()
     items = Path(dest) / "items.jsonl"
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # potato.forked's, if the load left a CPU idle
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # potato.annotations.forked's, if the load left a CPU idle
     print(json.dumps({
         "items": info.items,
         "labeled": info.labeled["sentiment"],

@@ -15,7 +15,7 @@ alternating, each reporting wall and CPU seconds for the whole bundle and
 for the aggregation step alone, and peak RSS. Target: consensus at 1 M items
 in <= 30 s on a 2-CPU machine.
 
-``--baseline-ref`` also times that commit's ``potato.consensus.dawid_skene``
+``--baseline-ref`` also times that commit's ``potato.annotations.consensus.dawid_skene``
 alone on ``--baseline-items`` items of the same kind (it grows with the
 items; minutes per million as filed), beside ours on the same observations.
 """
@@ -62,7 +62,8 @@ def _generate(root: Path, n: int) -> None:
 
 
 def _build(root: Path, aggregation: str) -> None:
-    from potato import labels, project
+    from potato.annotations import labels
+    from potato.bundle import build
     from tests.support.potato_project import project_config
 
     config = project_config(root / "config.yaml", aggregation=aggregation)
@@ -73,17 +74,17 @@ def _build(root: Path, aggregation: str) -> None:
     step = (time.perf_counter() - t0, time.process_time() - c0)
     del votes, aggregated
     t0, c0 = time.perf_counter(), time.process_time()
-    info = project.build_bundle(config, ["sentiment"], root / f"bundle-{aggregation}")
+    info = build.build_bundle(config, ["sentiment"], root / f"bundle-{aggregation}")
     print(json.dumps({
         "build_s": time.perf_counter() - t0, "build_cpu_s": time.process_time() - c0,
-        "step_s": step[0], "step_cpu_s": step[1], "line": project.describe_bundle(info),
+        "step_s": step[0], "step_cpu_s": step[1], "line": build.describe_bundle(info),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }))
 
 
 def _dawid_skene_alone(n: int) -> None:
     """``dawid_skene`` of whichever potato package is first on the path, on *n* items like the project's."""
-    from potato.consensus import dawid_skene
+    from potato.annotations.consensus import dawid_skene
 
     rng = random.Random(1)
     observations = {}

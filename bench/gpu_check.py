@@ -86,8 +86,7 @@ DRY_GPUS = [{"index": 0, "name": "NVIDIA H200", "memory_total": 143771, "memory_
 def prepare(out: Path, tiny: bool = False) -> dict:
     """Write the example project's bundle and the model into ``out``; returns what was prepared."""
     from potato.config import load_config
-    from potato.project import build_bundle
-
+    from potato.bundle.build import build_bundle
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     info = build_bundle(load_config(EXAMPLE), ["sentiment"], out / "bundle")

@@ -42,7 +42,7 @@ def _events(path: Path) -> list[dict]:
 
 
 def baseline(config_yaml: Path, scratch: Path) -> tuple[float, float]:
-    from potato.project import build_bundle
+    from potato.bundle.build import build_bundle
     from potato.runs.jobs import make_job, write_job
 
     cfg = load_config(config_yaml)

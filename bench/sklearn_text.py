@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from bench._reviews import make_reviews  # noqa: E402
-from potato.holdout import split_of  # noqa: E402
+from potato.bundle.holdout import split_of  # noqa: E402
 from potato.training.trainers import metrics  # noqa: E402
 from tests.support.potato212 import VENV, Potato212Server  # noqa: E402
 from tests.support.potato_project import write_items, write_user_state  # noqa: E402

@@ -57,7 +57,8 @@ from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTim
 from potato.results.evaluation import read_evaluation
 from potato.runs.jobs import make_job
 from potato.runs.prefect_api import ensure_concurrency_limit
-from potato.project import build_bundle, describe_bundle, read_manifest
+from potato.bundle.build import build_bundle, describe_bundle
+from potato.bundle.pack import read_manifest
 from potato.publish.facts import record_training_data
 from potato.results.record_results import record_results
 from potato.results.retention import prune_run_dirs
@@ -68,7 +69,7 @@ from potato.runs.prefect_runs import CancelWatch
 from potato.runs.paths import open_store, private_dir, run_page, run_paths
 from potato.runs.queue import create_run
 from potato.runs.store import MANUAL, SCHEDULE, Store
-from potato.score_text import curve_lines, curve_rows, table_rows
+from potato.text.score_text import curve_lines, curve_rows, table_rows
 from potato.trackers import import_clients_early, report_to_trackers
 from potato.trainer_choice import describe_plan
 from potato.training.escaping import escaped

@@ -163,7 +163,7 @@ def training_run(config, backend, trainer, schemas, options, curve, detach) -> N
     if final.state == "succeeded":
         from potato.results.quality_gate import read as read_gate
         from potato.runs.paths import run_paths
-        from potato.score_text import curve_lines
+        from potato.text.score_text import curve_lines
         from potato.results.writeback import live_run_ids, writeback_path
 
         for line in curve_lines(final.scores):

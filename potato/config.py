@@ -19,7 +19,7 @@ CONTRACT (other modules rely on these names; keep them):
   ``BackendConfig``; always holds ``local``).
 - ``BackendConfig``: ``name``, ``type``, ``options`` (every key of the type's
   table, defaults applied), ``get(key)``, ``host``, ``type_info`` (what the type
-  declares in ``potato.backend_types.registry``), ``describe()`` (the Runs on menu
+  declares in ``potato.backend_types.type_registry``), ``describe()`` (the Runs on menu
   text, e.g. ``gpu-server (ssh to gpu.example.org)``).
 
 Added here (also public):
@@ -65,7 +65,7 @@ import yaml
 
 from potato.backend_types.contract import BackendType
 from potato.backend_types.local import LOCAL
-from potato.backend_types.registry import BACKEND_TYPES, backend_type, configurable_types
+from potato.backend_types.type_registry import BACKEND_TYPES, backend_type, configurable_types
 from potato.closest_name import did_you_mean
 from potato.config_keys import (
     SLURM_TIME_FORMS, TRACKERS, TRACKERS_NOT_HERE, Issue, Issues, Key, parse_slurm_time,
@@ -100,7 +100,7 @@ class Scheme:
 
     @property
     def kind(self) -> str:
-        """The kind of its answers (``potato.answer_kinds``: nominal, ordinal, …, unsupported)."""
+        """The kind of its answers (``potato.training.answer_kinds``: nominal, ordinal, …, unsupported)."""
         from potato.scheme_fields import answer_kind
 
         return answer_kind(self.annotation_type, self.labels)
@@ -113,7 +113,7 @@ class WritebackConfig:
     min_confidence: float = 0.0
     field: str = "predictions"
     live: bool = False  # also into the items' own records in the watched data_directory (potato.results.live_writeback)
-    order: str = DEFAULT_STRATEGY  # the order Potato 2.12 serves items in under model_review (potato.review_order)
+    order: str = DEFAULT_STRATEGY  # the order Potato 2.12 serves items in under model_review (potato.prefill.review_order)
     order_batch: int | None = None  # the diverse order's batch; None: auto_retrain's update_frequency, else 50
     gate: bool = True  # hold back a run no better than the trivial baseline or the live run (potato.results.quality_gate)
     gate_confidence: float = 0.9
@@ -149,7 +149,7 @@ class BackendConfig:
 
     @property
     def type_info(self) -> BackendType:
-        """What its type declares: keys, capabilities, where its code is (``potato.backend_types.registry``)."""
+        """What its type declares: keys, capabilities, where its code is (``potato.backend_types.type_registry``)."""
         return backend_type(self.type)
 
     def describe(self) -> str:

@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
-from potato.score_text import number_text, score_line
+from potato.text.score_text import number_text, score_line
 from potato.runs.store import END_STATES, Run, Store
 from potato.training.trainers import metrics
 

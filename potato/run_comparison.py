@@ -23,7 +23,7 @@ from potato.follow import format_duration, run_duration
 from potato.publish.facts import read_training_data
 from potato.results.run_report import label_rows
 from potato.runs.paths import run_paths
-from potato.score_text import curve_line, number_text
+from potato.text.score_text import curve_line, number_text
 from potato.runs.store import MAX_RUN_ID, Run, Store
 from potato.trainer_choice import describe_plan
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from potato.answer_kinds import kind_of_type
+from potato.training.answer_kinds import kind_of_type
 
 # A scale with more points than this is not a likert a person answers; a typo (size: 1000).
 MAX_LIKERT_SIZE = 100
@@ -80,7 +80,7 @@ def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...]) -> tuple[di
 
 
 def answer_kind(annotation_type: str, labels: tuple[str, ...]) -> str:
-    """The kind of a scheme's answers: its type's (``potato.answer_kinds``), except a slider
+    """The kind of a scheme's answers: its type's (``potato.training.answer_kinds``), except a slider
     with ``labels:``, which 2.12 draws and stores as a radio group."""
     kind = kind_of_type(annotation_type)
     if annotation_type.strip().lower() == "slider" and labels:

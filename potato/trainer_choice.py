@@ -1,6 +1,6 @@
 """Which trainer trains which schema: the kinds each trainer declares, each kind's default, a run's plan.
 
-A schema's answers have a kind (``potato.answer_kinds``); a trainer trains
+A schema's answers have a kind (``potato.training.answer_kinds``); a trainer trains
 the kinds it declares. A run names a trainer, or none:
 
 - **none** (the Training page's default, the API without ``trainer``,

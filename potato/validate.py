@@ -18,7 +18,7 @@ import click
 from potato.config import (
     BuildResult, Issue, ProjectConfig, build_config, describe_live, did_you_mean, read_config_file,
 )
-from potato.data_warnings import show_path
+from potato.items.data_warnings import show_path
 from potato.errors import ConfigError, ProjectDataError
 
 # Shorter entries would match warnings by accident ("time", "is").
@@ -185,11 +185,10 @@ def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
     A data file that does not parse, an item without an id, an id repeated,
     an id UTF-8 cannot encode: each names the file and the line. And a record
     of the data_directory that already holds the field the live writeback
-    would write (``potato.live_items.foreign_field``).
+    would write (``potato.items.live_items.foreign_field``).
     """
-    from potato.live_items import foreign_field
-    from potato.project import read_items
-
+    from potato.items.live_items import foreign_field
+    from potato.items.read import read_items
     try:
         for _ in read_items(config):
             pass
@@ -201,8 +200,8 @@ def items_error(config: ProjectConfig) -> tuple[Issue, ...]:
 
 def not_live_files(config: ProjectConfig) -> tuple[Issue, ...]:
     """With the live writeback on, a warning for each data file of the directory it leaves as it is (a link,
-    a hard-linked, read-only or another account's file: ``potato.live_items.not_rewritten``)."""
-    from potato.live_items import not_rewritten_files
+    a hard-linked, read-only or another account's file: ``potato.items.live_items.not_rewritten``)."""
+    from potato.items.live_items import not_rewritten_files
 
     wb = config.model_training.writeback
     if not (wb.live and wb.schemas):

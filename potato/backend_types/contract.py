@@ -7,7 +7,7 @@ entry, what it can do (the capability flags below), and where its code
 is — the module of its flow steps (``potato.backends.base.Steps``), its
 ``potato training check`` and how what a run left running is stopped —
 named as ``"module"`` / ``"module:function"``, so that reading the config
-imports none of it. ``potato.backend_types.registry`` holds one line per type.
+imports none of it. ``potato.backend_types.type_registry`` holds one line per type.
 
 Pure: the declarations import only ``potato.config_keys``.
 """

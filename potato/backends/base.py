@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from potato.backend_types.registry import resolve
+from potato.backend_types.type_registry import resolve
 from potato.config import BackendConfig, ProjectConfig
 from potato.runs.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths

@@ -7,7 +7,7 @@ which runs the check the backend's type declares.
 from __future__ import annotations
 
 from potato.backend_types.contract import CheckReport
-from potato.backend_types.registry import resolve
+from potato.backend_types.type_registry import resolve
 from potato.config import ProjectConfig
 
 

@@ -18,9 +18,9 @@ import math
 import re
 from typing import Any, Callable, Iterator, Mapping
 
-from potato.answer_kinds import KINDS
+from potato.training.answer_kinds import KINDS
 from potato.protocol.jsonapi import ApiError, parse_json
-from potato.prediction_shapes import check_answer_fields
+from potato.prefill.prediction_shapes import check_answer_fields
 from potato.runs.store import MAX_RUN_ID
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
@@ -251,7 +251,7 @@ def check_agent_info(body: Mapping[str, Any]) -> dict[str, str]:
 
 # -- predictions ----------------------------------------------------------------------------------
 
-# Item ids are strings in the bundle (potato.project), so a prediction names its item by one.
+# Item ids are strings in the bundle (potato.bundle.build), so a prediction names its item by one.
 _PREDICTION_FIELDS = {"id": (lambda v: None if isinstance(v, str) and v else "the item's id (a non-empty string)", True),
                       "schema": (_name, True)}
 
@@ -260,7 +260,7 @@ def prediction_problem(record: Mapping[str, Any]) -> str | None:
     """What is wrong with one prediction (a line of ``predictions.jsonl``, parsed), or None.
 
     The upload's rule, which knows no schema: an item id, a schema name and
-    the answer fields of some kind (``potato.prediction_shapes``, the one
+    the answer fields of some kind (``potato.prefill.prediction_shapes``, the one
     place that says what each kind's prediction is, and which the writeback
     and the holdout evaluation apply with each schema's kind).
     """
@@ -274,7 +274,7 @@ def prediction_problem(record: Mapping[str, Any]) -> str | None:
 
 def check_prediction_line(line: bytes, number: int) -> None:
     """One line of ``predictions.jsonl`` (``{"id", "schema"}`` and its kind's answer fields,
-    ``potato.prediction_shapes``), or ``BadField``."""
+    ``potato.prefill.prediction_shapes``), or ``BadField``."""
     try:
         record = parse_json(line, f"predictions.jsonl line {number}")
     except ApiError as exc:

@@ -25,8 +25,8 @@ from potato.runs import run_events
 from potato.errors import DiskFull
 from potato.runs.jobs import make_job
 from potato.protocol.jsonapi import ApiError, admits, json_body
-from potato.project import pack_bundle
-from potato.protocol import bodies, predictions
+from potato.bundle.pack import pack_bundle
+from potato.protocol import bodies, prediction_upload
 from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
 from potato.protocol.state import CLAIMED, display_state
 from potato.runs.runlog import RunLog
@@ -215,7 +215,7 @@ def _admit_predictions(run_id: int, **_: object) -> None:
     limit_mb = config().model_training.max_predictions_mb
     size = request.content_length
     if size is not None and size > limit_mb * 1024 * 1024:
-        raise predictions.too_large(limit_mb, size)
+        raise prediction_upload.too_large(limit_mb, size)
 
 
 @bp.route("/runs/<run_id:run_id>/predictions", methods=["PUT", "POST"])
@@ -228,7 +228,7 @@ def upload_predictions(run_id: int):
     paths = _paths(run.id)
     paths.dir.mkdir(parents=True, exist_ok=True)
     try:
-        total, lines = predictions.receive(request.stream, paths, limit_mb=limit_mb, expected=request.content_length)
+        total, lines = prediction_upload.receive(request.stream, paths, limit_mb=limit_mb, expected=request.content_length)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise

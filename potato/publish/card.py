@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from potato.markdown_text import code, md, table
+from potato.text.markdown_text import code, md, table
 from potato.training.trainers import pooling
 
 PIPELINE_TAG = "text-classification"

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from potato.publish import errors
+from potato.publish import publish_errors
 from potato.publish.plan import OutFile
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -91,10 +91,10 @@ def hub_token() -> tuple[str, bool]:
     from huggingface_hub import constants, get_token
 
     if constants.HF_HUB_OFFLINE:
-        raise errors.HubOffline()
+        raise publish_errors.HubOffline()
     token = get_token()
     if not token:
-        raise errors.NoHubToken()
+        raise publish_errors.NoHubToken()
     return token, bool(os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"))
 
 
@@ -240,7 +240,7 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 @contextmanager
 def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_environment: bool,
                 hidden: tuple[str, ...]) -> Iterator[None]:
-    """Turn what huggingface_hub raises into the messages of ``potato.publish.errors``, each text of the
+    """Turn what huggingface_hub raises into the messages of ``potato.publish.publish_errors``, each text of the
     client's scrubbed of *hidden* and of any URL's credentials; anything else is re-raised as
     ``UploadFailed``, its text scrubbed the same way (``from None``: the original, credentials and all, is
     not chained to it)."""
@@ -252,27 +252,27 @@ def _translated(endpoint: str, repo: str, run_id: int, user: list[str], from_env
 
     try:
         yield
-    except errors.PublishError:
+    except publish_errors.PublishError:
         raise
     except Exception as exc:  # noqa: BLE001 - every failure becomes a message the user can act on
         for cause in _causes(exc):
             if isinstance(cause, OfflineModeIsEnabled):
-                raise errors.HubOffline() from None
+                raise publish_errors.HubOffline() from None
             if isinstance(cause, HfHubHTTPError):
                 status = _http_status(cause)
                 if status == 401:
-                    raise errors.HubTokenRefused(endpoint, from_environment) from None
+                    raise publish_errors.HubTokenRefused(endpoint, from_environment) from None
                 if status == 403:
-                    raise errors.HubForbidden(endpoint, user[0] if user else "this token's user", repo) from None
+                    raise publish_errors.HubForbidden(endpoint, user[0] if user else "this token's user", repo) from None
                 said = (getattr(cause, "server_message", None) or str(cause).strip().splitlines()[0]).strip()
-                raise errors.HubRefused(endpoint, repo, status or 0, shown(said)) from None
+                raise publish_errors.HubRefused(endpoint, repo, status or 0, shown(said)) from None
             if isinstance(cause, httpx2.TransportError):
-                raise errors.HubUnreachable(endpoint, repo, run_id,
+                raise publish_errors.HubUnreachable(endpoint, repo, run_id,
                                             shown(f"{type(cause).__name__}: {cause}".rstrip(": "))) from None
         if isinstance(exc, ValueError) and "README.md" in str(exc):  # the Hub's check of the card's metadata
-            raise errors.HubRefused(endpoint, repo, 400, shown(" ".join(str(exc).split()))) from None
+            raise publish_errors.HubRefused(endpoint, repo, 400, shown(" ".join(str(exc).split()))) from None
         log.warning("Publishing to %s failed: %s", endpoint, shown("".join(traceback.format_exception(exc))))
-        raise errors.UploadFailed(shown(f"{type(exc).__name__}: {exc}")) from None
+        raise publish_errors.UploadFailed(shown(f"{type(exc).__name__}: {exc}")) from None
 
 
 def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool, message: str, description: str,

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from potato.config import ProjectConfig
-from potato.publish import errors, publication
+from potato.publish import publication, publish_errors
 from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
 from potato.publish.prefect_link import link_published
-from potato.publish.plan import Plan, Request, default_message, make_plan, request_from
+from potato.publish.plan import PublishPlan, Request, default_message, make_plan, request_from
 from potato.runs.prefect_runs import project_key_of
 from potato.runs.store import Store
 
@@ -36,7 +36,7 @@ class Prepared:
     """A publish that may start: its plan, request and endpoint; the run's publication is claimed."""
 
     run_id: int
-    plan: Plan
+    plan: PublishPlan
     request: Request
     endpoint: str
     via: str
@@ -77,7 +77,7 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
             private=prepared.request.private, message=prepared.request.message or default_message(run),
             description=_description(prepared.plan), run_id=run.id,
             progress=Progress(sum(f.size for f in files), changed), endpoint=prepared.endpoint)
-    except errors.PublishError as exc:
+    except publish_errors.PublishError as exc:
         publication.failed(store, prepared.run_id, str(exc))
         raise
     except KeyboardInterrupt:  # the CLI's Ctrl-C: the upload is over
@@ -85,7 +85,7 @@ def execute(store: Store, prepared: Prepared, on_progress: Callable[[str, int, i
         raise
     except Exception as exc:  # outside the Hub client (hub.upload translates its own): no URL of the Hub in it
         log.exception("Publishing run %s failed", prepared.run_id)
-        failure = errors.UploadFailed(f"{type(exc).__name__}: {exc}")
+        failure = publish_errors.UploadFailed(f"{type(exc).__name__}: {exc}")
         publication.failed(store, prepared.run_id, str(failure))
         raise failure from exc
     finally:
@@ -103,7 +103,7 @@ def _beat(store: Store, run_id: int, stop: threading.Event) -> None:
             log.exception("Could not record that run %s is still being published", run_id)
 
 
-def _description(plan: Plan) -> str:
+def _description(plan: PublishPlan) -> str:
     facts = plan.facts
     scores = "; ".join(f"{s.name}: accuracy {s.scores.get('accuracy')}, macro-F1 {s.scores.get('macro_f1')}"
                        for s in facts.schemas if s.scores)
@@ -138,7 +138,7 @@ class Publisher:
         try:
             published = execute(self.store, prepared)
             log.info("Published run %s to %s (commit %s)", prepared.run_id, published.url, published.commit)
-        except errors.PublishError as exc:
+        except publish_errors.PublishError as exc:
             log.warning("Publishing run %s failed: %s", prepared.run_id, exc)
         finally:
             with self._lock:
@@ -178,7 +178,7 @@ def publish_command(config: ProjectConfig, run_id: int, body: dict, *, echo: Cal
     except UnknownRun as exc:
         echo(str(UnknownRun(exc.run_id, config.path)), err=True)
         return 1
-    except (errors.PublishError, StoreError) as exc:
+    except (publish_errors.PublishError, StoreError) as exc:
         echo(str(exc), err=True)
         return 1
     finally:

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 
 from potato.runs import artifact_uri
 from potato.config import ProjectConfig
-from potato.publish import errors
+from potato.publish import publish_errors
 from potato.publish.card import CALIBRATION_FILE, CARD_FILE, SKLEARN_MODEL, CardFacts, render_card
 from potato.publish.facts import SchemaModel, card_facts, effective_options
 from potato.runs.paths import run_paths
@@ -93,7 +93,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PublishPlan:
     """What publishing run ``run_id`` sends: ``files(repo)`` (the card last)."""
 
     run_id: int
@@ -122,31 +122,31 @@ def request_from(body: dict[str, Any], *, default_license: str | None = None) ->
     """A ``Request`` from *body* (API JSON, or the CLI's options); ``BadPublishRequest`` naming the field."""
     unknown = sorted(set(body) - {"repo", "private", "revision", "message", "base_model", "license"})
     if unknown:
-        raise errors.BadPublishRequest(f"Unknown field(s) {', '.join(map(repr, unknown))}; a publish request has "
+        raise publish_errors.BadPublishRequest(f"Unknown field(s) {', '.join(map(repr, unknown))}; a publish request has "
                                        "repo, private, revision, message, base_model and license")
     repo = body.get("repo")
     if not (_hub_id(repo) and repo.count("/") == 1):
-        raise errors.bad_repo_name(repo)
+        raise publish_errors.bad_repo_name(repo)
     private = body.get("private", True)
     if not isinstance(private, bool):
-        raise errors.BadPublishRequest("private must be true (the default) or false")
+        raise publish_errors.BadPublishRequest("private must be true (the default) or false")
     revision = body.get("revision") or "main"
     if not (isinstance(revision, str) and len(revision) <= 200 and _REVISION.fullmatch(revision)
             and ".." not in revision and not revision.endswith(".lock")):
-        raise errors.BadPublishRequest(f"revision {errors.quoted(revision)} is not a branch name: use letters, digits, '.', '_', "
+        raise publish_errors.BadPublishRequest(f"revision {publish_errors.quoted(revision)} is not a branch name: use letters, digits, '.', '_', "
                                        f"'-' and '/', e.g. main")
     message = body.get("message")
     if message is not None and not (isinstance(message, str) and message.strip() and len(message) <= MAX_MESSAGE
                                     and message.isprintable()):
-        raise errors.BadPublishRequest(f"message must be one line of text of at most {MAX_MESSAGE} characters")
+        raise publish_errors.BadPublishRequest(f"message must be one line of text of at most {MAX_MESSAGE} characters")
     base_model = body.get("base_model") or None
     if base_model is not None and not _hub_id(base_model):
-        raise errors.BadPublishRequest(f"base_model {errors.quoted(base_model)} is not a Hugging Face Hub model id: give owner/name, "
+        raise publish_errors.BadPublishRequest(f"base_model {publish_errors.quoted(base_model)} is not a Hugging Face Hub model id: give owner/name, "
                                        f"e.g. sentence-transformers/all-MiniLM-L6-v2")
     given = body.get("license")
     license_ = given or default_license
     if license_ is not None and not (isinstance(license_, str) and _LICENSE.fullmatch(license_)):
-        raise errors.BadPublishRequest(f"{'license' if given else 'model_training.license'} {errors.quoted(license_)} "
+        raise publish_errors.BadPublishRequest(f"{'license' if given else 'model_training.license'} {publish_errors.quoted(license_)} "
                                        f"is not a license identifier of the Hub, e.g. apache-2.0, mit, cc-by-4.0")
     return Request(repo=repo, private=private, revision=revision, message=message and message.strip(),
                    base_model=base_model, license=license_)
@@ -185,24 +185,24 @@ def _missing(directory: Path, info: dict[str, Any] | None) -> list[str]:
             if not any((directory / name).is_file() for name in group)]
 
 
-def _refuse_missing(config: ProjectConfig, run: Run, directory: Path, missing: list[str]) -> errors.PublishRefused:
+def _refuse_missing(config: ProjectConfig, run: Run, directory: Path, missing: list[str]) -> publish_errors.PublishRefused:
     """Why *run*'s model is not all here: on a host, on an agent's machine, or just missing."""
     local = str(directory / "artifacts")
     backend = config.model_training.backends.get(run.backend)
     place = artifact_uri.parse(run.artifact_uri)
     if backend is not None and backend.type == "agent":
-        return errors.ModelOnAgent(run.id, run.backend, run.artifact_uri, local)
+        return publish_errors.ModelOnAgent(run.id, run.backend, run.artifact_uri, local)
     if place.host is not None:
-        return errors.ModelOnHost(run.id, run.backend, place.host, place.remote_dir or "", local,
+        return publish_errors.ModelOnHost(run.id, run.backend, place.host, place.remote_dir or "", local,
                                   partly=not place.all_on_host)
-    return errors.ModelFilesMissing(run.id, local, "missing " + ", ".join(missing))
+    return publish_errors.ModelFilesMissing(run.id, local, "missing " + ", ".join(missing))
 
 
 def _schema_dirs(config: ProjectConfig, run: Run) -> list[tuple[str, Path, dict[str, Any]]]:
     """``(schema, its model directory, its labels.json)`` for each schema of *run*; refuses an incomplete model."""
     directory = run_paths(config, run.id).dir
     if not directory.is_dir():
-        raise errors.ModelFilesMissing(run.id, str(directory), "", retained=True)
+        raise publish_errors.ModelFilesMissing(run.id, str(directory), "", retained=True)
     found, missing = [], []
     for schema in run.schemas:
         model_dir = directory / "artifacts" / safe_dirname(schema)
@@ -239,9 +239,9 @@ def _rewritten(path: Path, changes: dict[str, Any], run_id: int) -> bytes:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} cannot be read ({exc})") from None
+        raise publish_errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} cannot be read ({exc})") from None
     if not isinstance(data, dict):
-        raise errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} is not a JSON object")
+        raise publish_errors.ModelFilesMissing(run_id, str(path.parent), f"{path.name} is not a JSON object")
     data.update({key: value for key, value in changes.items() if key in data})
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
@@ -291,14 +291,14 @@ def _calibration_of(config: ProjectConfig, run: Run) -> tuple[int, dict[str, Any
         calibration = json.loads(path.read_text(encoding="utf-8"))
         calibrated = int(calibration["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise errors.ModelFilesMissing(run.id, str(path.parent), f"missing {CALIBRATION_FILE}") from None
+        raise publish_errors.ModelFilesMissing(run.id, str(path.parent), f"missing {CALIBRATION_FILE}") from None
     if not any(s.get("kept") for s in run.scores.values() if isinstance(s, dict)):
-        raise errors.CalibrationNotKept(run.id, calibrated)
+        raise publish_errors.CalibrationNotKept(run.id, calibrated)
     return calibrated, run.scores, path
 
 
 def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request | None = None, *,
-              for_hub: bool = True) -> Plan:
+              for_hub: bool = True) -> PublishPlan:
     """What publishing run *run_id* sends, as *request* asks; raises a ``PublishRefused`` saying why not.
 
     Without *for_hub* (a download, or the page asking whether it could publish) a LoRA adapter whose base
@@ -307,7 +307,7 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     request = request or Request(repo="")
     run = store.get_run(run_id)
     if run.state != SUCCEEDED:
-        raise errors.RunNotSucceeded(run.id, run.state)
+        raise publish_errors.RunNotSucceeded(run.id, run.state)
     calibration = None
     extra: list[OutFile] = []
     model_run = run
@@ -315,7 +315,7 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
         calibrated, scores, path = _calibration_of(config, run)
         model_run = store.get_run(calibrated)
         if model_run.state != SUCCEEDED:
-            raise errors.RunNotSucceeded(model_run.id, model_run.state)
+            raise publish_errors.RunNotSucceeded(model_run.id, model_run.state)
         calibration = (run.id, scores)
         extra.append(OutFile(CALIBRATION_FILE, path.stat().st_size, source=path))
     directory = run_paths(config, model_run.id).dir
@@ -325,7 +325,7 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     base_dir = dirs[0][2].get("base_model")
     base_model = None if kind == "sklearn" else base_model_id(options, request.base_model, base_dir)
     if base_model is None and kind == "lora" and for_hub:
-        raise errors.BaseModelUnknown(model_run.id, str(base_dir or options.get("model")))
+        raise publish_errors.BaseModelUnknown(model_run.id, str(base_dir or options.get("model")))
     folders = len(dirs) > 1
     files: list[OutFile] = []
     schemas = []
@@ -347,4 +347,4 @@ def make_plan(config: ProjectConfig, store: Store, run_id: int, request: Request
     facts = card_facts(config, model_run, directory, schemas, kind=kind, base_model=base_model,
                        base_model_note=note, license=request.license or config.model_training.license,
                        options=shown, calibration=calibration)
-    return Plan(run_id=run.id, model_run_id=model_run.id, model_files=tuple(files + extra), facts=facts)
+    return PublishPlan(run_id=run.id, model_run_id=model_run.id, model_files=tuple(files + extra), facts=facts)

@@ -23,7 +23,7 @@ import os
 import time
 from typing import Any
 
-from potato.publish import errors
+from potato.publish import publish_errors
 from potato.publish.hub import Published
 from potato.publish.plan import Request
 from potato.runs.store import Store
@@ -78,7 +78,7 @@ def claim(store: Store, run_id: int, request: Request, *, endpoint: str, via: st
     """Mark run *run_id* as being published as *request* asks; ``PublishInProgress`` while another upload runs."""
     def change(current: dict[str, Any]) -> dict[str, Any]:
         if current.get("state") == UPLOADING and not is_stale(current):
-            raise errors.PublishInProgress(run_id, current.get("repo", "?"))
+            raise publish_errors.PublishInProgress(run_id, current.get("repo", "?"))
         now = time.time()
         return {"state": UPLOADING, "repo": request.repo, "revision": request.revision, "private": request.private,
                 "endpoint": endpoint, "via": via, "phase": "waiting", "bytes": 0, "total": total,

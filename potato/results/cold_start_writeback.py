@@ -15,7 +15,7 @@ items without a model; here:
   cold-start``).
 - ``record``: its record-results hook. The order lines become places that
   pre-fill nothing (the usual writeback and live writeback,
-  ``potato.review_order``); but a model's predictions already written back
+  ``potato.prefill.review_order``); but a model's predictions already written back
   for a schema are never replaced by a cold start's places: then nothing is
   written and the run log says why.
 """
@@ -27,11 +27,11 @@ from typing import Any
 from potato.backends.base import RunContext
 from potato.config import MODEL_REVIEW, ProjectConfig, assignment_strategy
 from potato.results.live_writeback import publish
-from potato.review_order import is_order_only, strip_order
+from potato.prefill.review_order import is_order_only, strip_order
 from potato.runs.store import COLD_START, Run, Store
 from potato.training.trainers.cold_start import NAME
 from potato.results.writeback import writeback_lock, writeback_path
-from potato.writeback_shapes import CONFIDENCE_ONLY_TYPES
+from potato.prefill.writeback_shapes import CONFIDENCE_ONLY_TYPES
 
 
 def needs_cold_start(config: ProjectConfig) -> bool:

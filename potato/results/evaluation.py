@@ -5,7 +5,7 @@ reach the server from all of them), from two sources trusted differently:
 the server's own bundle says which items were labelled, their gold labels and
 which were held out (never what the worker reports), and the run's
 predictions say what the model answered — checked where they enter, as the
-writeback checks them (``potato.prediction_shapes.parse_prediction``), and
+writeback checks them (``potato.prefill.prediction_shapes.parse_prediction``), and
 ``probs`` kept only as a list of the schema's length of numbers from 0 to 1.
 
 Files in ``runs/<id>/``:
@@ -38,9 +38,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
-from potato.prediction_shapes import Prediction, parse_prediction
-from potato.project import dump_line, load_line
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.prefill.prediction_shapes import Prediction, parse_prediction
+from potato.items.json_lines import dump_line, load_line
 from potato.runs.paths import RunPaths
 from potato.training import atomic_files
 from potato.training.calibration import expected_calibration_error, reliability_bins

@@ -35,7 +35,7 @@ The rules, because these are the project's own files:
   and a temporary, which the next writeback removes.
 - **Only the directory's own files.** A data file that is a symbolic link,
   hard-linked, read-only, or (for a server that is not root) owned by
-  another account is never rewritten (``potato.live_items.not_rewritten``):
+  another account is never rewritten (``potato.items.live_items.not_rewritten``):
   its items are "not live", with the reason in the run log and in ``potato
   validate``. No temporary is ever made outside the watched directory.
 - **Feeds that append.** A program that appends items to a data file (a
@@ -59,13 +59,13 @@ The rules, because these are the project's own files:
 - **Whose field.** Before the first live writeback into a directory, a record
   that already holds the field (with another value than the writeback
   file's) is the project's own and stops it
-  (``potato.live_items.foreign_field``). The marker
+  (``potato.items.live_items.foreign_field``). The marker
   (``training/live-writeback.json``) is written before the first record
   changes and lists the records that hold what the writeback wrote, so a
   first writeback cut short is finished by the next one; a record holding
   the field that the marker does not list is reported and left as it is.
   Which records can carry predictions at all (not a CSV cell, not an item
-  2.12 keeps from ``data_files``): ``potato.live_items``.
+  2.12 keeps from ``data_files``): ``potato.items.live_items``.
 - **Reported, never raised.** A file that cannot be read or rewritten (not
   UTF-8, a CSV cell past the csv module's limit, a full disk) is named in
   the report and left as it was; the run does not fail for it.
@@ -94,10 +94,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from potato.config import ProjectConfig, data_directory_files, watch_poll_interval
-from potato.data_warnings import show_path
+from potato.items.data_warnings import show_path
 from potato.errors import LiveWritebackError, ProjectDataError
 from potato.json_records import EditError, set_member
-from potato.live_items import (
+from potato.items.live_items import (
     Marker, earlier_ids, first_records, foreign_field, line_of, not_rewritten, owns_field,
     parse_data_file, read_marker, read_targets, table_ids, unwritable, write_marker,
 )

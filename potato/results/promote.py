@@ -21,7 +21,7 @@ from potato.config import ProjectConfig
 from potato.errors import PromoteError
 from potato.results.evaluation import trained_on
 from potato.results.live_writeback import LiveReport, publish
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import SUCCEEDED, Run, Store
 from potato.results.writeback import WritebackSummary, live_run_ids

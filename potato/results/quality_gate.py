@@ -48,10 +48,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.config import ProjectConfig
-from potato.prediction_shapes import schema_records
-from potato.project import load_line, read_lines
+from potato.prefill.prediction_shapes import schema_records
+from potato.items.json_lines import load_line, read_lines
 from potato.runs.paths import RunPaths, private_dir, run_paths
 from potato.training.trainers import metrics
 from potato.training import atomic_files

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 from potato.config import ProjectConfig, watch_poll_interval
 from potato.errors import RetractError
 from potato.results.live_writeback import LiveReport, is_live, sync_reported
-from potato.review_order import strip_order
+from potato.prefill.review_order import strip_order
 from potato.runs.runlog import RunLog
 from potato.runs.paths import run_paths
 from potato.runs.store import SUCCEEDED, Run, Store
@@ -212,7 +212,7 @@ def _rewrite(config: ProjectConfig, records: list[dict[str, Any]], run_id: int, 
             record[field_name][schema] = prefill
             if not (isinstance(prefill, dict) and "run_id" in prefill):
                 record.setdefault("run_ids", {})[schema] = source
-    for record in by_id.values():  # the places of the newest writeback's order go too (potato.review_order)
+    for record in by_id.values():  # the places of the newest writeback's order go too (potato.prefill.review_order)
         record[field_name] = {schema: shown for schema, payload in record[field_name].items()
                               if (shown := strip_order(payload)) is not None}
     with replacing(writeback_path(config)) as out:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from potato.markdown_text import md, table
-from potato.score_text import curve_lines, number_text, score_line
+from potato.text.markdown_text import md, table
+from potato.text.score_text import curve_lines, number_text, score_line
 from potato.training.escaping import escaped
 from potato.results.writeback import report_lines
 

@@ -4,7 +4,7 @@ The file is ``<output_annotation_dir>/training/predictions.jsonl``, in the shape
 Potato 2.12's one public door for outside predictions reads
 (``pre_annotation.predictions_file``; ``quality_control._load_prediction_file``):
 one record per item, its id and, under ``writeback.field``, each schema's
-prediction in the shape 2.12 pre-fills that type from (``potato.writeback_shapes``)::
+prediction in the shape 2.12 pre-fills that type from (``potato.prefill.writeback_shapes``)::
 
     {"id": "r1", "predictions": {"sentiment": {"label": "positive", "confidence": 0.93, "run_id": 7}}}
     {"id": "r2", "predictions": {"topics": [{"label": "food", "confidence": 0.81}], "score": 35},
@@ -28,7 +28,7 @@ the counts, because a writeback that silently writes nothing looks broken:
 1. **Readable.** The predictions were written by a worker that may have run
    on another machine and reached us through an agent's upload, so each line
    is checked where it enters, as its schema's kind says
-   (``potato.prediction_shapes``: a string ``id``, a ``schema`` of the run,
+   (``potato.prefill.prediction_shapes``: a string ``id``, a ``schema`` of the run,
    a ``label`` of that schema and a ``confidence`` from 0 to 1, or a
    ``value``, ``spans`` or ``text``). A bad line is skipped and named in the
    run log; it never fails the run. Fields we do not use are ignored.
@@ -48,7 +48,7 @@ the counts, because a writeback that silently writes nothing looks broken:
    (a prediction without a confidence — a number, spans, text — is not held
    back by it; a span below it is dropped from its list). Under
    ``assignment_strategy: model_review`` such an item keeps its confidence
-   only (``potato.writeback_shapes.confidence_only``), so that 2.12 serves it
+   only (``potato.prefill.writeback_shapes.confidence_only``), so that 2.12 serves it
    among the first, pre-filling nothing; the run log counts them.
 7. **Something to show.** An empty set, no span left, or spans of an item
    2.12 shows from a list, a mapping or ``displayed_text`` (their offsets
@@ -56,7 +56,7 @@ the counts, because a writeback that silently writes nothing looks broken:
 
 **The order.** Under ``assignment_strategy: model_review`` the items that
 pass rules 3-5 are ranked by ``writeback.order`` and the order lines of the
-run (``potato.review_order``), and each item's rank is carried in one
+run (``potato.prefill.review_order``), and each item's rank is carried in one
 mapping beside the model's confidence, so that 2.12 serves them in that
 order; items that only hold a place pre-fill nothing.
 
@@ -89,16 +89,16 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 
-from potato.answer_kinds import NOMINAL, SPAN
+from potato.training.answer_kinds import NOMINAL, SPAN
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.errors import WritebackError
-from potato.prediction_shapes import OrderRank, is_confidence, parse_line
-from potato.review_order import ReviewOrder, model_confidences, order_spec, strip_order
+from potato.prefill.prediction_shapes import OrderRank, is_confidence, parse_line
+from potato.prefill.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import MAX_RUN_ID
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes
-from potato.writeback_shapes import (
+from potato.prefill.writeback_shapes import (
     CONFIDENCE_ONLY_TYPES, confidence_only, describe_payload, is_confidence_only, payload_confidences, prefill,
 )
 
@@ -132,11 +132,11 @@ class WritebackSummary:
     # Held back by min_confidence but written as a confidence only (model_review), per schema.
     confidence_only: dict[str, int] = field(default_factory=dict)
     # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only,
-    # items with their place in the review order only (potato.review_order).
+    # items with their place in the review order only (potato.prefill.review_order).
     items_prefilled: int = 0
     items_confidence_only: int = 0
     items_order_only: int = 0
-    # The order model_review serves by (potato.review_order): its strategy, items ranked, ranked items
+    # The order model_review serves by (potato.prefill.review_order): its strategy, items ranked, ranked items
     # with no payload that could hold their place.
     order: str | None = None
     ranked: int = 0
@@ -579,7 +579,7 @@ def _texts_of(bundle_dir: Path, ids: set[str], limit: int = 200) -> dict[str, st
 
 
 def _id_json(item_id: str) -> bytes:
-    """An id as a bundle line holds it (``potato.project.dump_line``: orjson, a lone surrogate as its escape)."""
+    """An id as a bundle line holds it (``potato.items.json_lines.dump_line``: orjson, a lone surrogate as its escape)."""
     try:
         return orjson.dumps(item_id)
     except orjson.JSONEncodeError:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from potato.config import ProjectConfig
-from potato.review_order import order_spec
+from potato.prefill.review_order import order_spec
 from potato.runs.store import Run
 from potato.training import atomic_files
 from potato.training.job_paths import JobPaths

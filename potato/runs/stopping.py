@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 from potato.backend_types.contract import Stopped
-from potato.backend_types.registry import BACKEND_TYPES, resolve
+from potato.backend_types.type_registry import BACKEND_TYPES, resolve
 from potato.config import ProjectConfig
 from potato.runs.store import Run, Store
 from potato.training.stop_job import processes

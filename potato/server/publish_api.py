@@ -18,7 +18,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify
 
 from potato.protocol.jsonapi import ApiError, json_body
-from potato.publish import errors, publication
+from potato.publish import publication, publish_errors
 from potato.publish.archive import archive_name, stream_tar_gz
 from potato.publish.hub import hub_endpoint, hub_token, without_credentials
 from potato.publish.job import prepare
@@ -31,8 +31,8 @@ bp = Blueprint("publish_api", __name__, url_prefix="/admin/training/api")
 VIA = {"session": "page", "header": "api", "debug": "api"}
 
 
-def _refused(exc: errors.PublishRefused) -> ApiError:
-    return ApiError(400 if isinstance(exc, errors.BadPublishRequest) else 409, str(exc))
+def _refused(exc: publish_errors.PublishRefused) -> ApiError:
+    return ApiError(400 if isinstance(exc, publish_errors.BadPublishRequest) else 409, str(exc))
 
 
 @bp.get("/runs/<run_id:run_id>/publish")
@@ -45,14 +45,14 @@ def publish_status(run_id: int):
               "publication": publication.view(run.publication)}
     try:
         plan = make_plan(config, store, run_id, for_hub=False)
-    except errors.PublishRefused as exc:  # no model here: neither a download nor a publish
+    except publish_errors.PublishRefused as exc:  # no model here: neither a download nor a publish
         answer["refusal"] = str(exc)
         return jsonify(answer)
     answer.update(downloadable=True, kind=plan.facts.kind, base_model=plan.facts.base_model,
                   files=len(plan.model_files) + 1, bytes=sum(f.size for f in plan.files(None)))
     try:
         hub_token()
-    except errors.PublishRefused as exc:  # no token, or offline: the download stays offered
+    except publish_errors.PublishRefused as exc:  # no token, or offline: the download stays offered
         answer["hub_note"] = str(exc)
     else:
         answer["ready"] = True
@@ -67,7 +67,7 @@ def publish(run_id: int):
     try:
         request = request_from(json_body(), default_license=config.model_training.license)
         prepared = prepare(config, store, run_id, request, via=VIA.get(admin_via(), "api"))
-    except errors.PublishRefused as exc:
+    except publish_errors.PublishRefused as exc:
         raise _refused(exc) from None
     current_app.extensions["potato.background"].publisher.submit(prepared)
     response = jsonify({"publication": publication.view(store.get_run(run_id).publication)})
@@ -80,7 +80,7 @@ def publish(run_id: int):
 def download(run_id: int):
     try:
         plan = make_plan(get_config(), get_store(), run_id, for_hub=False)
-    except errors.PublishRefused as exc:
+    except publish_errors.PublishRefused as exc:
         raise _refused(exc) from None
     name = archive_name(run_id)
     return Response(stream_tar_gz(plan.files(None), name), mimetype="application/gzip",

@@ -12,7 +12,7 @@ from potato.results.promote import predictions_state
 from potato.protocol.state import display_state
 from potato.results.retract import why_not as why_not_retractable
 from potato.runs.paths import run_paths
-from potato.score_text import curves_json, score_lines
+from potato.text.score_text import curves_json, score_lines
 from potato.publish.publication import view as publication_view
 from potato.runs.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
 from potato.results.writeback import live_run_ids, read_report, report_lines

@@ -1,7 +1,7 @@
 """The remote half: the training worker, its events, device choice (and the agent).
 
 Everything under ``potato/training/`` and ``potato/training/trainers/``, and
-``potato/answer_kinds.py`` (the kinds of answer both halves speak of), is
+``potato/training/answer_kinds.py`` (the kinds of answer both halves speak of), is
 copied to GPU hosts and hashed for "sync code by hash"
 (``potato/backends/ssh/code.py``). The rule for these
 (checked by ``tests/unit/test_remote_half.py``):

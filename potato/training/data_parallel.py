@@ -36,7 +36,7 @@ PER_GPU = "per_gpu"
 PUMP_INTERVAL_S = 0.2
 
 
-class Plan(NamedTuple):
+class ProcessPlan(NamedTuple):
     """How a run trains: ``size`` processes, process ``r`` on ``devices[r]`` (named ``names[r]``)."""
 
     size: int
@@ -61,7 +61,7 @@ def check_processes(value: Any) -> Optional[str]:
 
 
 def plan_processes(processes: Any, device: str, device_name: str, cuda: Sequence[Tuple[str, str]],
-                   threads: Optional[int]) -> Plan:
+                   threads: Optional[int]) -> ProcessPlan:
     """Decide the processes of a run.
 
     ``processes``: None or 1 (one process), ``per_gpu`` (one per usable GPU;
@@ -69,7 +69,7 @@ def plan_processes(processes: Any, device: str, device_name: str, cuda: Sequence
     (``potato.training.device.choose_device``). ``cuda``: the usable GPUs as
     ``(device, name)``. ``threads``: the CPU threads to share among processes.
     """
-    single = Plan(1, [device], [device_name], None, threads)
+    single = ProcessPlan(1, [device], [device_name], None, threads)
     if processes in (None, 1):
         return single
     if device.startswith("cuda"):
@@ -80,7 +80,7 @@ def plan_processes(processes: Any, device: str, device_name: str, cuda: Sequence
                 "or lower processes".format(wanted, len(cuda), "" if len(cuda) == 1 else "s", wanted))
         if wanted <= 1:
             return single
-        return Plan(wanted, [d for d, _ in cuda[:wanted]], [n for _, n in cuda[:wanted]], "nccl", threads)
+        return ProcessPlan(wanted, [d for d, _ in cuda[:wanted]], [n for _, n in cuda[:wanted]], "nccl", threads)
     if processes == PER_GPU:
         return single
     if device == "mps":
@@ -88,7 +88,7 @@ def plan_processes(processes: Any, device: str, device_name: str, cuda: Sequence
     n = int(processes)
     each = max(1, (threads or available_cpus()) // n)
     name = "CPU ({} thread{})".format(each, "" if each == 1 else "s")
-    return Plan(n, ["cpu"] * n, [name] * n, "gloo", each)
+    return ProcessPlan(n, ["cpu"] * n, [name] * n, "gloo", each)
 
 
 def available_cpus() -> int:
@@ -99,7 +99,7 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def lead(job: Any, events: Any, plan: Plan,
+def lead(job: Any, events: Any, plan: ProcessPlan,
          entry: Callable[[str, Dict[str, Any]], None]) -> Tuple[int, str, Optional[str]]:
     """Start ``plan.size`` processes running ``entry(job_dir, plan)``; merge their events.
 
@@ -142,7 +142,7 @@ def lead(job: Any, events: Any, plan: Plan,
     return merger.outcome(events.cancelled, failure)
 
 
-def _launch(job_dir: str, plan: Plan, entry: Callable[[str, Dict[str, Any]], None], grace: float) -> None:
+def _launch(job_dir: str, plan: ProcessPlan, entry: Callable[[str, Dict[str, Any]], None], grace: float) -> None:
     """Run ``entry`` in ``plan.size`` processes with torch's elastic launcher (as ``torchrun --standalone``)."""
     import dataclasses
 

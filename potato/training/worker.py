@@ -33,7 +33,7 @@ import traceback
 from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from potato.answer_kinds import NOMINAL
+from potato.training.answer_kinds import NOMINAL
 from potato.training.trainers import registry
 from potato.training.trainers.registry import import_failure_message
 from potato.training import helper_processes

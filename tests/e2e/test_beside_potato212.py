@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.holdout import split_of
+from potato.bundle.holdout import split_of
 from tests.support.potato212 import Annotator, OurServer, Potato212Server, project_config
 from tests.support.runs import potato, processes_matching, wait_for
 from tests.support.tiny_model import build_tiny_model

@@ -39,10 +39,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN
 from potato.config import load_config
-from potato.holdout import split_of
-from potato.project import build_bundle
+from potato.bundle.holdout import split_of
+from potato.bundle.build import build_bundle
 from potato.trainer_choice import trainer_kinds
 from potato.training.trainers.registry import DEFAULT_BY_KIND
 from tests.support.potato212 import Annotator, Potato212Server

@@ -73,7 +73,7 @@ def server(tmp_path, prefect_api, hub, monkeypatch):
 def test_publish_from_the_run_page_with_progress_then_the_link(browser, server, hub):  # noqa: F811
     from playwright.sync_api import expect
 
-    from potato.publish.errors import ModelOnHost
+    from potato.publish.publish_errors import ModelOnHost
 
     url, kept_dir = server
     page = browser.new_page()

@@ -124,7 +124,7 @@ def _shot(page, name: str) -> None:
 def test_a_run_is_judged_from_its_page_and_the_training_page_refuses_and_asks_first(browser, server):  # noqa: F811
     from playwright.sync_api import expect
 
-    from potato.publish.errors import NoHubToken
+    from potato.publish.publish_errors import NoHubToken
     from potato.training.trainers.hf_llm_finetune import NO_MODEL_MESSAGE
 
     url, store = server

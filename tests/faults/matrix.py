@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from potato.backend_types.registry import BACKEND_TYPES
+from potato.backend_types.type_registry import BACKEND_TYPES
 
 RECORD = Path(__file__).resolve().parents[2] / "test-artifacts" / "faults.jsonl"
 # Every backend type is a column: a type without its fault cases shows NOT RUN, and the matrix fails.

@@ -28,7 +28,8 @@ from typing import Any, Callable
 import pytest
 
 from potato.config import load_config
-from potato.project import build_bundle, pack_bundle
+from potato.bundle.build import build_bundle
+from potato.bundle.pack import pack_bundle
 from tests.support.claims import make_claim
 from tests.support.runs import process_alive, processes_matching, tiny_project, wait_for
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from potato.config import POTATO_212_KEYS
-from potato.consensus import dawid_skene, strict_majority
-from potato.holdout import split_of
+from potato.annotations.consensus import dawid_skene, strict_majority
+from potato.bundle.holdout import split_of
 from potato.validate import validate_config_file
 from tests.unit.test_config import write_project
 from tests.unit.test_config_potato212 import POTATO_212_MODEL_TRAINING
@@ -73,7 +73,7 @@ def test_split_of_is_potato_212s_partition(potato212):
 
 
 def test_consensus_is_potato_212s_dawid_skene_where_no_strict_majority_decides(potato212):
-    """Ours differs from 2.12.1's on purpose (potato.consensus): a strict majority decides its items, and a
+    """Ours differs from 2.12.1's on purpose (potato.annotations.consensus): a strict majority decides its items, and a
     prior on the confusion rows keeps close calls from going to whoever agreed most elsewhere. Where the
     model decides, both weigh annotators by reliability and mostly agree (recorded: 165 of 196 items)."""
     rng = random.Random(5)

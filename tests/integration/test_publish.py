@@ -26,8 +26,8 @@ import pytest
 import yaml
 
 from potato.config import load_config
-from potato.holdout import is_holdout
-from potato.publish import errors
+from potato.bundle.holdout import is_holdout
+from potato.publish import publish_errors
 from potato.runs.prefect_runs import project_key_of
 from tests.support.hub import CHECKED_WITH, StandInHub, quiet_werkzeug
 from tests.support.potato_project import DEFAULT_ANNOTATORS, item_text, make_project, true_label
@@ -218,7 +218,7 @@ def test_a_lora_adapter_names_its_base_model_and_loads_with_peft_from_the_downlo
     refused = publish(project, 2, "--repo", "lab/sentiment-lora", endpoint=hub.url)
     assert refused.returncode == 1
     base_dir = project.parent / "tiny-model"
-    assert refused.stderr.strip() == str(errors.BaseModelUnknown(2, str(base_dir))) == (
+    assert refused.stderr.strip() == str(publish_errors.BaseModelUnknown(2, str(base_dir))) == (
         f"Run 2 trained a LoRA adapter on the local model directory {base_dir}, which has no Hub id Potato knows, "
         f"and an adapter loads only on top of its base model. Fix: name the base model's Hub id (--base-model "
         f"owner/name on the command line, Base model on the run page, base_model in the API)")
@@ -299,7 +299,7 @@ def test_refusals_say_why_and_how_to_fix_it(hub, project, tmp_path):
         done = publish(project, *map(str, args), endpoint=hub.url, home=tmp_path / "empty-home", **env)
         assert (done.returncode, done.stderr.strip()) == (1, message), args
     assert hub.paths("bob/sentiment") == [".gitattributes"] and "lab/x" not in hub.repos
-    assert str(errors.ModelOnAgent(agent.id, "lab-workstation", uri, str(local))) == cases[1][2]
+    assert str(publish_errors.ModelOnAgent(agent.id, "lab-workstation", uri, str(local))) == cases[1][2]
 
 
 def test_a_cut_connection_commits_nothing_and_publishing_again_sends_only_what_is_missing(hub, project):
@@ -414,7 +414,7 @@ def test_a_model_left_on_the_ssh_host_is_refused_naming_the_host_and_the_path(
         assert (remote / "sentiment" / "config.json").is_file()  # the model is there, on the "host"
         refused = publish(config, 1, "--repo", "lab/ssh", endpoint=hub.url)
         local = run_dir_of(config, 1) / "artifacts"
-        assert (refused.returncode, refused.stderr.strip()) == (1, str(errors.ModelOnHost(
+        assert (refused.returncode, refused.stderr.strip()) == (1, str(publish_errors.ModelOnHost(
             1, "gpu-server", ssh_user_config, str(remote), str(local), partly=False)))
         assert refused.stderr.startswith(f"Run 1's model stayed on {ssh_user_config} in {remote} (fetch_artifacts is "
                                          f"false for gpu-server), and publishing needs the model files on this server.")
@@ -508,7 +508,7 @@ def test_an_llm_adapter_publishes_with_a_card_that_loads_it_on_its_base_model(hu
     config = make_project(tmp_path, n_items=10)
     run_id = _model_run(config, "hf-llm-finetune", adapter)
     refused = publish(config, run_id, "--repo", "lab/llm-adapter", endpoint=hub.url)
-    assert (refused.returncode, refused.stderr.strip()) == (1, str(errors.BaseModelUnknown(run_id, str(tiny_llm))))
+    assert (refused.returncode, refused.stderr.strip()) == (1, str(publish_errors.BaseModelUnknown(run_id, str(tiny_llm))))
     card, meta = _published_card(hub, config, run_id, "lab/llm-adapter", "--base-model", LLM_BASE_ID)
     assert (meta["library_name"], meta["base_model"], meta["pipeline_tag"]) == ("peft", LLM_BASE_ID,
                                                                                 "text-generation")

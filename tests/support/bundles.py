@@ -1,6 +1,6 @@
 """Write small run bundles and job directories by hand, as docs/architecture.md describes them.
 
-Independent of potato/project.py on purpose: the worker's tests check the
+Independent of potato/bundle/build.py on purpose: the worker's tests check the
 worker against the documented format, not against the bundle builder.
 """
 

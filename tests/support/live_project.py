@@ -31,7 +31,7 @@ import yaml
 from potato.config import load_config
 from potato.json_records import records, starts_array
 from potato.results.live_writeback import publish
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED
 from tests.support.potato_project import write_user_state

@@ -43,12 +43,8 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
                 "every kind, their aggregation, the holdout split and the bundle; which trainer trains which "
                 "schema; the shapes of predictions and of what annotators see; the data files' records as "
                 "bytes; scores in words and as Markdown.",
-     ("potato.config", "potato.validate", "potato.project", "potato.labels", "potato.holdout",
-      "potato.json_records", "potato.live_items",
-      "potato.consensus", "potato.data_warnings", "potato.json_chunks", "potato.forked", "potato.answers",
-      "potato.aggregation", "potato.scheme_fields", "potato.rendered_text", "potato.trainer_choice",
-      "potato.prediction_shapes", "potato.writeback_shapes", "potato.review_order", "potato.score_text",
-      "potato.markdown_text")),
+     ("potato.config", "potato.validate", "potato.scheme_fields", "potato.trainer_choice", "potato.json_records",
+      "potato.items", "potato.annotations", "potato.bundle", "potato.prefill", "potato.text")),
     ("declarations", "What exists, declared without importing it: the backend types and their key "
                      "tables, the vocabulary of a config key, every error class and the names they suggest.",
      ("potato.backend_types", "potato.config_keys",
@@ -56,9 +52,26 @@ LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("remote half", "What an ssh run copies to its host and every worker runs: the worker, the agent, "
                     "the trainers and their registry, the kinds of answer. Standard library only at "
                     "import, Python 3.8; it imports nothing of the layers above.",
-     ("potato.training", "potato.answer_kinds", "potato")),
+     ("potato.training", "potato")),
 )
 LAYER_NAMES = [name for name, _, _ in LAYERS]
+
+# The modules that sit in potato/ itself, not in a folder, and why each is on its own: every other module
+# lives in the folder of its layer (tests/unit/test_layers.py holds potato/ to this list).
+FLAT_MODULES: dict[str, str] = {
+    "potato.cli": "the `potato` command: every subcommand's arguments, each handed to the module that does it",
+    "potato.follow": "a run followed live on the terminal (the CLI's progress line and the end's summary)",
+    "potato.run_comparison": "runs side by side, as the CLI prints them and the compare page shows them",
+    "potato.validate": "`potato validate`: the config and the items read as a run would, before a server starts",
+    "potato.config": "the project's config read once, typed, with every warning and refusal",
+    "potato.scheme_fields": "what each annotation type's config holds, as Potato 2.12 reads it",
+    "potato.trainer_choice": "which trainer trains which schema, when a run names none or several",
+    "potato.json_records": "the data files' records as bytes: read by the config's encoding check, the items "
+                           "and the live writeback, below all three",
+    "potato.config_keys": "the vocabulary of the config's keys, declared without importing what they configure",
+    "potato.errors": "every error class a user can see, and the names they suggest",
+    "potato.closest_name": "\"did you mean\": the one rule for every misspelt name",
+}
 DOCS_COMMAND = "python -m tests.support.module_map > docs/modules.md"
 
 

@@ -15,10 +15,10 @@ import json
 
 import pytest
 
-from potato.aggregation import aggregate, majority_label_sets, majority_spans, median_points
-from potato.answers import read_answers
-from potato.labels import read_votes
-from potato.project import build_bundle, describe_bundle
+from potato.annotations.aggregation import aggregate, majority_label_sets, majority_spans, median_points
+from potato.annotations.annotator_answers import read_answers
+from potato.annotations.labels import read_votes
+from potato.bundle.build import build_bundle, describe_bundle
 from tests.support.answer_project import ALL, TOPICS, bundle_project, pair as _pair, span as _span, \
     write_state
 
@@ -57,8 +57,8 @@ def test_answers_a_schema_does_not_take_are_skipped_and_named(tmp_path):
 
 
 def test_a_file_the_fast_reader_gives_up_on_is_read_carefully(tmp_path, monkeypatch):
-    from potato import answers as module
-    from potato.json_chunks import GiveUp
+    from potato.annotations import annotator_answers as module
+    from potato.annotations.json_chunks import GiveUp
 
     def gives_up(path):
         yield "instance_id_to_label_to_value", "i0", [_pair("score", "slider", "99")]  # taken back

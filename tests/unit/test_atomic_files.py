@@ -31,7 +31,7 @@ TEMPORARY_NAME = ("tmp-", ".tmp")
 ALLOWED = {
     ("potato/training/parts.py", "os.replace(os.path.join(source, name), target)"):
         "moves a finished part's model files into the job's artifacts/ (the job's own directory); nothing is written",
-    ("potato/project.py", 'if f.endswith(".tmp"):'):
+    ("potato/bundle/pack.py", 'if f.endswith(".tmp"):'):
         "the bundle packer leaves temporaries out of the bundle; it writes none",
     ("potato/backends/ssh/fetch.py", "partial.rename(ctx.artifacts_dir)"):
         "renames the run's own artifacts.partial/ directory (made 0700 here) once every file has arrived",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from potato import config as config_mod
-from potato.backend_types.registry import BACKEND_TYPES, backend_type
+from potato.backend_types.type_registry import BACKEND_TYPES, backend_type
 from potato.config import (
     DOCS_COMMAND,
     Issue,

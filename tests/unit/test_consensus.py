@@ -1,4 +1,4 @@
-"""Dawid-Skene (potato.consensus): one annotator cannot capture items, and it learns who is reliable."""
+"""Dawid-Skene (potato.annotations.consensus): one annotator cannot capture items, and it learns who is reliable."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from potato.consensus import dawid_skene, strict_majority
+from potato.annotations.consensus import dawid_skene, strict_majority
 
 
 def _honest(truth: list[int], noise: float, rng: random.Random) -> list[int]:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from potato.config import load_config
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.validate import validate_config_file
 
 ROOT = Path(__file__).resolve().parents[2]

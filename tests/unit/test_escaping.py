@@ -14,7 +14,7 @@ import logging
 
 import pytest
 
-from potato.project import dump_line, load_line
+from potato.items.json_lines import dump_line, load_line
 from potato.runs.runlog import RunLog
 from potato.runs.store import Store
 from potato.training.escaping import escaped, json_bytes, quote, quote_all

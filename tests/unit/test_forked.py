@@ -1,4 +1,4 @@
-"""potato.forked: a child's result comes back; any failure is ForkFailed; no child outlives close()."""
+"""potato.annotations.forked: a child's result comes back; any failure is ForkFailed; no child outlives close()."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from potato.forked import Forked, ForkFailed, can_fork
+from potato.annotations.forked import Forked, ForkFailed, can_fork
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="forks only on Linux")
 

@@ -1,4 +1,4 @@
-"""potato.json_chunks: the fast user_state reader must read exactly what json.loads reads, or give up."""
+"""potato.annotations.json_chunks: the fast user_state reader must read exactly what json.loads reads, or give up."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from potato.json_chunks import GiveUp, member_batches
+from potato.annotations.json_chunks import GiveUp, member_batches
 
 KEY = "instance_id_to_label_to_value"
 

@@ -89,3 +89,44 @@ def test_reading_the_config_imports_no_backend_code_and_no_web_or_prefect():
 def test_the_module_map_is_up_to_date():
     committed = (ROOT / "docs" / "modules.md").read_text(encoding="utf-8")
     assert committed == render(), f"docs/modules.md is out of date; regenerate it: {DOCS_COMMAND}"
+
+
+def test_one_folder_is_one_layer_and_only_the_allowed_modules_are_flat():
+    from tests.support.module_map import FLAT_MODULES, LAYERS
+
+    flat = sorted(name for name, path in module_paths().items()
+                  if name.startswith("potato.") and name.count(".") == 1 and path.name != "__init__.py")
+    assert flat == sorted(FLAT_MODULES), "a module in potato/ itself that is not in FLAT_MODULES: move it into " \
+                                         "the folder of its layer, or say in FLAT_MODULES why it stays flat"
+    named = [prefix for _, _, prefixes in LAYERS for prefix in prefixes]
+    inside_a_folder = [prefix for prefix in named if prefix.count(".") > 1 or (
+        prefix.startswith("potato.") and prefix not in FLAT_MODULES and not (ROOT / prefix.replace(".", "/")).is_dir())]
+    assert inside_a_folder == [], "the layer map names folders and flat modules, never a module inside a folder"
+
+
+# Modules a backend type or a trainer has one of each: ``backends/<type>/steps.py``, ``backend_types/<type>.py``
+# beside the remote half's ``training/<type>.py``, and a trainer's server hooks named for the trainer.
+def _per_type_basenames() -> set[str]:
+    from potato.backend_types.type_registry import BACKEND_TYPES
+    from potato.training.trainers.registry import TRAINERS
+
+    return {"__init__", "steps", "check", *BACKEND_TYPES, *(name.replace("-", "_") for name in TRAINERS)}
+
+
+def test_no_basename_repeats_across_folders_but_the_per_type_set():
+    by_name: dict[str, list[str]] = {}
+    for name in module_paths():
+        by_name.setdefault(name.rpartition(".")[2], []).append(name)
+    repeated = {base: names for base, names in by_name.items() if len(names) > 1 and base not in _per_type_basenames()}
+    assert repeated == {}
+
+
+def test_no_public_class_is_defined_twice():
+    import ast
+
+    defined: dict[str, list[str]] = {}
+    for name, path in module_paths().items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(name)
+    assert {cls: names for cls, names in defined.items() if len(names) > 1} == {}

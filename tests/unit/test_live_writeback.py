@@ -15,9 +15,9 @@ import yaml
 
 from potato.config import load_config
 from potato.errors import RetractError
-from potato.live_items import TABLE_FILE
+from potato.items.live_items import TABLE_FILE
 from potato.results.live_writeback import FROM_DATA_FILES, catch_up, publish, read_targets
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.results.retract import retract
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED

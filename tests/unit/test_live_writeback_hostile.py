@@ -34,7 +34,7 @@ import yaml
 
 from potato.config import load_config
 from potato.errors import RetractError
-from potato.live_items import MARKER
+from potato.items.live_items import MARKER
 from potato.results.live_writeback import catch_up, sync_reported
 from potato.results.retract import retract
 from potato.runs.paths import open_store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from potato import answer_kinds
+from potato.training import answer_kinds
 from potato.training.trainers import metrics
 
 

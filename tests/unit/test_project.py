@@ -1,4 +1,4 @@
-"""potato.project: items, labels as real Potato writes them, aggregation, holdout, the bundle."""
+"""potato.items.read and potato.bundle: items, labels as real Potato writes them, aggregation, holdout, the bundle."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from potato import labels, project
+from potato.annotations import labels
+from potato.bundle import pack
+from potato.items import read as items_read
 from potato.errors import ProjectDataError
-from potato.holdout import holdout_flags, is_holdout, split_holdout
-from potato.labels import aggregate_votes, read_votes
-from potato.project import build_bundle, pack_bundle, read_items
+from potato.bundle.holdout import holdout_flags, is_holdout, split_holdout
+from potato.annotations.labels import aggregate_votes, read_votes
+from potato.bundle.build import build_bundle
+from potato.bundle.pack import pack_bundle
+from potato.items.read import read_items
 from tests.support.potato_project import (
     make_project,
     project_config,
@@ -75,7 +79,7 @@ def test_item_properties_keys_are_used(tmp_path):
 
 
 def test_json_array_elements_split_across_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(project, "_ARRAY_CHUNK", 7)
+    monkeypatch.setattr(items_read, "_ARRAY_CHUNK", 7)
     text = '[\n  {"id": "a", "text": "x, y]"},\n  {"id": "b",\n   "text": "z"}, {"id": 3, "text": 1.5}\n]\n'
     config = _with_data(tmp_path, text)
     items = list(read_items(config))
@@ -606,7 +610,7 @@ def test_pack_is_deterministic_and_relative(tmp_path):
     with tarfile.open(first) as tar:
         names = tar.getnames()
         assert names == ["items.jsonl", "manifest.json", "media", "media/img", "media/img/a.png"]
-        assert {m.mtime for m in tar.getmembers()} == {project._PACK_MTIME}
+        assert {m.mtime for m in tar.getmembers()} == {pack._PACK_MTIME}
         assert tar.extractfile("media/img/a.png").read() == b"\x89PNG fake"
         assert tar.extractfile("items.jsonl").read() == (tmp_path / "bundle-one" / "items.jsonl").read_bytes()
 
@@ -704,9 +708,9 @@ def test_blocks_write_what_the_line_by_line_way_writes(tmp_path, monkeypatch):
     config.data_files[0].write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     results = []
     for block, clean in [(1 << 20, True), (64, True), (1 << 20, False)]:
-        monkeypatch.setattr(project, "_LINES_BLOCK", block)
+        monkeypatch.setattr(items_read, "_LINES_BLOCK", block)
         if not clean:  # every block goes line by line, as before blocks existed
-            monkeypatch.setattr(project, "_clean_block", lambda *a: None)
+            monkeypatch.setattr(items_read, "_clean_block", lambda *a: None)
         dest = tmp_path / f"bundle-{block}-{clean}"
         info = build_bundle(config, ["sentiment"], dest)
         results.append(((dest / "items.jsonl").read_bytes(), info.items, info.labeled, info.warnings, info.media_files))
@@ -716,7 +720,7 @@ def test_blocks_write_what_the_line_by_line_way_writes(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("block", [32, 1 << 20])
 def test_a_repeat_in_a_later_block_names_both_lines(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(project, "_LINES_BLOCK", block)
+    monkeypatch.setattr(items_read, "_LINES_BLOCK", block)
     lines = [json.dumps({"id": f"r{i}", "text": "x"}) for i in range(40)] + [json.dumps({"id": "r3", "text": "y"})]
     config = _with_data(tmp_path, "\n".join(lines) + "\n")
     with pytest.raises(ProjectDataError, match=r"^data/reviews\.json line 41: duplicate item id 'r3', first used at "
@@ -727,7 +731,7 @@ def test_a_repeat_in_a_later_block_names_both_lines(tmp_path, monkeypatch, block
 def test_every_media_name_is_noticed_in_a_block():
     # looks_like_media decides on the decoded string; the block's hint sees only its JSON text.
     rng = __import__("random").Random(7)
-    exts = sorted(project.MEDIA_EXTENSIONS) + [".txt", ".pn", ".jpegg"]
+    exts = sorted(items_read.MEDIA_EXTENSIONS) + [".txt", ".pn", ".jpegg"]
     for _ in range(3000):
         stem = "".join(rng.choice("ab./\\\"é \u212a") for _ in range(rng.randint(0, 6)))
         ext = rng.choice(exts)
@@ -735,9 +739,9 @@ def test_every_media_name_is_noticed_in_a_block():
         value = stem + ext
         for text in (orjson.dumps({"f": value}), json.dumps({"f": value}).encode(),
                      json.dumps({"f": value}).replace(".", "\\u002e").encode()):
-            if project.looks_like_media(value):
-                assert project._may_name_media(text), (value, text)
-    assert not project._may_name_media(b'{"id": "r1", "text": "Great product. (review 1)"}')
+            if items_read.looks_like_media(value):
+                assert items_read._may_name_media(text), (value, text)
+    assert not items_read._may_name_media(b'{"id": "r1", "text": "Great product. (review 1)"}')
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1e-12, 0.2, 0.5, 1 - 2**-53, 1.0, 1.5, float("nan"), float("inf")])

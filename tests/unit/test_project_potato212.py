@@ -9,8 +9,9 @@ from pathlib import Path
 import yaml
 
 from potato.config import load_config
-from potato.holdout import split_of
-from potato.project import build_bundle, describe_bundle, read_items
+from potato.bundle.holdout import split_of
+from potato.bundle.build import build_bundle, describe_bundle
+from potato.items.read import read_items
 from tests.support.potato_project import make_project, project_config, write_items, write_user_state
 
 
@@ -101,7 +102,7 @@ def test_consensus_weighs_annotators_by_reliability(tmp_path):
     On the disputed item x only alice and carol answered, and they disagree:
     majority vote gives the tie to the first label (positive); Dawid-Skene
     (as Potato 2.12.1 does) follows alice, the reliable one. An item where a
-    strict majority agrees is theirs either way (potato.consensus).
+    strict majority agrees is theirs either way (potato.annotations.consensus).
     """
     make_project(tmp_path, n_items=0, annotators=("alice",), user_labels={"alice": {}})
     items = [{"id": f"i{i}", "text": "t"} for i in range(12)] + [{"id": "x", "text": "t"}]

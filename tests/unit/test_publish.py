@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from potato.runs import artifact_uri
-from potato.publish import errors, publication
+from potato.publish import publication, publish_errors
 from potato.publish.archive import CHUNK, stream_tar_gz
 from potato.publish.card import CardFacts, SchemaFacts, render_card
 from potato.publish.hub import Progress, _Counted, without_credentials
@@ -54,7 +54,7 @@ def test_artifact_uri_reads_back_what_the_backends_write():
      "message, base_model and license"),
 ])
 def test_a_bad_request_names_the_field_and_what_it_takes(body, message):
-    with pytest.raises(errors.BadPublishRequest) as caught:
+    with pytest.raises(publish_errors.BadPublishRequest) as caught:
         request_from(body)
     assert str(caught.value) == message
 
@@ -74,24 +74,24 @@ def test_the_base_model_id_comes_from_the_request_the_default_model_an_id_or_the
 
 
 def test_refusals_that_real_runs_here_do_not_reach_read_word_for_word():
-    assert str(errors.RunNotSucceeded(7, "running")) == "Run 7 is running: publish it once it has succeeded"
-    assert str(errors.ModelOnHost(7, "cluster", "login.example.org", "/shared/jobs/7/artifacts",
+    assert str(publish_errors.RunNotSucceeded(7, "running")) == "Run 7 is running: publish it once it has succeeded"
+    assert str(publish_errors.ModelOnHost(7, "cluster", "login.example.org", "/shared/jobs/7/artifacts",
                                   "/srv/p/runs/7/artifacts", partly=True)) == (
         "Some of run 7's model files stayed on login.example.org in /shared/jobs/7/artifacts (larger than "
         "max_artifact_mb, or refused by the copy: the run log names them), and publishing needs the model files on "
         "this server. Fix: copy them back (`scp -r 'login.example.org:/shared/jobs/7/artifacts/*' "
         "/srv/p/runs/7/artifacts/`) and publish again, or publish from login.example.org (`hf upload <owner/name> "
         "/shared/jobs/7/artifacts`)")
-    assert str(errors.ModelFilesMissing(7, "/srv/p/runs/7", "", retained=True)) == (
+    assert str(publish_errors.ModelFilesMissing(7, "/srv/p/runs/7", "", retained=True)) == (
         "Run 7's directory /srv/p/runs/7 is gone (model_training.retain_runs deletes the directories of older runs), "
         "so its model is no longer on this server. Fix: publish a newer run, or raise retain_runs before the next runs")
-    assert str(errors.ModelFilesMissing(7, "/srv/p/runs/7/artifacts", "missing sentiment/config.json")) == (
+    assert str(publish_errors.ModelFilesMissing(7, "/srv/p/runs/7/artifacts", "missing sentiment/config.json")) == (
         "Run 7 has no complete model in /srv/p/runs/7/artifacts: missing sentiment/config.json. Fix: put the model "
         "files the trainer saved there (as the run log says) and publish again")
-    assert str(errors.CalibrationNotKept(9, 7)) == (
+    assert str(publish_errors.CalibrationNotKept(9, 7)) == (
         "Run 9 kept no calibration (for no schema did it lower both the holdout log-loss and the calibration error), "
         "so it adds nothing to run 7's model. Fix: publish run 7 instead")
-    assert str(errors.HubRefused("https://hub.example.org", "lab/m", 400, "Invalid metadata in README.md")) == (
+    assert str(publish_errors.HubRefused("https://hub.example.org", "lab/m", 400, "Invalid metadata in README.md")) == (
         "https://hub.example.org answered 400 to the publish of lab/m: Invalid metadata in README.md")
     assert without_credentials("https://user:secret@hub.example.org:8443/") == "https://hub.example.org:8443/"
 
@@ -178,7 +178,7 @@ def test_a_publication_is_claimed_once_until_its_upload_ends_or_its_process_dies
     run = store.create_run("hf-text-classification", ["sentiment"], "local")
     first = publication.claim(store, run.id, Request(repo="lab/a"), endpoint="https://hub", via="page", total=10)
     assert (first["state"], first["phase"], first["pid"]) == ("uploading", "waiting", os.getpid())
-    with pytest.raises(errors.PublishInProgress) as caught:
+    with pytest.raises(publish_errors.PublishInProgress) as caught:
         publication.claim(store, run.id, Request(repo="lab/b"), endpoint="https://hub", via="cli", total=10)
     assert str(caught.value) == f"Run {run.id} is being published to lab/a already; publish again once that has ended"
     # An upload whose process is gone is over: the page shows it interrupted, and a new publish may start.
@@ -219,7 +219,7 @@ def test_a_plan_puts_each_schema_in_its_folder_and_refuses_a_model_partly_left_o
     artifacts = run_paths(config, run.id).dir / "artifacts"
     _saved(artifacts / "sentiment", "lora", ["positive", "negative"], cache)
     (artifacts / "topic_area").mkdir(parents=True)  # its weights stayed on the host
-    with pytest.raises(errors.ModelOnHost) as caught:
+    with pytest.raises(publish_errors.ModelOnHost) as caught:
         make_plan(config, store, run.id)
     assert (caught.value.host, caught.value.remote_dir) == ("gpu.example.org", "/scratch/jobs/1/artifacts")
     assert str(caught.value).startswith(f"Some of run {run.id}'s model files stayed on gpu.example.org in "

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from potato.results import quality_gate
 from potato.cli import main
 from potato.config import load_config
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.results.record_results import record_results
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run

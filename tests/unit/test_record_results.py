@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from potato.backends.base import RunContext
 from potato.config import WritebackConfig
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.results.record_results import record_results
 from potato.runs.runlog import RunLog
 from potato.runs.paths import open_store, run_paths

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from potato.answer_kinds import KINDS
+from potato.training.answer_kinds import KINDS
 from potato.backends.base import Steps
-from potato.backend_types.registry import BACKEND_TYPES, configurable_types, resolve
+from potato.backend_types.type_registry import BACKEND_TYPES, configurable_types, resolve
 from potato.cli import main
 from potato.config import KINDS as KEY_KINDS
 from potato.config import load_config

@@ -1,7 +1,7 @@
 """Span offsets: the text Potato 2.12.1 renders, replayed here, checked against 2.12.1's own functions.
 
 2.12.1 measures span offsets on the text of its annotate page
-(``instance_dom_text(get_displayed_text(raw))``); ``potato.rendered_text``
+(``instance_dom_text(get_displayed_text(raw))``); ``potato.items.rendered_text``
 replays that and maps each rendered character back to the raw text. The
 comparison runs 2.12.1's own code in its virtualenv on hostile strings
 (HTML-special characters, references, tags, whitespace, control characters,
@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from potato.rendered_text import render, renders_raw_text
+from potato.items.rendered_text import render, renders_raw_text
 from tests.support.potato212 import potato212  # noqa: F401  (fixture)
 
 HOSTILE = [

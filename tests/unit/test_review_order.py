@@ -19,15 +19,15 @@ import pytest
 import yaml
 
 from potato.config import load_config
-from potato.project import build_bundle
+from potato.bundle.build import build_bundle
 from potato.results.retract import retract
-from potato.review_order import ORDER_KEY, model_confidences
+from potato.prefill.review_order import ORDER_KEY, model_confidences
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED
 from potato.training.trainers import uncertainty as u
 from potato.validate import validate_config_file
 from potato.results.writeback import write_back, writeback_path
-from potato.writeback_shapes import payload_confidences
+from potato.prefill.writeback_shapes import payload_confidences
 from tests.support.potato_project import write_user_state
 
 TOPICS = ["food", "travel", "price"]
@@ -222,7 +222,7 @@ def test_an_unknown_order_is_refused_with_the_closest_name(tmp_path):
 
 
 def test_an_order_line_is_checked_where_it_enters(tmp_path):
-    from potato.prediction_shapes import check_answer_fields
+    from potato.prefill.prediction_shapes import check_answer_fields
 
     check_answer_fields({"id": "i1", "schema": "topic", "order_rank": 3})
     with pytest.raises(ValueError, match=r"order_rank is -1; use a whole number from 0 \(the first item to serve\)"):

@@ -64,7 +64,7 @@ def test_the_step_row_names_the_part_and_its_bar_counts_the_whole_run():
 
 def test_scores_are_worded_once_for_every_page_and_command():
     from potato.follow import format_scores
-    from potato.score_text import score_line, score_lines, table_rows
+    from potato.text.score_text import score_line, score_lines, table_rows
 
     nominal = {"kind": "nominal", "accuracy": 0.95, "macro_f1": 0.949, "n": 40}
     spans = {"kind": "span", "precision": 1.0, "recall": 0.5, "f1": 0.667, "n": 4,

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from potato.cli import main
-from potato.labels import find_user_states
+from potato.annotations.labels import find_user_states
 from potato.server import commands
 from potato.runs.store import Store
 from tests.support.potato_project import make_project, write_user_state

@@ -83,7 +83,7 @@ def admin(client) -> Admin:
 @pytest.fixture
 def running_run(project, store):
     """Make a run on *backend* that the dispatcher has started, with its bundle built."""
-    from potato.project import build_bundle
+    from potato.bundle.build import build_bundle
     from potato.runs.queue import create_run
 
     def make(backend: str = "lab-workstation", *, bundle: bool = True):

@@ -18,7 +18,7 @@ from potato.backends.base import RunContext
 from potato.backend_types.contract import CheckReport
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import NoAgent, RunCancelled
-from potato.project import pack_bundle
+from potato.bundle.pack import pack_bundle
 from potato.protocol.state import CLAIMED
 from potato.runs.paths import open_store
 from potato.runs.store import Store

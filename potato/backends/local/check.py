@@ -80,10 +80,9 @@ def probe_here(options: dict[str, dict], questions: dict) -> dict | str:
 def item_counts(config: ProjectConfig) -> dict[str, Any]:
     """What a rough time is reckoned on: items trained on per epoch (labelled, not held out), items
     predicted, and their mean length in characters; empty when the items cannot be read."""
-    from potato.holdout import holdout_rule
-    from potato.labels import UserStateError, annotated_ids, find_user_states
-    from potato.project import iter_items
-
+    from potato.bundle.holdout import holdout_rule
+    from potato.annotations.labels import UserStateError, annotated_ids, find_user_states
+    from potato.items.read import iter_items
     try:
         texts = {item.id: len(item.text or "") for item in iter_items(config)}
         labelled: set[str] = set()

@@ -1,9 +1,8 @@
 """The remote half as one archive, named by the hash of its content ("sync code by hash").
 
-What a GPU host needs of Potato is ``potato/__init__.py``, ``potato/training/``
-(the worker, the agent and, in ``training/trainers/``, the trainers) and
-``potato/answer_kinds.py`` (the remote half: stdlib
-only, Python ≥ 3.8; docs/architecture.md, "Layers"). The hash
+What a GPU host needs of Potato is ``potato/__init__.py`` and ``potato/training/``
+(the worker, the agent, the kinds of answer and, in ``training/trainers/``, the
+trainers: the remote half, stdlib only at import, Python ≥ 3.8; docs/architecture.md, "Layers"). The hash
 covers their paths and bytes, so a host keeps one copy per version and a run
 copies nothing when the host already has it.
 """
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from potato.runs.paths import PACKAGE_ROOT
 
-REMOTE_HALF = ("potato/__init__.py", "potato/answer_kinds.py", "potato/training")
+REMOTE_HALF = ("potato/__init__.py", "potato/training")
 
 
 def remote_half_files(root: Path = PACKAGE_ROOT) -> list[Path]:

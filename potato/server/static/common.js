@@ -40,7 +40,7 @@ var Potato = (function () {
     if (m < 60) return m + " min " + pad(s) + " s";
     return Math.floor(m / 60) + " h " + pad(m % 60) + " min";
   }
-  // The server words each schema's scores (potato/score_text.py: each kind its own metrics).
+  // The server words each schema's scores (potato/text/score_text.py: each kind its own metrics).
   function scores(lines) {
     return lines && lines.length ? lines.join("; ") : "–";
   }

@@ -3,7 +3,7 @@ that turn the bundle's answers into targets and a model's outputs into predictio
 
 docs/answer-types.md is the contract: the manifest's ``answers`` entry says a
 schema's kind (``nominal``, ``ordinal``, ``continuous``, ``multilabel``, ...,
-named as ``potato/answer_kinds.py`` names them: that module stays on the
+named as ``potato/training/answer_kinds.py`` names them: that module stays on the
 server, so tests/unit/test_trainer_answers.py checks the two agree), and each item's
 ``labels[schema]`` holds the aggregated answer in the kind's shape. Every
 trainer reads them through :class:`SchemaAnswers`, so they agree on which items are

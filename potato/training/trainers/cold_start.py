@@ -10,7 +10,7 @@ then each next one the farthest from everything labelled or chosen, for
 ``PICKS_PER_BATCH`` × the batch (job.json's ``order.batch``); the rest follow
 by their distance to those, farthest first. Its predictions file holds order
 lines only (``{"id", "schema", "order_rank"}``); the server writes them back
-as places in the order that pre-fill nothing (``potato.review_order``,
+as places in the order that pre-fill nothing (``potato.prefill.review_order``,
 ``potato.results.cold_start_writeback``), so annotators are served a diverse first batch, and a
 run that trains replaces them.
 

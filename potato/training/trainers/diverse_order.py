@@ -9,7 +9,7 @@ hidden states), put in k-centre greedy order away from the items it trained
 on (``potato.training.trainers.diversity``), and written as order lines
 ``{"id", "schema", "order_rank"}`` after the predictions. The writeback puts
 those items first, in that order, and the rest by margin
-(``potato.review_order``). Memory: one number per unlabelled item, and the
+(``potato.prefill.review_order``). Memory: one number per unlabelled item, and the
 embeddings of the candidates and the training items only.
 
 Part of the remote half: standard library at import.

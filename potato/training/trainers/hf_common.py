@@ -42,7 +42,7 @@ from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.schedule import (
     SCHEDULE_OPTIONS,
     BestEpoch,
-    Plan,
+    Schedule,
     Validation,
     describe_plan,
     make_plan,
@@ -461,7 +461,7 @@ class FineTune:
         self.tokenizer = None  # type: Any
         self.answers = {}  # type: Dict[str, SchemaAnswers]
         self.schemas = []  # type: List[str]
-        self.plan = None  # type: Optional[Plan]  # the last schema's (train_loop)
+        self.plan = None  # type: Optional[Schedule]  # the last schema's (train_loop)
         self.fit = None  # type: Optional[BestEpoch]
 
     def say(self, message: str, level: str = "info") -> None:

@@ -53,7 +53,7 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from potato.answer_kinds import MULTILABEL, NOMINAL, TEXT
+from potato.training.answer_kinds import MULTILABEL, NOMINAL, TEXT
 from potato.training.trainers.answers import SchemaAnswers, answers_of, gold_answers
 from potato.training.trainers.hf_common import (
     ComputeDevice,

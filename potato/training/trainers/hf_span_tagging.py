@@ -53,7 +53,7 @@ import re
 import unicodedata
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from potato.answer_kinds import SPAN
+from potato.training.answer_kinds import SPAN
 from potato.training.trainers.answers import gold_answers
 from potato.training.trainers.hf_common import (
     FINE_TUNE_OPTIONS,

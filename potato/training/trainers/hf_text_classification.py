@@ -55,7 +55,7 @@ import itertools
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from potato.answer_kinds import NOMINAL
+from potato.training.answer_kinds import NOMINAL
 from potato.training.trainers.answers import gold_answers
 from potato.training.trainers.diverse_order import DiverseOrder, hidden_states
 from potato.training.trainers.hf_common import (

@@ -15,7 +15,7 @@ add ``check_run_options`` for what a run's whole options must hold, e.g. a
 docs/architecture.md, "The job directory"), plus one ``TrainerInfo`` in
 ``TRAINERS``. The declaration is the home of what the server needs to know
 before anything is imported: the answer kinds it trains
-(``potato.answer_kinds``), its packages (the worker imports them before it
+(``potato.training.answer_kinds``), its packages (the worker imports them before it
 trains, the ssh probe looks for them), the pip extra that installs them,
 whether it runs only on this machine and whether it computes on a torch
 device. A module may repeat ``REQUIRED_MODULES`` and ``USES_DEVICE``; a test
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
 SKLEARN_EXTRA = "pip install 'potato-annotation[train-sklearn]'"
@@ -68,7 +68,7 @@ class TrainerInfo:
 
     name: str
     module: str                                  # the trainer's module (NAME, DEFAULT_OPTIONS, check_options, train)
-    kinds: Tuple[str, ...]                       # the answer kinds it trains (potato.answer_kinds)
+    kinds: Tuple[str, ...]                       # the answer kinds it trains (potato.training.answer_kinds)
     description: str = ""
     required_modules: Tuple[str, ...] = ()       # import names the worker needs beside the standard library
     # Of those, the ones the worker only looks up at start: the trainer imports them where a job's options

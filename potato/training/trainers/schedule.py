@@ -84,7 +84,7 @@ def schedule_problems(options: Dict[str, Any]) -> List[str]:
     return problems
 
 
-class Plan(NamedTuple):
+class Schedule(NamedTuple):
     """How one schema's model trains: epochs, steps, warm-up, and the patience of early stopping."""
 
     epochs: int
@@ -148,7 +148,7 @@ def split_validation(train: Sequence[int], options: Dict[str, Any],
 
 
 def make_plan(examples: int, batch_size: int, accumulate: int, options: Dict[str, Any], validating: bool,
-              most_epochs: Optional[int] = None) -> Plan:
+              most_epochs: Optional[int] = None) -> Schedule:
     """The plan for ``examples`` training examples in batches of ``batch_size``, ``accumulate`` batches a step;
     ``most_epochs`` caps the epochs the floor on steps would choose (a learning curve's smaller shares)."""
     batches = max(1, (examples + batch_size - 1) // batch_size)
@@ -163,7 +163,7 @@ def make_plan(examples: int, batch_size: int, accumulate: int, options: Dict[str
     patience = None
     if validating:
         patience = options.get("patience") or max(PATIENCE, int(math.ceil(PATIENCE_SHARE * epochs)))
-    return Plan(epochs, steps_per_epoch, warmup_steps, patience, chosen)
+    return Schedule(epochs, steps_per_epoch, warmup_steps, patience, chosen)
 
 
 class Validation(NamedTuple):
@@ -185,7 +185,7 @@ class BestEpoch:
     easy task the score tops out early while the loss falls for a long time).
     """
 
-    def __init__(self, plan: Plan, metric: str):
+    def __init__(self, plan: Schedule, metric: str):
         self.plan, self.metric = plan, metric
         self.epoch = -1
         self.best = None  # type: Optional[Validation]
@@ -222,7 +222,7 @@ class BestEpoch:
         return "{}, best validation {} {:.3f} {}".format(end, self.metric, self.best.value, at)
 
 
-def share_epochs(plan: Optional[Plan], fit: Optional[BestEpoch]) -> Optional[int]:
+def share_epochs(plan: Optional[Schedule], fit: Optional[BestEpoch]) -> Optional[int]:
     """The most epochs a learning curve's share trains: as many as the schema's whole run (``plan``, how it
     went: ``fit``) trained before it stopped, not the epochs it planned. A share has fewer steps an epoch, so
     the floor on steps alone would train it longer than the whole run; capped, the three shares (25, 50 and
@@ -234,7 +234,7 @@ def share_epochs(plan: Optional[Plan], fit: Optional[BestEpoch]) -> Optional[int
     return plan.epochs
 
 
-def describe_plan(items: int, validation: int, plan: Plan, options: Dict[str, Any]) -> str:
+def describe_plan(items: int, validation: int, plan: Schedule, options: Dict[str, Any]) -> str:
     """``56 training items, 10 for validation: 40 epochs (at least 300 steps)``: what was chosen, and why."""
     text = "{} training item{}".format(items, "" if items == 1 else "s")
     if validation:

@@ -1,7 +1,7 @@
 """How unsure a model is of one prediction, per ordering strategy and kind of answer.
 
 Under ``assignment_strategy: model_review`` Potato 2.12 serves the items a
-run predicted in an order (``potato.review_order`` carries it there); each
+run predicted in an order (``potato.prefill.review_order`` carries it there); each
 strategy but ``least-confidence`` ranks items by a number computed here from
 the prediction's own fields (``confidence``, ``probs``, a span's
 ``confidence``), from 0 (sure) to 1 (as unsure as it can be), so that the
@@ -44,7 +44,7 @@ with the same numbers): Python 3.8, standard library only.
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 LEAST_CONFIDENCE = "least-confidence"
 MARGIN = "margin"

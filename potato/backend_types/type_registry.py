@@ -1,8 +1,9 @@
 """The backend types: one line per type.
 
-Adding a type is its folder under ``potato/backends/`` (its ``BackendType``
-in ``__init__.py``, its steps, check and stop) and one line here; nothing
-else in Potato names a type. A test registers a type of its own with
+Adding a type is its declaration (``potato/backend_types/<type>.py``: its
+``BackendType``), its folder of steps, check and stop under
+``potato/backends/<type>/`` and one line here; nothing else in Potato names
+a type. A test registers a type of its own with
 ``monkeypatch.setitem(BACKEND_TYPES, toy.name, toy)``.
 
 The order is the docs' (docs/backends.md) and the error messages'.

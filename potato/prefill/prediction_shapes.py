@@ -23,7 +23,7 @@ only when it is that; other fields are ignored.
 number from 0, the first item to serve), written by a worker that orders
 items where its model is (the ``diverse`` order, cold start:
 ``potato.training.trainers.diverse_order``, ``potato.training.trainers.cold_start``) and read
-by ``potato.review_order``; ``parse_line`` tells the two apart. Two checks:
+by ``potato.prefill.review_order``; ``parse_line`` tells the two apart. Two checks:
 ``check_answer_fields`` for the upload, which knows no schema (it takes any
 kind's fields in their shape), and ``parse_prediction`` for the writeback and
 the evaluation, which knows each schema's kind and labels.
@@ -39,8 +39,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
-from potato.project import load_line
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.items.json_lines import load_line
 from potato.training.escaping import quote
 
 # A label or a schema name: one cell of a table (what the upload accepts without knowing the schema).

@@ -1,7 +1,7 @@
 """Annotators' labels: the ``user_state.json`` files, the votes in them, one label per item.
 
 Nothing here changes the annotators' files: every ``user_state.json`` is
-opened read-only. ``potato.project`` builds the bundle from what this reads.
+opened read-only. ``potato.bundle.build`` builds the bundle from what this reads.
 
 Files: ``<output_annotation_dir>/<user>/user_state.json`` (mirroring real
 Potato, ``davidjurgens/potato``). Potato's
@@ -20,15 +20,15 @@ Aggregation: each annotator's selected label is one vote (multiselect: each
 checked label); the label with the most votes wins; a tie goes to the label listed first in the schema's
 ``labels`` (deterministic, and it does not depend on which annotator's file was
 read first). Ties are counted per schema. ``aggregation: consensus`` weighs
-annotators by reliability instead (Dawid-Skene, ``potato.consensus``).
+annotators by reliability instead (Dawid-Skene, ``potato.annotations.consensus``).
 
-Speed (``potato.project`` says why everything hot is a C-level
+Speed (``potato.bundle.build`` says why everything hot is a C-level
 pass): a batch of entries holds a handful of distinct value texts (a radio
 schema's differ only in the label), each interpreted once (``_tally_votes``);
-``potato.json_chunks`` does not even parse the others. Votes go straight into
+``potato.annotations.json_chunks`` does not even parse the others. Votes go straight into
 the totals; a file that fails half-way has its votes taken back. With a CPU to
 spare, the next files are parsed in forked children meanwhile
-(``_ParsedAhead``, ``potato.forked``).
+(``_ParsedAhead``, ``potato.annotations.forked``).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from potato.config import TRAINING_DIR, Scheme
-from potato.data_warnings import GroupedWarnings, show_path
-from potato.forked import Forked, ForkFailed, can_fork
-from potato.json_chunks import WINDOW, Batch, GiveUp, member_batches
+from potato.items.data_warnings import GroupedWarnings, show_path
+from potato.annotations.forked import Forked, ForkFailed, can_fork
+from potato.annotations.json_chunks import WINDOW, Batch, GiveUp, member_batches
 from potato.training.escaping import QUOTED, quote, quote_all
 
 # Values Potato (or a tool writing its files) uses for "this label is not selected".
@@ -588,7 +588,7 @@ _CAREFUL_BATCH = 4096
 _MEANINGS = 1024
 
 
-# Files at least this large are parsed in forked children (potato.forked), as
+# Files at least this large are parsed in forked children (potato.annotations.forked), as
 # many at once as there are CPUs, while this process counts the votes of the one
 # before: the parse is 60 % of a file's cost. Smaller ones are not worth a fork.
 _FORK_MIN_BYTES = 4 << 20
@@ -683,7 +683,7 @@ def _parsed_labels(path: Path) -> list[Batch] | None:
 
 
 def _fast_label_batches(path: Path) -> Iterator[Batch]:
-    """The labels member as ``potato.json_chunks`` batches; raises GiveUp for the careful reader."""
+    """The labels member as ``potato.annotations.json_chunks`` batches; raises GiveUp for the careful reader."""
     return member_batches(path, _LABELS_KEY, window=_USER_STATE_WINDOW)
 
 
@@ -836,14 +836,14 @@ def aggregate_votes(votes: Votes) -> ChosenLabels:
 
 
 def consensus_votes(votes: Votes) -> ChosenLabels:
-    """Dawid-Skene labels per schema (``potato.consensus``) from ``read_votes(..., per_user=True)``.
+    """Dawid-Skene labels per schema (``potato.annotations.consensus``) from ``read_votes(..., per_user=True)``.
 
     Each label an annotator selected is one observation (a multiselect item
     gives several). With fewer than two annotators it is majority vote, as in
     Potato 2.12. Items are grouped by what each annotator said (their packed
     counts side by side, in C-level passes): EM runs over the distinct groups.
     """
-    from potato.consensus import decide_patterns
+    from potato.annotations.consensus import decide_patterns
 
     if len(votes.by_user) < 2:
         return aggregate_votes(votes)

@@ -19,7 +19,7 @@ slider                      a bare number, inside ``min_value``..``max_value`` a
                             ``step`` (a dict is rendered as its text)
 number                      a bare number; 2.12 pre-fills nothing
 span                        a list of ``{"start", "end", "label"}`` on the text 2.12
-                            renders (``potato.rendered_text``), confidence kept
+                            renders (``potato.items.rendered_text``), confidence kept
 text, textbox               the bare string
 ==========================  =====================================================
 
@@ -37,7 +37,7 @@ it). A prediction held back by ``min_confidence`` is then written as
 ``{"confidence": c}``: ordered, and pre-filling nothing — measured against a
 running 2.12.1 for each type in ``CONFIDENCE_ONLY_TYPES``. A slider or a text
 box shows such a mapping as its text, so they never get one. The same types
-take an item's place in the order (``potato.review_order``) as a mapping of
+take an item's place in the order (``potato.prefill.review_order``) as a mapping of
 its own, ``{"review_order": {…}}``, which pre-fills nothing either.
 """
 
@@ -45,10 +45,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.config import Scheme
-from potato.prediction_shapes import Prediction
-from potato.rendered_text import spans_to_rendered
+from potato.prefill.prediction_shapes import Prediction
+from potato.items.rendered_text import spans_to_rendered
 
 
 def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_confidence: float = 0.0,

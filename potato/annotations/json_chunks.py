@@ -2,7 +2,7 @@
 
 Why: a 1 M-item project's ``user_state.json`` files hold about 80 MB each.
 Parsed whole they cost ~0.5 GB; walked member by member with the standard
-library's ``raw_decode`` (``potato.labels._JsonStream``, the careful reader)
+library's ``raw_decode`` (``potato.annotations.labels._JsonStream``, the careful reader)
 they cost seconds, almost all of it Python per member. orjson parses a few
 megabytes of members in one C call.
 

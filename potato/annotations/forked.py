@@ -2,7 +2,7 @@
 
 Building a 1 M-item bundle is a few seconds of CPU in one process; parsing the
 annotators' ``user_state.json`` files is a third of it, and each file's parse
-is pure work on a path (``potato.labels.read_votes``). A forked child starts
+is pure work on a path (``potato.annotations.labels.read_votes``). A forked child starts
 in about a millisecond with every module imported and its arguments already
 in memory, where a spawned interpreter would spend 50-100 ms importing them
 again, which is why this forks rather than spawns.

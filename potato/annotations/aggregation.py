@@ -4,7 +4,7 @@ Each rule, and why (the choices were measured by ``bench/answer_aggregation.py``
 on simulated annotators; docs/answer-types.md has the table):
 
 - **nominal** — the label with most votes (ties: the first in the schema's
-  order), or Dawid–Skene with ``aggregation: consensus`` (``potato.labels``).
+  order), or Dawid–Skene with ``aggregation: consensus`` (``potato.annotations.labels``).
 - **ordinal** — the median point of the annotators' answers (with an even
   number of annotators and two middle points, the lower one; counted as a
   tie). A likert's points are ordered, and the median uses that: three
@@ -20,7 +20,7 @@ on simulated annotators; docs/answer-types.md has the table):
   MAE 5.06 against 5.97 for the mean (the mean wins, 3.61 to 4.30, only when
   no one is careless).
 - **multilabel** — per label, on when at least half of the item's annotators
-  ticked it. The item's annotators are those who saved it (``potato.answers``):
+  ticked it. The item's annotators are those who saved it (``potato.annotations.annotator_answers``):
   ticking no box is saying "none of these". Annotators miss labels more
   often than they add wrong ones, so at exactly half the label stays on: with
   two annotators, exact-set accuracy 66.9 % against 64.2 % for a strict
@@ -37,7 +37,7 @@ on simulated annotators; docs/answer-types.md has the table):
   0.855 to 0.829). ``consensus`` does not apply.
 - **text** — every annotator's answer is kept, each a training example.
 
-Pure: votes (``potato.labels``) and answers (``potato.answers``) in, answers out.
+Pure: votes (``potato.annotations.labels``) and answers (``potato.annotations.annotator_answers``) in, answers out.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
-from potato.answers import AnnotatorAnswers
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.annotations.annotator_answers import AnnotatorAnswers
 from potato.config import Scheme
-from potato.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
+from potato.annotations.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
 
 
 class Coded(NamedTuple):
     """A schema's answers as small codes: ``per_item[id]`` in ``range(radix)``, ``decode(code)`` its JSON value.
 
-    The bundle writes items in bulk by these codes (``potato.project``): a few
+    The bundle writes items in bulk by these codes (``potato.bundle.build``): a few
     distinct answers, each serialised once, shared by 500 k items.
     """
 
@@ -133,7 +133,7 @@ def _median(values: Sequence[float]) -> float:
 
 
 def median_points(per_item: Mapping[str, int], n_points: int) -> tuple[dict[str, int], int]:
-    """``({item: the median point's index}, ties)`` from packed vote counts (``potato.labels``).
+    """``({item: the median point's index}, ties)`` from packed vote counts (``potato.annotations.labels``).
 
     Two middle points (an even count of answers that split): the lower, and a tie.
     Each distinct count is decided once.
@@ -183,7 +183,7 @@ def majority_label_sets(per_item: Mapping[str, int], answered: Mapping[str, int]
 
 def consensus_label_sets(votes: Votes, answers: AnnotatorAnswers, scheme: Scheme) -> tuple[dict[str, int], int]:
     """Dawid–Skene per label: each label a yes/no question to every annotator who saved the item."""
-    from potato.consensus import dawid_skene
+    from potato.annotations.consensus import dawid_skene
 
     n_labels = len(scheme.labels)
     ticked = {user: {item: unpack_counts(packed, n_labels)

@@ -6,7 +6,7 @@ below ``holdout_fraction`` — stable across Python processes and machines (unli
 2.12's ``splits``/``split_seed``, its seeded split decides instead, and its
 ``test`` items are held out (``split_of``), as 2.12 would hold them out.
 
-The bundle (``potato.project``) marks each labelled item; the writeback's
+The bundle (``potato.bundle.build``) marks each labelled item; the writeback's
 leak guard and the evaluation read those marks, never this again.
 """
 

@@ -58,9 +58,9 @@ from typing import Any, Iterator, Mapping, NamedTuple
 import orjson
 
 from potato.config import ProjectConfig, data_directory_files
-from potato.data_warnings import GroupedWarnings, show_path
+from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.json_records import Record, ascii_safe, records, starts_array
-from potato.project import item_ids_of_files, read_items_file
+from potato.items.read import item_ids_of_files, read_items_file
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes, quote
 

@@ -1,6 +1,6 @@
 """Annotators' answers that are not label votes: numbers, free text, spans, and who answered each item.
 
-``potato.labels`` counts label votes (radio, select, likert, multiselect):
+``potato.annotations.labels`` counts label votes (radio, select, likert, multiselect):
 each ticked label of an item is one vote, packed and tallied at C speed.
 The other answer types Potato 2.12.1 stores differently (each checked
 against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
@@ -12,7 +12,7 @@ against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
 - **span**: not under ``instance_id_to_label_to_value`` at all but under
   ``instance_id_to_span_to_value``, ``{item: [[{"schema", "name", "start",
   "end", "title", "id"}, VALUE], …]}``, with ``start``/``end`` counted on the
-  text 2.12's page renders (``potato.rendered_text``). Its page writes the id
+  text 2.12's page renders (``potato.items.rendered_text``). Its page writes the id
   ``<schema>_<label>_<start>_<end>`` and VALUE ``1``; its ``/updateinstance``
   ``span_annotations`` write ``<schema>_<label>___<start>_<end>`` and the
   covered text. Only ``schema``, ``name``, ``start`` and ``end`` are read.
@@ -21,11 +21,11 @@ And one fact the votes cannot carry: **who answered an item at all**. An
 annotator who saved an item (any entry under either member) and ticked no
 box of a multiselect said "none of these"; one who drew no span on it said
 "no span here". Multilabel and span aggregation count those annotators
-(``potato.aggregation``), so ``answered`` is read whenever a run has such a
+(``potato.annotations.aggregation``), so ``answered`` is read whenever a run has such a
 schema.
 
 Read only for runs with such schemas (a radio-only project never comes
-here), one pass over each annotator's file through ``potato.json_chunks``,
+here), one pass over each annotator's file through ``potato.annotations.json_chunks``,
 the careful reader when that gives up, as for votes. A file is read whole or
 contributes nothing; files the vote reader skipped (``users``) are not read.
 """
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from potato.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
 from potato.config import Scheme
-from potato.data_warnings import GroupedWarnings, show_path
-from potato.json_chunks import GiveUp, members_batches
-from potato.labels import (UserStateError, find_user_states, parse_label_entries, read_user_state_labels,
+from potato.items.data_warnings import GroupedWarnings, show_path
+from potato.annotations.json_chunks import GiveUp, members_batches
+from potato.annotations.labels import (UserStateError, find_user_states, parse_label_entries, read_user_state_labels,
                            skipped_file)
 
 LABELS_MEMBER = "instance_id_to_label_to_value"
@@ -77,7 +77,7 @@ def needs_answers(schemes: Iterable[Scheme]) -> bool:
 
 def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterable[str] | None = None,
                  base: Path | None = None, *, per_user: bool = False) -> AnnotatorAnswers:
-    """Read the answers of *schemes* that ``potato.labels`` does not count, from *users*' files (all when None).
+    """Read the answers of *schemes* that ``potato.annotations.labels`` does not count, from *users*' files (all when None).
 
     Never raises on a bad file: it is skipped with a warning (the vote reader
     names the same file). Answers that are not what their schema takes (a
@@ -132,7 +132,7 @@ def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: boo
 
 
 def _fast_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """``(member, item id, entry)`` through ``potato.json_chunks``; GiveUp for the careful reader."""
+    """``(member, item id, entry)`` through ``potato.annotations.json_chunks``; GiveUp for the careful reader."""
     for member, (keys, texts, values) in members_batches(path, (LABELS_MEMBER, SPANS_MEMBER)):
         for item_id, text in zip(keys, texts):
             yield member, item_id, values[text]

@@ -47,11 +47,11 @@ from array import array
 from typing import Any, Dict, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
-from potato.prediction_shapes import Prediction
+from potato.prefill.prediction_shapes import Prediction
 from potato.training.trainers.uncertainty import (
     DEFAULT_BATCH, LEAST_CONFIDENCE, item_uncertainty, schema_uncertainty,
 )
-from potato.writeback_shapes import CONFIDENCE_ONLY_TYPES, payload_confidences
+from potato.prefill.writeback_shapes import CONFIDENCE_ONLY_TYPES, payload_confidences
 
 ORDER_KEY = "review_order"
 # One record to write: (index, id, predictions with their place, run ids, predictions as the run record keeps them).
