@@ -106,8 +106,8 @@ class Server:
     """A live ``potato start`` on the project whose config is *config_path*, and the run store it writes."""
 
     def __init__(self, root: Path, config_path: Path, env: dict[str, str] | None = None, log_name: str = "server.log"):
-        from potato.runs.paths import open_store
         from potato.config import load_config
+        from potato.runs.paths import open_store
         from potato.runs.tokens import register_agent
 
         self.config_path = config_path

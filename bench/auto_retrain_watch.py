@@ -55,8 +55,8 @@ def _median_seconds(fn, repeat: int) -> float:
 
 
 def idle_and_one_save(annotators: int, items: int, repeat: int) -> None:
-    from potato.runs.auto_retrain import AnnotationCounter
     from potato.annotations.labels import count_user_state_annotations, find_user_states
+    from potato.runs.auto_retrain import AnnotationCounter
     from tests.support.potato_project import write_user_state
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -85,8 +85,8 @@ DRY_GPUS = [{"index": 0, "name": "NVIDIA H200", "memory_total": 143771, "memory_
 
 def prepare(out: Path, tiny: bool = False) -> dict:
     """Write the example project's bundle and the model into ``out``; returns what was prepared."""
-    from potato.config import load_config
     from potato.bundle.build import build_bundle
+    from potato.config import load_config
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     info = build_bundle(load_config(EXAMPLE), ["sentiment"], out / "bundle")
@@ -178,8 +178,8 @@ class Steps:
 
 
 def probe_host() -> None:
-    from potato.errors import PotatoError
     from potato.backends.ssh.gpus import choose_gpus, mark_kernels, parse_nvidia_smi
+    from potato.errors import PotatoError
     from potato.training.probe import TRAINING_PACKAGES, probe
 
     report = probe("~/.cache/potato-training", "", list(TRAINING_PACKAGES))
@@ -206,8 +206,8 @@ def probe_host() -> None:
 def kernel_check() -> None:
     import torch
 
-    from potato.training.trainers.hf_common import ComputeDevice
     from potato.training.device import choose_device, has_kernels
+    from potato.training.trainers.hf_common import ComputeDevice
 
     arch = list(torch.cuda.get_arch_list()) if torch.cuda.is_available() else []
     print("torch {} (CUDA {}); arch list: {}".format(torch.__version__, torch.version.cuda, ", ".join(arch) or "none"))
@@ -258,10 +258,10 @@ def run_worker(check_dir: Path, work: Path, variant: str, options: dict) -> None
 
 
 def run_llm(check_dir: Path, work: Path, options: dict, threads: int | None) -> None:
-    from potato.training.trainers.llm_memory import four_bit_support
-    from potato.training.events import read_events
-
     import torch
+
+    from potato.training.events import read_events
+    from potato.training.trainers.llm_memory import four_bit_support
 
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     support = four_bit_support(device)

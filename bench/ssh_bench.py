@@ -21,17 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-
-from potato.runs.paths import open_store, run_paths
-
-from potato.runs.queue import create_run
-from potato.config import load_config
-from potato.runs.runlog import RunLog
+from potato.backends.base import RunContext
 from potato.backends.ssh import fetch
 from potato.backends.ssh import steps as ssh
-from potato.backends.base import RunContext
 from potato.backends.ssh.code import code_archive
 from potato.backends.ssh.openssh import Connection, SshTarget
+from potato.config import load_config
+from potato.runs.paths import open_store, run_paths
+from potato.runs.queue import create_run
+from potato.runs.runlog import RunLog
 from tests.support.runs import potato, store_of, tiny_project
 
 SIZE_MB = 300

@@ -85,7 +85,6 @@ def build_project_deploy_argv(name: str, config: Path, tags: list[str], cron: st
 def check_schedule(cron: str, timezone: str | None) -> None:
     """Raise ``SetupError`` naming the value when *cron* or *timezone* would not make a schedule."""
     from prefect.client.schemas.schedules import CronSchedule
-
     from pydantic import ValidationError
 
     try:

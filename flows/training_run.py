@@ -39,42 +39,45 @@ from typing import Any, Iterator
 
 from prefect import flow, task
 from prefect.artifacts import (
-    create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact,
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.flow_engine import run_flow
 from prefect.exceptions import TerminationSignal
+from prefect.flow_engine import run_flow
 from prefect.states import Cancelled
 
-from potato.results import quality_gate, run_report
 from potato.backends.base import RunContext, Steps, steps_of
 from potato.backends.relay import check_limits, describe_worker_failure, watch
 from potato.backends.ssh.openssh import is_transient
-from potato.config import ProjectConfig, load_config
-from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
-from potato.results.evaluation import read_evaluation
-from potato.runs.jobs import make_job
-from potato.runs.prefect_api import ensure_concurrency_limit
 from potato.bundle.build import build_bundle, describe_bundle
 from potato.bundle.pack import read_manifest
+from potato.config import ProjectConfig, load_config
+from potato.errors import DiskFull, PotatoError, RunCancelled, RunError, WallTimeExceeded
 from potato.publish.facts import record_training_data
+from potato.results import quality_gate, run_report
+from potato.results.evaluation import read_evaluation
 from potato.results.record_results import record_results
 from potato.results.retention import prune_run_dirs
-from potato.runs.runlog import RunLog
+from potato.results.writeback import read_report
 from potato.runs import prefect_runs
 from potato.runs.ending import after_flow, end_run
-from potato.runs.prefect_runs import CancelWatch
+from potato.runs.jobs import make_job
 from potato.runs.paths import open_store, private_dir, run_page, run_paths
+from potato.runs.prefect_api import ensure_concurrency_limit
+from potato.runs.prefect_runs import CancelWatch
 from potato.runs.queue import create_run
+from potato.runs.runlog import RunLog
 from potato.runs.store import MANUAL, SCHEDULE, Store
 from potato.text.score_text import curve_lines, curve_rows, table_rows
 from potato.trackers import import_clients_early, report_to_trackers
 from potato.trainer_choice import describe_plan
 from potato.training.escaping import escaped
 from potato.training.trainers.registry import hooks
-from potato.results.writeback import read_report
 
 # The slot's lease is renewed while the flow lives; a flow killed with -9 frees
 # it once the lease expires (measured).

@@ -12,7 +12,6 @@ import sys
 import click
 
 
-
 @click.group()
 @click.version_option(package_name="potato-annotation")
 def main() -> None:
@@ -112,9 +111,9 @@ def training_run(config, backend, trainer, schemas, options, curve, detach) -> N
 
     from potato.errors import PrefectApiError, RunRequestError
     from potato.follow import follow, next_steps, prefect_ready, prefect_starting, still_waiting
-    from potato.runs.prefect_api import embedded_prefect
     from potato.runs.dispatcher import Dispatcher
     from potato.runs.paths import open_store
+    from potato.runs.prefect_api import embedded_prefect
     from potato.runs.queue import by_account, cancel_run, create_run
     from potato.runs.reconcile import reconcile
     from potato.trainer_choice import NoTrainerFor, describe_plan
@@ -162,9 +161,9 @@ def training_run(config, backend, trainer, schemas, options, curve, detach) -> N
         dispatcher.wait_for_flows()
     if final.state == "succeeded":
         from potato.results.quality_gate import read as read_gate
+        from potato.results.writeback import live_run_ids, writeback_path
         from potato.runs.paths import run_paths
         from potato.text.score_text import curve_lines
-        from potato.results.writeback import live_run_ids, writeback_path
 
         for line in curve_lines(final.scores):
             click.echo(line)
@@ -189,8 +188,8 @@ def training_runs(config, limit, as_json) -> None:
     from potato.results import stability
     from potato.results.promote import predictions_state
     from potato.results.quality_gate import read_pins
-    from potato.runs.paths import open_store
     from potato.results.writeback import live_run_ids
+    from potato.runs.paths import open_store
 
     cfg = _load(config)
     store = open_store(cfg)

@@ -68,12 +68,18 @@ from potato.backend_types.local import LOCAL
 from potato.backend_types.type_registry import BACKEND_TYPES, backend_type, configurable_types
 from potato.closest_name import did_you_mean
 from potato.config_keys import (
-    SLURM_TIME_FORMS, TRACKERS, TRACKERS_NOT_HERE, Issue, Issues, Key, parse_slurm_time,
+    SLURM_TIME_FORMS,
+    TRACKERS,
+    TRACKERS_NOT_HERE,
+    Issue,
+    Issues,
+    Key,
+    parse_slurm_time,
 )
 from potato.errors import ConfigError
 from potato.training.trainers.registry import TRAINERS
-from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
 from potato.training.trainers.registry import check_options as check_trainer_options
+from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
 
 # ---------------------------------------------------------------------------
 # Typed config

@@ -15,8 +15,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
-from potato.text.score_text import number_text, score_line
 from potato.runs.store import END_STATES, Run, Store
+from potato.text.score_text import number_text, score_line
 from potato.training.trainers import metrics
 
 BAR_WIDTH = 24

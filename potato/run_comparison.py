@@ -18,13 +18,13 @@ from typing import Any, Sequence
 
 from potato.config import ProjectConfig
 from potato.errors import CompareError
-from potato.results.evaluation import read_evaluation
 from potato.follow import format_duration, run_duration
 from potato.publish.facts import read_training_data
+from potato.results.evaluation import read_evaluation
 from potato.results.run_report import label_rows
 from potato.runs.paths import run_paths
-from potato.text.score_text import curve_line, number_text
 from potato.runs.store import MAX_RUN_ID, Run, Store
+from potato.text.score_text import curve_line, number_text
 from potato.trainer_choice import describe_plan
 
 MISSING = "-"

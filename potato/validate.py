@@ -16,10 +16,16 @@ from typing import Any, Mapping
 import click
 
 from potato.config import (
-    BuildResult, Issue, ProjectConfig, build_config, describe_live, did_you_mean, read_config_file,
+    BuildResult,
+    Issue,
+    ProjectConfig,
+    build_config,
+    describe_live,
+    did_you_mean,
+    read_config_file,
 )
-from potato.items.data_warnings import show_path
 from potato.errors import ConfigError, ProjectDataError
+from potato.items.data_warnings import show_path
 
 # Shorter entries would match warnings by accident ("time", "is").
 MIN_ACKNOWLEDGE_LENGTH = 12

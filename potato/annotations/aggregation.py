@@ -46,10 +46,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.annotations.annotator_answers import AnnotatorAnswers
-from potato.config import Scheme
 from potato.annotations.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
+from potato.config import Scheme
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 
 class Coded(NamedTuple):

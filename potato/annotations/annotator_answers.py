@@ -38,12 +38,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
+from potato.annotations.json_chunks import GiveUp, members_batches
+from potato.annotations.labels import (
+    UserStateError,
+    find_user_states,
+    parse_label_entries,
+    read_user_state_labels,
+    skipped_file,
+)
 from potato.config import Scheme
 from potato.items.data_warnings import GroupedWarnings, show_path
-from potato.annotations.json_chunks import GiveUp, members_batches
-from potato.annotations.labels import (UserStateError, find_user_states, parse_label_entries, read_user_state_labels,
-                           skipped_file)
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
 
 LABELS_MEMBER = "instance_id_to_label_to_value"
 SPANS_MEMBER = "instance_id_to_span_to_value"

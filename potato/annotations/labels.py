@@ -46,10 +46,10 @@ from operator import add, lshift, ne, neg, or_
 from pathlib import Path
 from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.config import TRAINING_DIR, Scheme
-from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.annotations.forked import Forked, ForkFailed, can_fork
 from potato.annotations.json_chunks import WINDOW, Batch, GiveUp, member_batches
+from potato.config import TRAINING_DIR, Scheme
+from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.training.escaping import QUOTED, quote, quote_all
 
 # Values Potato (or a tool writing its files) uses for "this label is not selected".

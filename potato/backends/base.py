@@ -18,8 +18,8 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from potato.backend_types.type_registry import resolve
 from potato.config import BackendConfig, ProjectConfig
-from potato.runs.runlog import RunLog
 from potato.runs.paths import RunPaths, run_paths
+from potato.runs.runlog import RunLog
 from potato.runs.store import Run, Store
 
 

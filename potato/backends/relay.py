@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from potato.runs import run_events
 from potato.backends.base import RunContext, Steps
 from potato.errors import DiskFull, HeartbeatTimeout, RunCancelled, RunError, WallTimeExceeded
-from potato.runs.runlog import last_line
+from potato.runs import run_events
 from potato.runs.queue import cancelled_message
+from potato.runs.runlog import last_line
 from potato.runs.store import Run
 from potato.training.events import read_events
 

@@ -34,18 +34,18 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequ
 import orjson
 
 from potato.annotations.aggregation import Coded, aggregate
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT, UNSUPPORTED
 from potato.annotations.annotator_answers import needs_answers, read_answers
+from potato.annotations.labels import describe_not_items, drop_not_items, read_votes, read_votes_on
+from potato.bundle.holdout import holdout_rule
 from potato.config import ProjectConfig, Scheme
-from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.errors import ProjectDataError
+from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.items.json_lines import dump_line
 from potato.items.read import Block, Item, claim_ids, first_use, item_ids, item_parts, looks_like_media, media_path
-from potato.bundle.holdout import holdout_rule
-from potato.annotations.labels import describe_not_items, drop_not_items, read_votes, read_votes_on
 from potato.items.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, spans_to_raw
 from potato.scheme_fields import answer_spec
 from potato.training import atomic_files
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT, UNSUPPORTED
 from potato.training.escaping import json_bytes, quote
 
 BUNDLE_FORMAT = 1

@@ -9,7 +9,6 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-
 from potato.training import atomic_files
 
 # A fixed timestamp (2020-01-01) so the same bundle always packs to the same bytes.

@@ -59,8 +59,8 @@ import orjson
 
 from potato.config import ProjectConfig, data_directory_files
 from potato.items.data_warnings import GroupedWarnings, show_path
-from potato.json_records import Record, ascii_safe, records, starts_array
 from potato.items.read import item_ids_of_files, read_items_file
+from potato.json_records import Record, ascii_safe, records, starts_array
 from potato.training import atomic_files
 from potato.training.escaping import json_bytes, quote
 

@@ -39,8 +39,8 @@ from typing import Any, BinaryIO, Iterable, Iterator, Mapping, NamedTuple
 import orjson
 
 from potato.config import ProjectConfig, data_directory_files
-from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.errors import ProjectDataError
+from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.training.escaping import quote
 
 MEDIA_EXTENSIONS = frozenset(

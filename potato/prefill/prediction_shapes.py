@@ -39,8 +39,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.items.json_lines import load_line
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.training.escaping import quote
 
 # A label or a schema name: one cell of a table (what the upload accepts without knowing the schema).

@@ -48,10 +48,13 @@ from typing import Any, Dict, Iterable, Iterator, Mapping, Sequence, Tuple
 
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.prefill.prediction_shapes import Prediction
-from potato.training.trainers.uncertainty import (
-    DEFAULT_BATCH, LEAST_CONFIDENCE, item_uncertainty, schema_uncertainty,
-)
 from potato.prefill.writeback_shapes import CONFIDENCE_ONLY_TYPES, payload_confidences
+from potato.training.trainers.uncertainty import (
+    DEFAULT_BATCH,
+    LEAST_CONFIDENCE,
+    item_uncertainty,
+    schema_uncertainty,
+)
 
 ORDER_KEY = "review_order"
 # One record to write: (index, id, predictions with their place, run ids, predictions as the run record keeps them).

@@ -45,10 +45,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.config import Scheme
-from potato.prefill.prediction_shapes import Prediction
 from potato.items.rendered_text import spans_to_rendered
+from potato.prefill.prediction_shapes import Prediction
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 
 def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_confidence: float = 0.0,

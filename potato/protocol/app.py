@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Flask
 
-from potato.protocol import jsonapi
 from potato.config import ProjectConfig
+from potato.protocol import jsonapi
 from potato.protocol.routes import bp
 from potato.protocol.state import AgentState
 from potato.runs.store import Store

@@ -18,10 +18,10 @@ import math
 import re
 from typing import Any, Callable, Iterator, Mapping
 
-from potato.training.answer_kinds import KINDS
-from potato.protocol.jsonapi import ApiError, parse_json
 from potato.prefill.prediction_shapes import check_answer_fields
+from potato.protocol.jsonapi import ApiError, parse_json
 from potato.runs.store import MAX_RUN_ID
+from potato.training.answer_kinds import KINDS
 
 EVENT_TYPES = ("started", "log", "progress", "metrics", "done")
 LOG_LEVELS = ("info", "warning", "error")

@@ -14,8 +14,8 @@ from typing import BinaryIO
 
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from potato.protocol.jsonapi import ApiError
 from potato.protocol.bodies import BadField, check_prediction_line
+from potato.protocol.jsonapi import ApiError
 from potato.runs.paths import RunPaths
 from potato.training import atomic_files
 

@@ -21,19 +21,18 @@ from typing import Any
 
 from flask import Blueprint, jsonify, request, send_file
 
-from potato.runs import run_events
-from potato.errors import DiskFull
-from potato.runs.jobs import make_job
-from potato.protocol.jsonapi import ApiError, admits, json_body
 from potato.bundle.pack import pack_bundle
+from potato.errors import DiskFull
 from potato.protocol import bodies, prediction_upload
 from potato.protocol.callers import admit_claim, admit_run, agent_state, authorize_run, claimant, config, store
+from potato.protocol.jsonapi import ApiError, admits, json_body
 from potato.protocol.state import CLAIMED, display_state
-from potato.runs.runlog import RunLog
+from potato.runs import run_events
+from potato.runs.jobs import make_job
 from potato.runs.paths import RunPaths, run_paths
+from potato.runs.runlog import RunLog
 from potato.runs.store import RUNNING, Run
-from potato.training import atomic_files
-from potato.training import job_paths
+from potato.training import atomic_files, job_paths
 from potato.training.agent_protocol import MAX_EVENTS_PER_BATCH, POLL_INTERVAL_S, PREFIX, PROTOCOL_VERSION
 
 bp = Blueprint("agent_protocol", __name__, url_prefix=PREFIX)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from potato.config import ProjectConfig
-from potato.results.evaluation import read_evaluation
 from potato.publish.card import CardFacts, SchemaFacts
+from potato.results.evaluation import read_evaluation
 from potato.runs.paths import RunPaths
 from potato.runs.store import Run
 from potato.training import atomic_files

@@ -279,7 +279,6 @@ def upload(files: Sequence[OutFile], *, repo: str, revision: str, private: bool,
            run_id: int, progress: Progress, endpoint: str | None = None) -> Published:
     """Publish *files* to *repo* in one commit on *revision*; raises ``HubError`` or a refusal."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
-
     from huggingface_hub.utils import disable_progress_bars
 
     logging.getLogger("huggingface_hub._commit_api").addFilter(_NOTICE_FILTER)  # adding it again is a no-op

@@ -20,8 +20,8 @@ from typing import Callable
 from potato.config import ProjectConfig
 from potato.publish import publication, publish_errors
 from potato.publish.hub import Progress, Published, hub_endpoint, hub_token, upload, without_credentials
-from potato.publish.prefect_link import link_published
 from potato.publish.plan import PublishPlan, Request, default_message, make_plan, request_from
+from potato.publish.prefect_link import link_published
 from potato.runs.prefect_runs import project_key_of
 from potato.runs.store import Store
 

@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from potato.runs import artifact_uri
+from potato.backend_types.type_registry import backend_type
 from potato.config import ProjectConfig
 from potato.publish import publish_errors
 from potato.publish.card import CALIBRATION_FILE, CARD_FILE, SKLEARN_MODEL, CardFacts, render_card
 from potato.publish.facts import SchemaModel, card_facts, effective_options
+from potato.runs import artifact_uri
 from potato.runs.paths import run_paths
 from potato.runs.store import SUCCEEDED, Run, Store
-from potato.training.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
-from potato.training.trainers.hf_common import safe_dirname
-from potato.training.trainers.hf_common import DEFAULT_MODEL_HUB_ID
 from potato.training.safe_paths import name_problem
+from potato.training.trainers.decision_calibrate import NAME as DECISION_CALIBRATE
+from potato.training.trainers.hf_common import DEFAULT_MODEL_HUB_ID, safe_dirname
 
 INFO_FILE = "labels.json"   # what hf-text-classification saves beside each schema's model
 # What a complete model of each kind holds: every group needs one of its files.
@@ -190,7 +190,7 @@ def _refuse_missing(config: ProjectConfig, run: Run, directory: Path, missing: l
     local = str(directory / "artifacts")
     backend = config.model_training.backends.get(run.backend)
     place = artifact_uri.parse(run.artifact_uri)
-    if backend is not None and backend.type == "agent":
+    if backend is not None and backend_type(backend.type).claimed_by_agent:
         return publish_errors.ModelOnAgent(run.id, run.backend, run.artifact_uri, local)
     if place.host is not None:
         return publish_errors.ModelOnHost(run.id, run.backend, place.host, place.remote_dir or "", local,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 
-from potato.runs.prefect_api import is_healthy
 from potato.publish.hub import Published
 from potato.results.run_report import HUB_REPO, artifact_key
+from potato.runs.prefect_api import is_healthy
 from potato.runs.store import Run
 
 log = logging.getLogger(__name__)

@@ -26,12 +26,12 @@ from typing import Any
 
 from potato.backends.base import RunContext
 from potato.config import MODEL_REVIEW, ProjectConfig, assignment_strategy
-from potato.results.live_writeback import publish
 from potato.prefill.review_order import is_order_only, strip_order
+from potato.prefill.writeback_shapes import CONFIDENCE_ONLY_TYPES
+from potato.results.live_writeback import publish
+from potato.results.writeback import writeback_lock, writeback_path
 from potato.runs.store import COLD_START, Run, Store
 from potato.training.trainers.cold_start import NAME
-from potato.results.writeback import writeback_lock, writeback_path
-from potato.prefill.writeback_shapes import CONFIDENCE_ONLY_TYPES
 
 
 def needs_cold_start(config: ProjectConfig) -> bool:

@@ -38,11 +38,11 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
-from potato.prefill.prediction_shapes import Prediction, parse_prediction
 from potato.items.json_lines import dump_line, load_line
+from potato.prefill.prediction_shapes import Prediction, parse_prediction
 from potato.runs.paths import RunPaths
 from potato.training import atomic_files
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.training.calibration import expected_calibration_error, reliability_bins
 
 FORMAT = 1

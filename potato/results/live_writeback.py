@@ -94,16 +94,27 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from potato.config import ProjectConfig, data_directory_files, watch_poll_interval
-from potato.items.data_warnings import show_path
 from potato.errors import LiveWritebackError, ProjectDataError
-from potato.json_records import EditError, set_member
+from potato.items.data_warnings import show_path
 from potato.items.live_items import (
-    Marker, earlier_ids, first_records, foreign_field, line_of, not_rewritten, owns_field,
-    parse_data_file, read_marker, read_targets, table_ids, unwritable, write_marker,
+    Marker,
+    earlier_ids,
+    first_records,
+    foreign_field,
+    line_of,
+    not_rewritten,
+    owns_field,
+    parse_data_file,
+    read_marker,
+    read_targets,
+    table_ids,
+    unwritable,
+    write_marker,
 )
+from potato.json_records import EditError, set_member
+from potato.results.writeback import WritebackSummary, write_back, write_report, writeback_lock
 from potato.training import atomic_files
 from potato.training.escaping import quote
-from potato.results.writeback import WritebackSummary, write_back, write_report, writeback_lock
 
 __all__ = ["LiveReport", "catch_up", "is_live", "publish", "read_targets", "sync_items", "sync_reported"]
 

@@ -16,15 +16,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from potato.results import quality_gate
+from potato.bundle.build import build_bundle
 from potato.config import ProjectConfig
 from potato.errors import PromoteError
+from potato.results import quality_gate
 from potato.results.evaluation import trained_on
 from potato.results.live_writeback import LiveReport, publish
-from potato.bundle.build import build_bundle
+from potato.results.writeback import WritebackSummary, live_run_ids
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import SUCCEEDED, Run, Store
-from potato.results.writeback import WritebackSummary, live_run_ids
 
 
 def promote(config: ProjectConfig, store: Store, run_id: int, by: str) -> tuple[WritebackSummary, LiveReport | None]:

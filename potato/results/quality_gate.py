@@ -48,15 +48,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.config import ProjectConfig
-from potato.prefill.prediction_shapes import schema_records
 from potato.items.json_lines import load_line, read_lines
-from potato.runs.paths import RunPaths, private_dir, run_paths
-from potato.training.trainers import metrics
-from potato.training import atomic_files
-from potato.training.escaping import json_bytes
+from potato.prefill.prediction_shapes import schema_records
 from potato.results.writeback import live_runs_by_schema
+from potato.runs.paths import RunPaths, private_dir, run_paths
+from potato.training import atomic_files
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.escaping import json_bytes
+from potato.training.trainers import metrics
 
 RESAMPLES = 1000
 # Fewer predictions than this, all of one label, may be a small project's honest answer.

@@ -29,10 +29,10 @@ import shutil
 
 from potato.config import ProjectConfig
 from potato.results.evaluation import read_evaluation
+from potato.results.writeback import live_run_ids
 from potato.runs.paths import run_paths
 from potato.runs.store import END_STATES, SUCCEEDED, Run, Store
 from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
-from potato.results.writeback import live_run_ids
 
 
 def prune_run_dirs(config: ProjectConfig, store: Store) -> list[int]:

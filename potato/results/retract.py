@@ -40,13 +40,13 @@ from typing import Any, Iterator
 
 from potato.config import ProjectConfig, watch_poll_interval
 from potato.errors import RetractError
-from potato.results.live_writeback import LiveReport, is_live, sync_reported
 from potato.prefill.review_order import strip_order
-from potato.runs.runlog import RunLog
+from potato.results.live_writeback import LiveReport, is_live, sync_reported
+from potato.results.writeback import record_line, replacing, run_record, writeback_lock, writeback_path
 from potato.runs.paths import run_paths
+from potato.runs.runlog import RunLog
 from potato.runs.store import SUCCEEDED, Run, Store
 from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
-from potato.results.writeback import record_line, replacing, run_record, writeback_lock, writeback_path
 
 
 @dataclass

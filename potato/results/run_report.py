@@ -26,10 +26,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
+from potato.results.writeback import report_lines
 from potato.text.markdown_text import md, table
 from potato.text.score_text import curve_lines, number_text, score_line
 from potato.training.escaping import escaped
-from potato.results.writeback import report_lines
 
 REPORT, LABEL_SCORES, RUN_PAGE, HUB_REPO = "report", "label-scores", "run-page", "hub-repo"
 # What Prefect accepts as an artifact's key.

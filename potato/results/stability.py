@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from potato.training.answer_kinds import MULTILABEL, NOMINAL, ORDINAL
 from potato.config import ProjectConfig
-from potato.prefill.prediction_shapes import schema_records
 from potato.items.json_lines import load_line, read_lines
+from potato.prefill.prediction_shapes import schema_records
 from potato.runs.paths import run_paths
 from potato.runs.store import SUCCEEDED, Store
 from potato.training import atomic_files
+from potato.training.answer_kinds import MULTILABEL, NOMINAL, ORDINAL
 from potato.training.escaping import json_bytes
 
 LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL)

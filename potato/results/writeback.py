@@ -89,18 +89,23 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import orjson
 
-from potato.training.answer_kinds import NOMINAL, SPAN
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.errors import WritebackError
 from potato.prefill.prediction_shapes import OrderRank, is_confidence, parse_line
 from potato.prefill.review_order import ReviewOrder, model_confidences, order_spec, strip_order
+from potato.prefill.writeback_shapes import (
+    CONFIDENCE_ONLY_TYPES,
+    confidence_only,
+    describe_payload,
+    is_confidence_only,
+    payload_confidences,
+    prefill,
+)
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import MAX_RUN_ID
 from potato.training import atomic_files
+from potato.training.answer_kinds import NOMINAL, SPAN
 from potato.training.escaping import json_bytes
-from potato.prefill.writeback_shapes import (
-    CONFIDENCE_ONLY_TYPES, confidence_only, describe_payload, is_confidence_only, payload_confidences, prefill,
-)
 
 # How many bad lines the run log names before it only counts them.
 EXAMPLES = 5

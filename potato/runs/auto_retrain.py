@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from potato.annotations.labels import UserStateError, annotated_ids, find_user_states
 from potato.config import AutoRetrainConfig, ProjectConfig, data_directory_files
 from potato.errors import ProjectDataError, RunRequestError
-from potato.annotations.labels import UserStateError, annotated_ids, find_user_states
 from potato.items.read import item_ids
 from potato.runs.queue import create_run
 from potato.runs.store import AUTO, Run, Store

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
-from potato.runs import stopping
 from potato.config import ProjectConfig
-from potato.runs.runlog import RunLog
+from potato.runs import stopping
 from potato.runs.paths import run_paths
+from potato.runs.runlog import RunLog
 from potato.runs.store import END_STATES, Run, Store
 from potato.training.client import UNREACHABLE_LIMIT_S
 

@@ -425,7 +425,8 @@ def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import (
-        GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate,
+        GlobalConcurrencyLimitCreate,
+        GlobalConcurrencyLimitUpdate,
     )
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Callable
 
 from potato.errors import NoPrefectWorker
-from potato.runs.prefect_api import LIMIT_NAME
 from potato.runs.ending import end_run
+from potato.runs.prefect_api import LIMIT_NAME
 from potato.training import atomic_files
 
 log = logging.getLogger(__name__)

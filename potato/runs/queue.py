@@ -11,8 +11,8 @@ import getpass
 
 from potato.config import ProjectConfig
 from potato.errors import LocalOnlyTrainerError, RunRequestError, UnknownBackendError, UnknownTrainerError
-from potato.runs.jobs import options_with
 from potato.runs import prefect_runs
+from potato.runs.jobs import options_with
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import END_STATES, Run, Store
 from potato.trainer_choice import default_schemas, plan_trainers

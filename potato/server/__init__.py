@@ -57,8 +57,8 @@ def create_app(config: ProjectConfig, *, start_background: bool = True,
     """
     from potato.protocol import jsonapi
     from potato.protocol.app import install as install_protocol
-    from potato.runs.prefect_api import ui_url_for
     from potato.runs.paths import open_store
+    from potato.runs.prefect_api import ui_url_for
     from potato.server import admin_api, page, publish_api
     from potato.server.background import Background
 

@@ -17,21 +17,33 @@ from flask import Blueprint, current_app, jsonify, request
 
 from potato.backends.checks import check_backend
 from potato.errors import (
-    CompareError, LocalOnlyTrainerError, PromoteError, RetractError, RunRequestError, UnknownBackendError, WritebackError,
+    CompareError,
+    LocalOnlyTrainerError,
+    PromoteError,
+    RetractError,
+    RunRequestError,
+    UnknownBackendError,
+    WritebackError,
 )
-from potato.results.evaluation import read_evaluation
 from potato.protocol.jsonapi import ApiError, json_body
+from potato.results.evaluation import read_evaluation
 from potato.results.promote import pin, promote
 from potato.results.retract import retract
 from potato.run_comparison import compare, parse_runs
 from potato.runs import queue
 from potato.runs.paths import run_paths
+from potato.runs.store import MAX_RUN_ID
 from potato.server.auth import admin_via, require_admin
 from potato.server.context import get_config, get_store
 from potato.server.serialize import (
-    Shown, backends_json, event_json, run_json, schemas_json, trainers_json, writeback_json,
+    Shown,
+    backends_json,
+    event_json,
+    run_json,
+    schemas_json,
+    trainers_json,
+    writeback_json,
 )
-from potato.runs.store import MAX_RUN_ID
 from potato.trainer_choice import NoTrainerFor, default_schemas
 from potato.training.trainers.registry import DEFAULT_BY_KIND
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from potato.runs.auto_retrain import AutoRetrainWatcher
 from potato.config import ProjectConfig
 from potato.publish.job import Publisher
+from potato.runs.auto_retrain import AutoRetrainWatcher
 from potato.runs.store import Store
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,8 @@ class Background:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        from potato.runs.prefect_api import start_embedded, ui_url_for
         from potato.runs.dispatcher import Dispatcher
+        from potato.runs.prefect_api import start_embedded, ui_url_for
 
         self.prefect = start_embedded(self.config.training_dir)
         self.prefect_ui_url = ui_url_for(self.prefect.url)

@@ -23,8 +23,8 @@ from potato.publish.archive import archive_name, stream_tar_gz
 from potato.publish.hub import hub_endpoint, hub_token, without_credentials
 from potato.publish.job import prepare
 from potato.publish.plan import make_plan, request_from
-from potato.server.context import get_config, get_store
 from potato.server.auth import admin_via, require_admin
+from potato.server.context import get_config, get_store
 
 bp = Blueprint("publish_api", __name__, url_prefix="/admin/training/api")
 

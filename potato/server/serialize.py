@@ -6,18 +6,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from potato.results import quality_gate, stability
 from potato.config import ProjectConfig
-from potato.results.promote import predictions_state
 from potato.protocol.state import display_state
-from potato.results.retract import why_not as why_not_retractable
-from potato.runs.paths import run_paths
-from potato.text.score_text import curves_json, score_lines
 from potato.publish.publication import view as publication_view
-from potato.runs.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
+from potato.results import quality_gate, stability
+from potato.results.promote import predictions_state
+from potato.results.retract import why_not as why_not_retractable
 from potato.results.writeback import live_run_ids, read_report, report_lines
-from potato.training.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
+from potato.runs.paths import run_paths
+from potato.runs.store import QUEUED, RUNNING, SUCCEEDED, Event, Run, Store
+from potato.text.score_text import curves_json, score_lines
 from potato.trainer_choice import default_trainer, describe_plan, trainers_for
+from potato.training.trainers.registry import TRAINERS, TrainerInfo, missing_modules, module_names
 
 
 def duration(run: Run, now: float | None = None) -> float | None:

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from potato.backends.base import RunContext
-from potato.errors import TrackerError
 from potato.config import ProjectConfig
+from potato.errors import TrackerError
 from potato.trackers import mlflow_rest, tensorboard, weights_biases
 from potato.trackers.tracked_run import TrackedRun, gather
 

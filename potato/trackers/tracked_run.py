@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato.results import quality_gate
 from potato.backends.base import RunContext
-from potato.results.evaluation import read_evaluation
 from potato.publish.facts import read_training_data
+from potato.results import quality_gate
+from potato.results.evaluation import read_evaluation
 from potato.results.run_report import label_rows, report_markdown
+from potato.results.writeback import read_report
 from potato.trackers import pictures
 from potato.trainer_choice import describe_plan
 from potato.training.escaping import json_bytes
 from potato.training.trainers import metrics
-from potato.results.writeback import read_report
 
 # What a tracker's metric names may hold (MLflow's rule; TensorBoard takes it too).
 _NAME = re.compile(r"[^0-9A-Za-z_\-. /]")

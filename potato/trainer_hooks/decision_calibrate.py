@@ -33,17 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from potato.results import quality_gate
 from potato.backends.base import RunContext
 from potato.errors import CalibrationError
+from potato.results import quality_gate
 from potato.results.evaluation import read_evaluation, trained_on, write_evaluation
 from potato.results.live_writeback import publish
 from potato.results.record_results import log_live
 from potato.runs.paths import RunPaths, run_paths
 from potato.runs.store import SUCCEEDED, Run, Store
+from potato.training import atomic_files, job_paths
 from potato.training.trainers.decision_calibrate import NAME, SOURCE_DIR, SOURCE_FILE
-from potato.training import atomic_files
-from potato.training import job_paths
 
 
 def _why_not(run: Run, schemas: list[str]) -> str | None:

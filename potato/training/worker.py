@@ -33,14 +33,13 @@ import traceback
 from array import array
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato.training import atomic_files, helper_processes
 from potato.training.answer_kinds import NOMINAL
-from potato.training.trainers import registry
-from potato.training.trainers.registry import import_failure_message
-from potato.training import helper_processes
 from potato.training.device import THREAD_VARIABLES
-from potato.training import atomic_files
 from potato.training.events import Cancelled, EventWriter, OutOfGpuMemory, TrainerFailure
 from potato.training.job_paths import BUNDLE, JobPaths
+from potato.training.trainers import registry
+from potato.training.trainers.registry import import_failure_message
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -346,7 +345,6 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from potato.training.parts import check_parts
-
     from potato.training.trainers.uncertainty import check_order
 
     problem = check_parts(job.spec.get("parts")) or check_order(job.spec.get("order"))

@@ -39,14 +39,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN
-from potato.config import load_config
-from potato.bundle.holdout import split_of
 from potato.bundle.build import build_bundle
+from potato.bundle.holdout import split_of
+from potato.config import load_config
+from potato.runs.paths import open_store, run_paths
 from potato.trainer_choice import trainer_kinds
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN
 from potato.training.trainers.registry import DEFAULT_BY_KIND
 from tests.support.potato212 import Annotator, Potato212Server
-from potato.runs.paths import open_store, run_paths
 from tests.support.runs import potato, processes_matching
 from tests.support.tiny_model import build_tiny_model
 

@@ -39,8 +39,8 @@ def hub():
 
 @pytest.fixture
 def server(tmp_path, prefect_api, hub, monkeypatch):
-    from potato.runs import artifact_uri
     from potato.config import load_config
+    from potato.runs import artifact_uri
     from tests.support.potato_project import make_project
     from tests.support.runs import served, store_of, wait_for_state
     from tests.support.tiny_model import tiny_model_path

@@ -12,7 +12,6 @@ import urllib.request
 import pytest
 
 from potato.runs.tokens import default_server_url
-
 from tests.support.runs import POTATO, potato, run_dir_of, store_of, tiny_project, wait_for, wait_for_state
 
 pytestmark = [pytest.mark.prefect, pytest.mark.training]

@@ -27,9 +27,9 @@ from typing import Any, Callable
 
 import pytest
 
-from potato.config import load_config
 from potato.bundle.build import build_bundle
 from potato.bundle.pack import pack_bundle
+from potato.config import load_config
 from tests.support.claims import make_claim
 from tests.support.runs import process_alive, processes_matching, tiny_project, wait_for
 

@@ -16,9 +16,9 @@ import threading
 
 import pytest
 
+from potato.runs.tokens import register_agent
 from potato.server import create_app
 from potato.server.commands import make_server
-from potato.runs.tokens import register_agent
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import ADMIN
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from potato.config import load_config
+from potato.runs.paths import open_store, run_paths
 from potato.runs.prefect_api import ensure_concurrency_limit
 from potato.runs.prefect_runs import limit_name
-from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
 from tests.support.potato_project import make_project
 from tests.support.runs import stop_group, wait_for, wait_for_state

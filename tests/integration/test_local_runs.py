@@ -14,13 +14,22 @@ import signal
 import pytest
 
 from potato.config import load_config
-from potato.runs.prefect_runs import project_key_of
 from potato.runs.paths import open_store
+from potato.runs.prefect_runs import project_key_of
 from potato.runs.queue import create_run
 from potato.text.score_text import score_line
 from tests.support.runs import (
-    assert_private, potato, potato_background, process_alive, processes_matching, run_dir_of, store_of, tiny_project,
-    wait_for, wait_for_state, wait_for_training,
+    assert_private,
+    potato,
+    potato_background,
+    process_alive,
+    processes_matching,
+    run_dir_of,
+    store_of,
+    tiny_project,
+    wait_for,
+    wait_for_state,
+    wait_for_training,
 )
 
 pytestmark = [pytest.mark.prefect, pytest.mark.training]

@@ -14,9 +14,9 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from potato.config import POTATO_212_KEYS
 from potato.annotations.consensus import dawid_skene, strict_majority
 from potato.bundle.holdout import split_of
+from potato.config import POTATO_212_KEYS
 from potato.validate import validate_config_file
 from tests.unit.test_config import write_project
 from tests.unit.test_config_potato212 import POTATO_212_MODEL_TRAINING

@@ -15,8 +15,17 @@ from pathlib import Path
 import pytest
 
 from potato.runs.prefect_api import (
-    LIMIT_NAME, build_server_argv, build_server_env, embedded_prefect, ensure_concurrency_limit, is_healthy,
-    read_state, release_leaked_slots, start_embedded, ui_url_for, _lease_ids_for,
+    LIMIT_NAME,
+    _lease_ids_for,
+    build_server_argv,
+    build_server_env,
+    embedded_prefect,
+    ensure_concurrency_limit,
+    is_healthy,
+    read_state,
+    release_leaked_slots,
+    start_embedded,
+    ui_url_for,
 )
 
 pytestmark = pytest.mark.prefect

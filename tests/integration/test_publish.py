@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.config import load_config
 from potato.bundle.holdout import is_holdout
+from potato.config import load_config
 from potato.publish import publish_errors
 from potato.runs.prefect_runs import project_key_of
 from tests.support.hub import CHECKED_WITH, StandInHub, quiet_werkzeug

@@ -32,8 +32,8 @@ def test_a_hung_hosts_retries_are_shown_and_the_last_message_names_the_port(pref
     from potato.backends.ssh import openssh
     from potato.config import load_config
     from potato.errors import SshError
-    from potato.runs.runlog import RunLog
     from potato.runs.paths import open_store, run_paths
+    from potato.runs.runlog import RunLog
     from tests.support.potato_project import make_project
 
     monkeypatch.setitem(openssh.SSH_OPTIONS, "ConnectTimeout", "2")

@@ -46,7 +46,16 @@ from potato.runs.prefect_runs import limit_name
 from potato.runs.store import Run, Store
 from tests.support.potato_project import item_text, make_project, true_label, write_items
 from tests.support.remote_host import host_processes
-from tests.support.runs import POTATO, free_port, potato, processes_matching, stop_group, store_of, wait_for, wait_for_state
+from tests.support.runs import (
+    POTATO,
+    free_port,
+    potato,
+    processes_matching,
+    stop_group,
+    store_of,
+    wait_for,
+    wait_for_state,
+)
 from tests.support.tcp_proxy import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]

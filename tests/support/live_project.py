@@ -28,10 +28,10 @@ from typing import Sequence
 
 import yaml
 
+from potato.bundle.build import build_bundle
 from potato.config import load_config
 from potato.json_records import records, starts_array
 from potato.results.live_writeback import publish
-from potato.bundle.build import build_bundle
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED
 from tests.support.potato_project import write_user_state

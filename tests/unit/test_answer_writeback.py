@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from potato.config import WritebackConfig
-from potato.results.evaluation import record_evaluation
-from potato.prefill.prediction_shapes import check_answer_fields, parse_prediction
 from potato.bundle.build import build_bundle
+from potato.config import WritebackConfig
 from potato.items.rendered_text import render
+from potato.prefill.prediction_shapes import check_answer_fields, parse_prediction
+from potato.results.evaluation import record_evaluation
 from potato.results.writeback import write_back, writeback_path
 from tests.support.answer_project import ALL, TEXTS, bundle_project
 

@@ -19,8 +19,10 @@ from potato.annotations.aggregation import aggregate, majority_label_sets, major
 from potato.annotations.annotator_answers import read_answers
 from potato.annotations.labels import read_votes
 from potato.bundle.build import build_bundle, describe_bundle
-from tests.support.answer_project import ALL, TOPICS, bundle_project, pair as _pair, span as _span, \
-    write_state
+from tests.support.answer_project import ALL, TOPICS, bundle_project, write_state
+from tests.support.answer_project import pair as _pair
+from tests.support.answer_project import span as _span
+
 
 def test_numbers_texts_spans_and_who_answered_are_read_as_potato_212_writes_them(tmp_path):
     write_state(tmp_path, "alice", {

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from potato.annotations.labels import _pretty_annotated_ids, annotated_ids, count_user_state_annotations
+from potato.config import AutoRetrainConfig, load_config
 from potato.runs.auto_retrain import AnnotationCounter, AutoRetrainWatcher, ProjectItems, decide
 from potato.runs.paths import open_store
 from potato.runs.queue import create_run
-from potato.config import AutoRetrainConfig, load_config
-from potato.annotations.labels import _pretty_annotated_ids, annotated_ids, count_user_state_annotations
 from tests.support.potato_project import make_project, user_state_dict, write_user_state
 
 ON = AutoRetrainConfig(enabled=True, schemas=("sentiment",), update_frequency=5, min_interval_s=600)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.config import load_config
 from potato.bundle.build import build_bundle
+from potato.config import load_config
 from potato.validate import validate_config_file
 
 ROOT = Path(__file__).resolve().parents[2]

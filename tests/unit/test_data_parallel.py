@@ -10,12 +10,11 @@ import pytest
 
 from potato.config import BackendConfig
 from potato.runs.jobs import processes_for
-from potato.training.trainers import hf_common as hf
 from potato.training.data_parallel import PlanError, check_processes, plan_processes
-from potato.training.rank_events import describe_devices
 from potato.training.events import EventWriter, read_events
 from potato.training.predictions import PredictionStream, publish_parts
-from potato.training.rank_events import RankEvents
+from potato.training.rank_events import RankEvents, describe_devices
+from potato.training.trainers import hf_common as hf
 
 # -- batches -----------------------------------------------------------------------
 

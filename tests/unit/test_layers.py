@@ -17,7 +17,15 @@ import subprocess
 import sys
 
 from tests.support.module_map import (
-    DOCS_COMMAND, LAYER_NAMES, ROOT, circles, import_graph, imports_of, layer_of, module_paths, render,
+    DOCS_COMMAND,
+    LAYER_NAMES,
+    ROOT,
+    circles,
+    import_graph,
+    imports_of,
+    layer_of,
+    module_paths,
+    render,
 )
 
 

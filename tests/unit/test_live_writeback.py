@@ -13,20 +13,29 @@ import os
 import pytest
 import yaml
 
+from potato.bundle.build import build_bundle
 from potato.config import load_config
 from potato.errors import RetractError
 from potato.items.live_items import TABLE_FILE
 from potato.results.live_writeback import FROM_DATA_FILES, catch_up, publish, read_targets
-from potato.bundle.build import build_bundle
 from potato.results.retract import retract
+from potato.results.writeback import read_report
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED
 from potato.validate import format_report, validate_config_file
-from potato.results.writeback import read_report
 from tests.support.live_project import (
-    ARRAY, CSV, ITEMS, JSONL, item_fields, load_with_slider, record_run, snapshot, tickets_config,
+    ARRAY,
+    CSV,
+    ITEMS,
+    JSONL,
+    item_fields,
+    load_with_slider,
+    record_run,
+    snapshot,
+    tickets_config,
     write_hostile_directory,
 )
+
 
 def test_each_record_holds_what_the_writeback_file_holds_and_nothing_else_changes(tmp_path):
     config_path = tickets_config(tmp_path)

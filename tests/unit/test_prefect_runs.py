@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from deployments.create import SetupError, build_project_deploy_argv, check_schedule
-from potato.runs import prefect_runs
 from potato.errors import NoPrefectWorker
+from potato.runs import prefect_runs
 from potato.runs.prefect_runs import CancelWatch, cancel_message, is_cancel, no_worker_in_time, project_key
 from potato.runs.store import Store
 from tests.support.potato_project import make_project, project_config

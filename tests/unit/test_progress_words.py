@@ -129,9 +129,9 @@ def test_times_carry_their_offset_from_utc(berlin, tmp_path):
 def test_a_prefect_api_that_does_not_start_is_waited_for_aloud_and_fails_the_run_it_held(tmp_path, monkeypatch):
     from contextlib import contextmanager
 
-    from potato.runs import prefect_api
     from potato.cli import main
     from potato.errors import PrefectApiError
+    from potato.runs import prefect_api
     from tests.support.potato_project import make_project
 
     refusal = ("The Prefect API server did not become healthy at http://127.0.0.1:4242/api within 90 seconds; "

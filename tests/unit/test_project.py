@@ -13,13 +13,13 @@ import orjson
 import pytest
 
 from potato.annotations import labels
-from potato.bundle import pack
-from potato.items import read as items_read
-from potato.errors import ProjectDataError
-from potato.bundle.holdout import holdout_flags, is_holdout, split_holdout
 from potato.annotations.labels import aggregate_votes, read_votes
+from potato.bundle import pack
 from potato.bundle.build import build_bundle
+from potato.bundle.holdout import holdout_flags, is_holdout, split_holdout
 from potato.bundle.pack import pack_bundle
+from potato.errors import ProjectDataError
+from potato.items import read as items_read
 from potato.items.read import read_items
 from tests.support.potato_project import (
     make_project,

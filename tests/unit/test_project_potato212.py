@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from potato.config import load_config
-from potato.bundle.holdout import split_of
 from potato.bundle.build import build_bundle, describe_bundle
+from potato.bundle.holdout import split_of
+from potato.config import load_config
 from potato.items.read import read_items
 from tests.support.potato_project import make_project, project_config, write_items, write_user_state
 

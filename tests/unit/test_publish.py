@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.runs import artifact_uri
 from potato.publish import publication, publish_errors
 from potato.publish.archive import CHUNK, stream_tar_gz
 from potato.publish.card import CardFacts, SchemaFacts, render_card
 from potato.publish.hub import Progress, _Counted, without_credentials
 from potato.publish.plan import OutFile, Request, base_model_id, request_from
+from potato.runs import artifact_uri
 from potato.runs.store import Store
 
 

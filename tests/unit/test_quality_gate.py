@@ -16,14 +16,14 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from potato.results import quality_gate
+from potato.bundle.build import build_bundle
 from potato.cli import main
 from potato.config import load_config
-from potato.bundle.build import build_bundle
+from potato.results import quality_gate
 from potato.results.record_results import record_results
+from potato.results.writeback import live_runs_by_schema, read_report, writeback_path
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
-from potato.results.writeback import live_runs_by_schema, read_report, writeback_path
 from tests.support.potato_project import make_project
 
 N_ITEMS = 80

@@ -6,12 +6,12 @@ import json
 from dataclasses import replace
 
 from potato.backends.base import RunContext
-from potato.config import WritebackConfig
 from potato.bundle.build import build_bundle
+from potato.config import WritebackConfig
 from potato.results.record_results import record_results
-from potato.runs.runlog import RunLog
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
+from potato.runs.runlog import RunLog
 from potato.training.trainers.registry import TRAINERS
 from tests.support.potato_project import make_project, project_config
 

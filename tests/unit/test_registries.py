@@ -14,9 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from potato.training.answer_kinds import KINDS
-from potato.backends.base import Steps
 from potato.backend_types.type_registry import BACKEND_TYPES, configurable_types, resolve
+from potato.backends.base import Steps
 from potato.cli import main
 from potato.config import KINDS as KEY_KINDS
 from potato.config import load_config
@@ -24,12 +23,12 @@ from potato.runs.paths import open_store
 from potato.runs.queue import create_run
 from potato.server import create_app
 from potato.trainer_choice import NoTrainerFor
+from potato.training.answer_kinds import KINDS
 from potato.training.trainers.registry import TRAINERS, hook, import_failure_message, load, module_names
 from tests.support import toy_backend
 from tests.support.potato_project import make_project
 from tests.support.toy_backend import TOY, TOY_TRAINER
 from tests.unit.test_server_support import ADMIN
-
 
 # -- every registered backend type ---------------------------------------------
 
@@ -57,8 +56,10 @@ def test_every_backend_type_names_code_that_is_there(name):
     assert declared.keys[0].name == "type" and declared.doc and "{name}" in declared.menu
 
 
-def test_local_is_built_in_and_the_others_are_configurable():
-    assert configurable_types() == ["ssh", "slurm", "agent"]
+def test_the_configurable_types_are_the_registry_s_in_its_order_without_the_built_in_one():
+    built_in = [name for name, declared in BACKEND_TYPES.items() if not declared.configurable]
+    assert built_in == ["local"]  # the one backend a config never declares: the annotation server's machine
+    assert configurable_types() == [name for name in BACKEND_TYPES if name not in built_in]
 
 
 # -- every registered trainer ---------------------------------------------------

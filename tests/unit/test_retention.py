@@ -6,11 +6,11 @@ import json
 from dataclasses import replace
 
 from potato.results.evaluation import write_evaluation
+from potato.results.retention import prune_run_dirs
+from potato.results.writeback import writeback_path
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run
-from potato.results.retention import prune_run_dirs
 from potato.training.trainers.decision_calibrate import NAME as CALIBRATE
-from potato.results.writeback import writeback_path
 from tests.support.potato_project import make_project, project_config
 
 

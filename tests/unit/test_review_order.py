@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.config import load_config
 from potato.bundle.build import build_bundle
-from potato.results.retract import retract
+from potato.config import load_config
 from potato.prefill.review_order import ORDER_KEY, model_confidences
+from potato.prefill.writeback_shapes import payload_confidences
+from potato.results.retract import retract
+from potato.results.writeback import write_back, writeback_path
 from potato.runs.paths import open_store, run_paths
 from potato.runs.store import SUCCEEDED
 from potato.training.trainers import uncertainty as u
 from potato.validate import validate_config_file
-from potato.results.writeback import write_back, writeback_path
-from potato.prefill.writeback_shapes import payload_confidences
 from tests.support.potato_project import write_user_state
 
 TOPICS = ["food", "travel", "price"]

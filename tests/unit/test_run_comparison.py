@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 from potato.cli import main
 from potato.config import load_config
-from potato.results.evaluation import write_evaluation
 from potato.publish.facts import record_training_data
+from potato.results.evaluation import write_evaluation
 from potato.run_comparison import compare
 from potato.runs.paths import open_store, run_paths
 from potato.runs.queue import create_run

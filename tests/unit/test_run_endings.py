@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from potato.runs.paths import open_store, run_paths
-from potato.runs.queue import create_run
-from potato.runs.reconcile import orphan_reason, reconcile
-from potato.config import load_config
-from potato.runs.store import Run
 from potato.backend_types.contract import Stopped
 from potato.backends.local.steps import stop_leftovers as stop_local_worker
 from potato.backends.ssh.leftovers import read_stop_report
+from potato.config import load_config
+from potato.runs.paths import open_store, run_paths
+from potato.runs.queue import create_run
+from potato.runs.reconcile import orphan_reason, reconcile
+from potato.runs.store import Run
 from tests.support.potato_project import make_project
 
 NOW = 1_000_000.0

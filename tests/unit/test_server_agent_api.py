@@ -8,10 +8,10 @@ import tarfile
 
 import pytest
 
-from potato.runs.paths import open_store, run_paths
-from potato.runs.store import hash_token
 from potato.backends.agent.steps import check as check_agent
 from potato.errors import TokenError
+from potato.runs.paths import open_store, run_paths
+from potato.runs.store import hash_token
 from potato.runs.tokens import issue_run_token, register_agent, register_text
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import V1, bearer, make_config

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from potato.cli import main
 from potato.annotations.labels import find_user_states
-from potato.server import commands
+from potato.cli import main
 from potato.runs.store import Store
+from potato.server import commands
 from tests.support.potato_project import make_project, write_user_state
 from tests.unit.test_server_support import BACKENDS
 

@@ -16,9 +16,9 @@ import pytest
 
 from potato.errors import StoreError, UnknownRun
 from potato.runs.paths import open_store, run_paths
-from potato.server import create_app
 from potato.runs.store import Store
 from potato.runs.tokens import issue_run_token
+from potato.server import create_app
 from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import ADMIN, V1, bearer
 

@@ -12,9 +12,9 @@ import pytest
 
 from potato.config import ProjectConfig, load_config
 from potato.runs.paths import open_store, run_paths
-from potato.server import create_app
 from potato.runs.store import Store
 from potato.runs.tokens import register_agent
+from potato.server import create_app
 from tests.support.potato_project import make_project
 
 __all__ = ["ADMIN", "BACKENDS", "V1", "project", "store", "app", "client", "admin", "running_run", "token",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from potato.results import stability
 from potato.cli import main
 from potato.config import load_config
+from potato.results import stability
 from tests.unit.test_quality_gate import LABELS, _record, _truth, project  # noqa: F401 - the fixture
 
 

@@ -11,7 +11,11 @@ import pytest
 
 from potato.errors import StoreError
 from potato.runs.store import (
-    MIGRATIONS, RUN_COLUMNS, Run, Store, hash_token,
+    MIGRATIONS,
+    RUN_COLUMNS,
+    Run,
+    Store,
+    hash_token,
 )
 
 
@@ -401,10 +405,10 @@ def test_a_store_left_world_readable_by_an_older_version_is_tightened(tmp_path):
 
 
 def test_open_store_makes_the_training_directory_private(tmp_path):
-    from tests.support.potato_project import make_project
+    from potato.config import load_config
     from potato.runs.paths import open_store, run_paths
     from potato.runs.queue import create_run
-    from potato.config import load_config
+    from tests.support.potato_project import make_project
 
     cfg = load_config(make_project(tmp_path, n_items=4, model_training={"enabled": True}))
     cfg.training_dir.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from potato.training import answer_kinds
+from potato.training.events import TrainerFailure
 from potato.training.trainers import answers as a
 from potato.training.trainers import hf_heads
 from potato.training.trainers.registry import TRAINERS
-from potato.training.events import TrainerFailure
 
 SLIDER = {"type": "slider", "kind": "continuous", "min": 0, "max": 100, "step": 5}
 

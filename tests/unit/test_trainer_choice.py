@@ -20,13 +20,20 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from potato.runs.paths import open_store
-from potato.runs.queue import create_run
 from potato.cli import main
 from potato.config import load_config
 from potato.runs.jobs import make_job
+from potato.runs.paths import open_store
+from potato.runs.queue import create_run
 from potato.server import create_app
-from potato.trainer_choice import NoTrainerFor, default_schemas, describe_plan, plan_trainers, trainer_kinds, trainers_for
+from potato.trainer_choice import (
+    NoTrainerFor,
+    default_schemas,
+    describe_plan,
+    plan_trainers,
+    trainer_kinds,
+    trainers_for,
+)
 from potato.validate import validate_config_file
 from tests.support import toy_trainers
 from tests.support.potato_project import make_project

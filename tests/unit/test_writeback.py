@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.config import WritebackConfig
-from potato.bundle.holdout import is_holdout
 from potato.bundle.build import build_bundle
+from potato.bundle.holdout import is_holdout
+from potato.config import WritebackConfig
 from potato.results.writeback import WritebackError, write_back, writeback_path
 from tests.support.potato_project import project_config, write_items, write_user_state
 

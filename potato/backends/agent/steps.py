@@ -14,11 +14,11 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from potato.backends.base import RunContext
 from potato.backend_types.contract import CheckReport
+from potato.backends.base import RunContext
+from potato.bundle.pack import pack_bundle
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import NoAgent, RunCancelled
-from potato.bundle.pack import pack_bundle
 from potato.protocol.state import CLAIMED
 from potato.runs.paths import open_store
 from potato.runs.store import Store

@@ -23,8 +23,8 @@ from potato.backends.ssh.trainer_needs import assess, probe_questions, trainers_
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import ProjectDataError
 from potato.runs.paths import importing_this_potato
-from potato.training.trainers.registry import TRAINERS, hook
 from potato.training.device import describe_local_device
+from potato.training.trainers.registry import TRAINERS, hook
 
 # Importing torch and bitsandbytes and timing a matrix product: seconds, more on a busy machine.
 PROBE_TIMEOUT_S = 180
@@ -80,8 +80,8 @@ def probe_here(options: dict[str, dict], questions: dict) -> dict | str:
 def item_counts(config: ProjectConfig) -> dict[str, Any]:
     """What a rough time is reckoned on: items trained on per epoch (labelled, not held out), items
     predicted, and their mean length in characters; empty when the items cannot be read."""
-    from potato.bundle.holdout import holdout_rule
     from potato.annotations.labels import UserStateError, annotated_ids, find_user_states
+    from potato.bundle.holdout import holdout_rule
     from potato.items.read import iter_items
     try:
         texts = {item.id: len(item.text or "") for item in iter_items(config)}

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from potato.backends.base import RunContext
 from potato.backend_types.contract import Stopped
-from potato.runs.stopping import LOCAL_WAIT_S, wait_gone
+from potato.backends.base import RunContext
 from potato.backends.relay import EventTail, record_event
 from potato.config import ProjectConfig
 from potato.runs.jobs import make_job, write_job
 from potato.runs.paths import importing_this_potato, run_paths
+from potato.runs.stopping import LOCAL_WAIT_S, wait_gone
 from potato.runs.store import Run, Store
 from potato.training.device import THREAD_VARIABLES
 from potato.training.stop_job import processes

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from potato import training
 from potato.backend_types.contract import Stopped
-from potato.runs.stopping import LOCAL_WAIT_S, joined, wait_gone
 from potato.backends.ssh.openssh import Connection, SshTarget, remote_path, run_once, ssh_error, with_env
 from potato.config import BackendConfig, ProjectConfig
 from potato.errors import BackendError
+from potato.runs.stopping import LOCAL_WAIT_S, joined, wait_gone
 from potato.runs.store import Run, Store
 from potato.training.stop_job import processes
 

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from potato.runs import artifact_uri
-
 from potato import training
 from potato.backends.base import RunContext
 from potato.backends.ssh import fetch, leftovers, trainer_needs
@@ -41,12 +39,20 @@ from potato.backends.ssh.code import code_archive
 from potato.backends.ssh.gpus import GpuChoice, choose_for_backend, mark_kernels, parse_nvidia_smi
 from potato.backends.ssh.openssh import Connection, SshTarget, make_remote_command, remote_path, ssh_error, with_env
 from potato.backends.ssh.protocol_server import ProtocolServer
-from potato.errors import BackendError, ConnectionLost, GpuQueryHung, RemoteCommandError, RemoteDirNotWritable, TrainerImportError
+from potato.errors import (
+    BackendError,
+    ConnectionLost,
+    GpuQueryHung,
+    RemoteCommandError,
+    RemoteDirNotWritable,
+    TrainerImportError,
+)
+from potato.runs import artifact_uri
 from potato.runs.jobs import trainer_options
 from potato.runs.runlog import last_line
-from potato.training.trainers.registry import TRAINERS, module_names
 from potato.training.device import THREAD_VARIABLES
 from potato.training.job_paths import JobPaths
+from potato.training.trainers.registry import TRAINERS, module_names
 
 PROBE_SOURCE = Path(training.__file__).with_name("probe.py")
 MIN_PYTHON = (3, 8)

@@ -16,8 +16,8 @@ Part of the remote half: Python 3.8, standard library only.
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from potato.training.trainers.uncertainty import MAX_PROBS_LABELS
 from potato.training.events import TrainerFailure
+from potato.training.trainers.uncertainty import MAX_PROBS_LABELS
 
 # A label's threshold is tuned only when the tuning rows hold at least this many items that have it
 # and this many that lack it; with fewer, a threshold would follow one or two items, so it stays 0.5.

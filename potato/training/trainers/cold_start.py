@@ -41,11 +41,11 @@ def train(job: Any, events: Any) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from potato.training.predictions import PredictionStream
     from potato.training.trainers.diverse_order import order_spec
     from potato.training.trainers.diversity import k_centre_order, mean_pooled, order_lines
     from potato.training.trainers.hf_common import default_model, resolve_model
     from potato.training.trainers.uncertainty import DEFAULT_BATCH
-    from potato.training.predictions import PredictionStream
 
     opts = dict(DEFAULT_OPTIONS, **job.options)
     load_from, _ = resolve_model(opts["model"] or default_model(NAME))

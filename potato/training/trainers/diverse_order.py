@@ -19,7 +19,14 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from potato.training.trainers.diversity import k_centre_order, mean_pooled, order_lines
 from potato.training.trainers.pooling import encoder_of
-from potato.training.trainers.uncertainty import DEFAULT_BATCH, DIVERSE, MARGIN, POOL_FACTOR, candidates, schema_uncertainty
+from potato.training.trainers.uncertainty import (
+    DEFAULT_BATCH,
+    DIVERSE,
+    MARGIN,
+    POOL_FACTOR,
+    candidates,
+    schema_uncertainty,
+)
 
 
 def order_spec(job: Any) -> Dict[str, Any]:

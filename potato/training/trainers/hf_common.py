@@ -21,6 +21,8 @@ import random
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from potato.training.events import Cancelled, TrainerFailure
+from potato.training.probe import first_line, hub_offline, names_a_path  # one rule for the worker and the host probe
 from potato.training.trainers.answers import SchemaAnswers, answers_of
 from potato.training.trainers.options import (
     check_keys,
@@ -49,8 +51,6 @@ from potato.training.trainers.schedule import (
     schedule_problems,
     share_epochs,
 )
-from potato.training.events import Cancelled, TrainerFailure
-from potato.training.probe import first_line, hub_offline, names_a_path  # one rule for the worker and the host probe
 
 # Training batches are sorted by length within random groups of this many batches. transformers'
 # LengthGroupedSampler takes 50, which on a few hundred labels sorts the whole set: measured on

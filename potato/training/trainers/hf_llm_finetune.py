@@ -54,6 +54,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from potato.training.answer_kinds import MULTILABEL, NOMINAL, TEXT
+from potato.training.events import OutOfGpuMemory, TrainerFailure
 from potato.training.trainers.answers import SchemaAnswers, answers_of, gold_answers
 from potato.training.trainers.hf_common import (
     ComputeDevice,
@@ -98,8 +99,13 @@ from potato.training.trainers.options import (
     seed_problems,
 )
 from potato.training.trainers.registry import TRAINERS, HostCheck
-from potato.training.trainers.schedule import SCHEDULE_OPTIONS, Validation, make_plan, schedule_problems, split_validation
-from potato.training.events import OutOfGpuMemory, TrainerFailure
+from potato.training.trainers.schedule import (
+    SCHEDULE_OPTIONS,
+    Validation,
+    make_plan,
+    schedule_problems,
+    split_validation,
+)
 
 NAME = "hf-llm-finetune"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules

@@ -54,6 +54,7 @@ import unicodedata
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from potato.training.answer_kinds import SPAN
+from potato.training.events import TrainerFailure
 from potato.training.trainers.answers import gold_answers
 from potato.training.trainers.hf_common import (
     FINE_TUNE_OPTIONS,
@@ -74,7 +75,6 @@ from potato.training.trainers.metrics import describe, holdout_scores
 from potato.training.trainers.options import is_int
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.schedule import Validation, split_validation
-from potato.training.events import TrainerFailure
 
 NAME = "hf-span-tagging"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
