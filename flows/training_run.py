@@ -202,14 +202,14 @@ def _project_artifacts(ctx: RunContext, scores: dict) -> None:
                              description=f"Run {ctx.run_id} of {name}")
 
 
-@_task("report-to-trackers")
-def report_to_trackers_task(ctx: RunContext) -> list[str]:
-    return report_to_trackers(ctx)
-
-
 @_task("fetch-artifacts")
 def fetch_artifacts_task(ctx: RunContext, backend, session, handle) -> None:
     backend.fetch_artifacts(ctx, session, handle)
+
+
+@_task("report-to-trackers")
+def report_to_trackers_task(ctx: RunContext) -> list[str]:
+    return report_to_trackers(ctx)
 
 
 @_task("clean-up")

@@ -138,3 +138,17 @@ def test_no_public_class_is_defined_twice():
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 defined.setdefault(node.name, []).append(name)
     assert {cls: names for cls, names in defined.items() if len(names) > 1} == {}
+
+
+def test_each_flow_task_calls_the_function_of_the_file_it_is_named_for():
+    from tests.support.step_map import flow_tasks
+
+    tasks = flow_tasks()
+    assert [t.name for t in tasks][:2] == ["build-bundle", "connect"] and len(tasks) == 10
+    assert [t.name for t in tasks if not t.named_for()] == []
+
+
+def test_the_step_map_in_the_architecture_page_is_up_to_date():
+    from tests.support.step_map import committed, render
+
+    assert committed() == render(), "docs/architecture.md's step map is out of date: python -m tests.support.step_map"
