@@ -23,16 +23,24 @@ def load_line(line: bytes) -> Any:
         return json.loads(line)
 
 
-def read_lines(path: Path) -> Iterator[Any]:
-    """Each line of a JSON lines file this server wrote (``load_line``); none when the file is missing."""
+def read_lines(path: Path, *, skip_unreadable: bool = False) -> Iterator[Any]:
+    """Each line of a JSON lines file this server wrote (``load_line``); none when the file is missing.
+    ``skip_unreadable``: a line that is not JSON is passed over (a summary that looks at one field)."""
     try:
         handle = open(path, "rb")
     except FileNotFoundError:
         return
     with handle:
         for raw in handle:
-            if raw.strip():
-                yield load_line(raw)
+            if not raw.strip():
+                continue
+            try:
+                value = load_line(raw)
+            except ValueError:
+                if skip_unreadable:
+                    continue
+                raise
+            yield value
 
 
 def dump_line(record: dict[str, Any]) -> bytes:

@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from potato.items.json_lines import load_line
+from potato.items.json_lines import read_lines
 from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.training.escaping import quote
 
@@ -235,15 +235,5 @@ def schema_records(path: Path, schema: str) -> Iterator[dict[str, Any]]:
     """The JSON objects of one schema in a run's ``predictions.jsonl``, unchecked: for the server's own
     summaries of a file the writeback has read (the quality gate's one-answer test, the stopping signal),
     which look at one field and skip what is not there. Unreadable lines are skipped; no file, none."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return
-    with handle:
-        for raw in handle:
-            try:
-                record = load_line(raw)  # a lone surrogate's escape too
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("schema") == schema:
-                yield record
+    return (record for record in read_lines(path, skip_unreadable=True)
+            if isinstance(record, dict) and record.get("schema") == schema)

@@ -78,7 +78,6 @@ of their predictions as 2.12 reads it.
 from __future__ import annotations
 
 import fcntl
-import heapq
 import json
 import re
 from array import array
@@ -91,6 +90,7 @@ import orjson
 
 from potato.config import MODEL_REVIEW, ProjectConfig, Scheme, assignment_strategy
 from potato.errors import WritebackError
+from potato.items.json_lines import read_lines
 from potato.prefill.prediction_shapes import OrderRank, is_confidence, parse_line
 from potato.prefill.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.prefill.writeback_shapes import (
@@ -630,17 +630,7 @@ def _write_run_record(path: Path, field_name: str, bundle: _Bundle, table: _Tabl
 
 def run_record(path: Path) -> Iterator[dict[str, Any]]:
     """The lines of a run's ``written-back.jsonl`` (none when it has none)."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return
-    with handle:
-        for raw in handle:
-            try:
-                line = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                line = json.loads(raw.decode("utf-8"))
-            yield line
+    return read_lines(path)
 
 
 def write_report(config: ProjectConfig, run_id: int, report: Mapping[str, Any]) -> None:
