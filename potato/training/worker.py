@@ -343,6 +343,9 @@ def _prepare(job_dir: str, events: EventWriter, exit_dir: Optional[str] = None,
     num_threads = num_threads or job.num_threads
     apply_num_threads(num_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers would otherwise fetch a layer's kernel from the Hub's kernels-community as a model loads: code
+    # downloaded at run time, which a GPU host must not need (the torch path computes the same).
+    os.environ["USE_HUB_KERNELS"] = "NO"
 
     from potato.training.parts import check_parts
     from potato.training.trainers.uncertainty import check_order

@@ -7,6 +7,9 @@ and to read it back, checked against huggingface_hub 2.4.0 (its ``hf_api.py``,
 
 - ``GET /api/whoami-v2`` — who a token is (user, organisations);
 - ``GET /api/agent-harnesses`` — the client's telemetry registry (answered empty);
+- ``GET /api/organizations/{org}/overview`` — 404 (no organisation publishes
+  kernels here): what transformers' ``kernels`` asks before it would fetch a
+  layer's kernel from ``kernels-community`` while a model from here loads;
 - ``POST /api/repos/create`` — 409 when the repo exists, 403 in a namespace
   the token's user cannot write (another user's, an organisation it is not
   in); a new repo's first commit holds ``.gitattributes``, as the Hub's does;
@@ -212,6 +215,10 @@ class StandInHub:
         @app.get("/api/agent-harnesses")
         def agent_harnesses():  # the client's telemetry asks once a day which AI agents to recognise: none
             return jsonify({"standardEnvVars": [], "harnesses": {}})
+
+        @app.get("/api/organizations/<org>/overview")
+        def organization_overview(org):  # transformers' hub kernels check a kernel publisher: none here
+            return error(404, f"Organization {org} not found")
 
         @app.post("/api/repos/create")
         def create_repo():
