@@ -17,12 +17,16 @@ Prints each run's wall time (from the run's start to its end, as the store
 has them), the report step's own seconds (its line in the run log), and the
 report as a share of the run (target: under 2 %).
 
-Measured (2 cores, ``--repeats 2``; the example's run is short, 16 s, so this
-is the hardest case for the share): the report step took 0.41 s in the first
-run and 0.19 s in the second (TensorBoard's imports come once a process),
-median 0.30 s = 1.88 % of the run; the whole runs, 17.8 s without trackers and
-16.0 s with, differ by less than training's own noise. Before the trackers
-and the artifact uploads went side by side: 0.52 s, 3.2 %.
+Measured (2 cores, ``--repeats 3``, all three trackers; the example's run is
+short, 24 s on this machine today, so this is the hardest case for the
+share): the report step took 0.55 s, 0.18 s and 0.40 s, median 0.40 s =
+1.56 % of the run; the whole runs, 24.5 s without trackers and 25.6 s with,
+differ by training's own noise. W&B's client takes 1-2 s to import and 0.2 s
+to start its service: both now begin while the run trains
+(``potato.trackers.import_clients_early``); before that, 0.52 s = 2.07 %.
+MLflow and TensorBoard alone (``--trackers mlflow,tensorboard``, an earlier
+day, a 16 s run): median 0.30 s = 1.88 %; before the trackers and the
+artifact uploads went side by side: 0.52 s, 3.2 %.
 """
 
 from __future__ import annotations
