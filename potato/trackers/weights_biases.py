@@ -32,6 +32,8 @@ from potato.config import ProjectConfig
 from potato.errors import TrackerError
 from potato.trackers.tracked_run import TrackedRun
 
+# WANDB_MODE's values that keep the run on disk ("dryrun": W&B's older name for offline).
+OFFLINE_MODES = ("offline", "dryrun")
 # How long a run's start may wait on W&B's servers (as long as an MLflow request may).
 INIT_TIMEOUT_S = 30
 # WANDB_LOG_MODEL's values that ask for the model (transformers': "checkpoint" logs each checkpoint; a run has one).
@@ -66,13 +68,16 @@ def _settings(wandb: Any, where: Path) -> Any:
 def report(run: TrackedRun, config: ProjectConfig, env: dict[str, str] | None = None) -> str:
     """Log *run* as one W&B run; return the line the run log keeps (where it went)."""
     env = dict(os.environ) if env is None else env
+    mode = (env.get("WANDB_MODE") or "online").strip().lower()
+    if mode == "disabled":  # W&B's own switch for "log nothing": said, not a warning
+        return "W&B: WANDB_MODE is disabled, so nothing was logged"
+    offline = mode in OFFLINE_MODES
     try:
         import wandb
     except ImportError:
         raise TrackerError("the wandb package is not installed on the annotation server: pip install wandb (or "
                            "the trackers extra) into its environment") from None
     where = wandb_dir(config, env)
-    mode = (env.get("WANDB_MODE") or "online").strip().lower()
     try:
         where.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -81,7 +86,7 @@ def report(run: TrackedRun, config: ProjectConfig, env: dict[str, str] | None = 
     project = env.get("WANDB_PROJECT") or run.project
     try:
         tracked = wandb.init(project=project, entity=env.get("WANDB_ENTITY") or None, name=run.name,
-                             dir=str(where), mode=mode if mode in ("online", "offline", "disabled") else None,
+                             dir=str(where), mode="offline" if offline else mode,
                              config={**run.params, "potato/run_id": run.run_id, "potato/project": run.project},
                              reinit="create_new", settings=_settings(wandb, where))
     except Exception as exc:  # the client's own errors: a missing login, a refused key, no route to W&B
@@ -93,12 +98,12 @@ def report(run: TrackedRun, config: ProjectConfig, env: dict[str, str] | None = 
             artifact.add_dir(str(run.model_dir))
             tracked.log_artifact(artifact)
         run_dir = tracked.dir
-        url = tracked.url if mode != "offline" else None  # an offline run has none (and the client says so)
+        url = None if offline else tracked.url  # an offline run has none (and the client says so)
     finally:
         tracked.finish()
         wandb.teardown()  # its service process would outlive the report in the server's process
     offline_dir = Path(run_dir).parent
-    if mode == "offline":
+    if offline:
         return f"W&B: offline run {run.name} of project {project!r} in {offline_dir} (wandb sync {offline_dir})"
     return f"W&B: run {run.name} of project {project!r} at {url}"
 
@@ -106,7 +111,7 @@ def report(run: TrackedRun, config: ProjectConfig, env: dict[str, str] | None = 
 def _log(wandb: Any, tracked: Any, run: TrackedRun) -> None:
     for step_metric in sorted({_step_metric(k) for s in run.steps for k in s.values}):
         tracked.define_metric(step_metric, hidden=True)
-        tracked.define_metric(step_metric.replace("/step", "/*"), step_metric=step_metric)
+        tracked.define_metric(step_metric[:-len("step")] + "*", step_metric=step_metric)
     for step in run.steps:
         steps = {_step_metric(k): step.step for k in step.values}
         tracked.log({**step.values, **steps})
@@ -126,8 +131,8 @@ def _log(wandb: Any, tracked: Any, run: TrackedRun) -> None:
 
 def _refusal(exc: Exception, mode: str) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if mode != "offline" and re.search(r"api[_ ]key|login|authenticat|401|403", text, re.IGNORECASE):
+    if mode not in OFFLINE_MODES and re.search(r"api[_ ]key|login|authenticat|401|403", text, re.IGNORECASE):
         return (f"W&B refused the run ({text}): set WANDB_API_KEY in the annotation server's environment (or run "
                 "`wandb login` as its user), or WANDB_MODE=offline to keep runs on disk for `wandb sync`")
     return f"W&B could not start the run ({text})" + (
-        "; set WANDB_MODE=offline to keep runs on disk for `wandb sync`" if mode != "offline" else "")
+        "; set WANDB_MODE=offline to keep runs on disk for `wandb sync`" if mode not in OFFLINE_MODES else "")

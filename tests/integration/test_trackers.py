@@ -169,3 +169,11 @@ def test_wandb_online_with_no_key_is_refused_with_the_fix(tmp_path, monkeypatch)
         "W&B refused the run (No API key configured. Use `wandb login` to log in.): set WANDB_API_KEY in the "
         "annotation server's environment (or run `wandb login` as its user), or WANDB_MODE=offline to keep runs on "
         "disk for `wandb sync`")
+
+
+def test_wandb_disabled_logs_nothing_and_says_so(tmp_path):
+    from potato.trackers import weights_biases
+
+    line = weights_biases.report(_tracked(), _Config(tmp_path / "training"), {"WANDB_MODE": "disabled"})
+    assert line == "W&B: WANDB_MODE is disabled, so nothing was logged"
+    assert not (tmp_path / "training").exists()
