@@ -113,11 +113,10 @@ def load_with_slider(config_path: Path):
     return replace(config, model_training=replace(config.model_training, writeback=wb))
 
 
-def record_run(tmp_path: Path, config_path: Path, run_id: int, tone: dict[str, tuple[str, float]],
-               urgency: dict[str, float] | None = None, schemas=("tone", "urgency"), meanwhile=None):
-    """Record run *run_id* as succeeded and write its predictions back, as the flow's record-results does;
-    *meanwhile()* runs after the run's bundle was made (while it would train)."""
-    config = load_with_slider(config_path)
+def succeeded_run(tmp_path: Path, config, run_id: int, schemas, rows: list[dict], meanwhile=None):
+    """Run *run_id* as record-results finds it: succeeded, its bundle built, its ``predictions.jsonl`` holding
+    *rows*; *meanwhile()* runs after the bundle was made (while it would train). Returns the store, the
+    predictions file and the bundle."""
     store = open_store(config)
     while store.count_runs() < run_id:
         store.create_run("hf-text-classification", list(schemas), "local")
@@ -126,11 +125,20 @@ def record_run(tmp_path: Path, config_path: Path, run_id: int, tone: dict[str, t
     build_bundle(config, list(schemas), bundle)
     if meanwhile is not None:
         meanwhile()
-    rows = [{"id": i, "schema": "tone", "label": label, "confidence": c} for i, (label, c) in tone.items()]
-    rows += [{"id": i, "schema": "urgency", "value": v} for i, v in (urgency or {}).items()]
     predictions = run_paths(config, run_id).predictions
     predictions.parent.mkdir(parents=True, exist_ok=True)
     predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return store, predictions, bundle
+
+
+def record_run(tmp_path: Path, config_path: Path, run_id: int, tone: dict[str, tuple[str, float]],
+               urgency: dict[str, float] | None = None, schemas=("tone", "urgency"), meanwhile=None):
+    """Record run *run_id* as succeeded and write its predictions back, as the flow's record-results does;
+    *meanwhile()* runs after the run's bundle was made (while it would train)."""
+    config = load_with_slider(config_path)
+    rows = [{"id": i, "schema": "tone", "label": label, "confidence": c} for i, (label, c) in tone.items()]
+    rows += [{"id": i, "schema": "urgency", "value": v} for i, v in (urgency or {}).items()]
+    store, predictions, bundle = succeeded_run(tmp_path, config, run_id, schemas, rows, meanwhile)
     return config, store, publish(config, run_id, list(schemas), predictions, bundle)
 
 

@@ -18,16 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from potato.bundle.build import build_bundle
 from potato.config import load_config
 from potato.prefill.review_order import ORDER_KEY, model_confidences
 from potato.prefill.writeback_shapes import payload_confidences
 from potato.results.retract import retract
 from potato.results.writeback import write_back, writeback_path
-from potato.runs.paths import open_store, run_paths
-from potato.runs.store import SUCCEEDED
 from potato.training.trainers import uncertainty as u
 from potato.validate import validate_config_file
+from tests.support.live_project import succeeded_run
 from tests.support.potato_project import write_user_state
 
 TOPICS = ["food", "travel", "price"]
@@ -59,15 +57,7 @@ def _config(tmp_path: Path, order: str | None = None, strategy: str | None = "mo
 def _write(tmp_path: Path, config_path: Path, rows: list[dict], run_id: int = 1,
            schemas=("topic", "tags", "score")):
     config = load_config(config_path)
-    store = open_store(config)
-    while store.count_runs() < run_id:
-        store.create_run("hf-text-classification", list(schemas), "local")
-    store.update_run(run_id, state=SUCCEEDED)
-    bundle = tmp_path / f"bundle{run_id}"
-    build_bundle(config, list(schemas), bundle)
-    predictions = run_paths(config, run_id).predictions
-    predictions.parent.mkdir(parents=True, exist_ok=True)
-    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store, predictions, bundle = succeeded_run(tmp_path, config, run_id, schemas, rows)
     return config, store, write_back(config, run_id, list(schemas), predictions, bundle)
 
 
