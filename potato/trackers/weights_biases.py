@@ -31,6 +31,7 @@ from typing import Any
 from potato.config import ProjectConfig
 from potato.errors import TrackerError
 from potato.trackers.tracked_run import TrackedRun
+from potato.training.escaping import escaped
 
 # WANDB_MODE's values that keep the run on disk ("dryrun": W&B's older name for offline).
 OFFLINE_MODES = ("offline", "dryrun")
@@ -87,7 +88,8 @@ def report(run: TrackedRun, config: ProjectConfig, env: dict[str, str] | None = 
     try:
         tracked = wandb.init(project=project, entity=env.get("WANDB_ENTITY") or None, name=run.name,
                              dir=str(where), mode="offline" if offline else mode,
-                             config={**run.params, "potato/run_id": run.run_id, "potato/project": run.project},
+                             config={**{k: escaped(v) for k, v in run.params.items()}, "potato/run_id": run.run_id,
+                                     "potato/project": escaped(run.project)},
                              reinit="create_new", settings=_settings(wandb, where))
     except Exception as exc:  # the client's own errors: a missing login, a refused key, no route to W&B
         raise TrackerError(_refusal(exc, mode)) from None

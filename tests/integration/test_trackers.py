@@ -137,7 +137,7 @@ def test_wandb_offline_keeps_each_schema_on_its_own_steps_and_its_files_inside_t
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     run = _tracked(
-        params={"trainer": "hf-text-classification + hf-span-tagging"},
+        params={"trainer": "hf-text-classification + hf-span-tagging", "option/label": "caf\ud800"},
         steps=[Step(5, 1_800_000_001.0, {"sentiment/train/loss": 0.7}), Step(10, 1_800_000_002.0,
                                                                                {"sentiment/train/loss": 0.5}),
                Step(3, 1_800_000_003.0, {"entities/train/loss": 2.0})],  # the second schema starts again at 1
@@ -149,6 +149,7 @@ def test_wandb_offline_keeps_each_schema_on_its_own_steps_and_its_files_inside_t
     assert offline.parent == tmp_path / "training" / "wandb"
     read = read_offline_run(offline)
     assert read.history == {"sentiment/train/loss": [(5, 0.7), (10, 0.5)], "entities/train/loss": [(3, 2.0)]}
+    assert read.config["option/label"] == "caf\\ud800"  # a lone surrogate (a label may hold one) as its escape
     assert sorted(read.files) == sorted(["pictures/a_b_.svg", "pictures/escaped.svg", "scores.json",
                                          read.tables["learning_curve/sentiment/accuracy"]])
     assert not (tmp_path / "escaped.svg").exists() and not (tmp_path / "training" / "escaped.svg").exists()
