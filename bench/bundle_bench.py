@@ -5,6 +5,7 @@ Run by hand (never part of CI's pass/fail)::
     .venv/bin/python bench/bundle_bench.py                      # 100k and 1M, 3 rounds each
     .venv/bin/python bench/bundle_bench.py --sizes 100000 --rounds 5
     .venv/bin/python bench/bundle_bench.py --baseline-ref main  # compare with another commit
+    .venv/bin/python bench/bundle_bench.py --spans --baseline-ref ea3e26a  # votes and spans, one read
 
 Each size: a project (3 annotators, about half the items labelled, Potato's
 ``indent=2`` user_state.json, one annotator in the older dict format) is
@@ -44,21 +45,46 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASELINE = "263adad"
 
 
-def _generate(project_dir: str, n_items: int) -> None:
+def _generate(project_dir: str, n_items: int, spans: bool) -> None:
     from tests.support.potato_project import make_project
 
-    make_project(Path(project_dir), n_items=n_items, fmt=["pairs", "dict", "pairs"])
+    config_path = make_project(Path(project_dir), n_items=n_items, fmt=["pairs", "dict", "pairs"])
+    if spans:
+        _add_spans(config_path)
 
 
-def _build(project_dir: str, dest: str) -> None:
-    # The baseline's child finds the baseline's own potato package first on its path.
-    from potato.bundle import build, pack
+def _add_spans(config_path: Path) -> None:
+    """A span schema beside the radio one: every labelled item gets a span from each of its annotators
+    (as 2.12.1's page stores it), so the bundle reads votes and spans from the same files."""
+    import yaml
+
+    from tests.support.answer_project import span
+
+    config = yaml.safe_load(config_path.read_text())
+    config["annotation_schemes"].append({"annotation_type": "span", "name": "entities", "labels": ["PER", "LOC"]})
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    for state_path in (config_path.parent / "annotation_output").glob("*/user_state.json"):
+        state = json.loads(state_path.read_text())
+        labelled = state.get("instance_id_to_label_to_value") or {}
+        state["instance_id_to_span_to_value"] = {item: [span("entities", ("PER", "LOC")[n % 2], 0, 6)]
+                                                 for n, item in enumerate(labelled)}
+        state_path.write_text(json.dumps(state, indent=2))
+
+
+def _build(project_dir: str, dest: str, schemas: list[str]) -> None:
+    # The baseline's child finds the baseline's own potato package first on its path: one from before the
+    # folders (everything in potato/project.py) or after (potato/bundle/).
+    try:
+        from potato.bundle import build, pack
+    except ImportError:
+        from potato import project as build
+        pack = build
     from tests.support.potato_project import project_config
 
     root = Path(project_dir)
     config = project_config(root / "config.yaml")
     t0, c0 = time.perf_counter(), time.process_time()
-    info = build.build_bundle(config, ["sentiment"], Path(dest))
+    info = build.build_bundle(config, schemas, Path(dest))
     t1, c1 = time.perf_counter(), time.process_time()
     pack.pack_bundle(dest, dest + ".tar.gz")
     t2 = time.perf_counter()
@@ -101,15 +127,18 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline-ref", default=DEFAULT_BASELINE)
+    parser.add_argument("--spans", action="store_true",
+                        help="add a span schema answered on every labelled item (votes and spans from the same "
+                             "files; the baseline must know spans: pass --baseline-ref)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         action, *rest = args.child
         if action == "generate":
-            _generate(rest[0], args.n)
+            _generate(rest[0], args.n, args.spans)
         else:
-            _build(rest[0], rest[1])
+            _build(rest[0], rest[1], rest[2:])
         return
 
     with tempfile.TemporaryDirectory(prefix="bundle-bench-") as tmp:
@@ -121,16 +150,17 @@ def main() -> None:
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
         print(f"baseline: the potato package at {args.baseline_ref}; load average {os.getloadavg()[0]:.1f} "
               f"on {os.cpu_count()} CPUs", flush=True)
+        schemas = ["sentiment", "entities"] if args.spans else ["sentiment"]
         for n in args.sizes:
             project = Path(tmp) / f"project-{n}"
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, __file__, "--child", "generate", str(project), "--n", str(n)], check=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+            subprocess.run([sys.executable, __file__, "--child", "generate", str(project), "--n", str(n)]
+                           + (["--spans"] if args.spans else []), check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
             print(f"{n:,} items: project generated in {time.perf_counter() - t0:.0f} s", flush=True)
             results: dict[str, list[dict]] = {"baseline": [], "ours": []}
             for _ in range(args.rounds):
                 for name, package in (("baseline", baseline), ("ours", None)):
-                    results[name].append(_child("build", str(project), str(Path(tmp) / f"bundle-{name}"),
+                    results[name].append(_child("build", str(project), str(Path(tmp) / f"bundle-{name}"), *schemas,
                                                 package=package))
             base, ours = results["baseline"], results["ours"]
             if base[-1]["items_sha256"] != ours[-1]["items_sha256"] or not _same_manifest(base[-1]["manifest"],

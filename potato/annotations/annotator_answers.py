@@ -25,9 +25,10 @@ box of a multiselect said "none of these"; one who drew no span on it said
 schema.
 
 Read only for runs with such schemas (a radio-only project never comes
-here), one pass over each annotator's file through ``potato.annotations.json_chunks``,
-the careful reader when that gives up, as for votes. A file is read whole or
-contributes nothing; files the vote reader skipped (``users``) are not read.
+here), in the same pass over each annotator's file that counts its votes
+(``AnswersBeside`` rides on ``potato.annotations.labels.read_votes``): a
+bundle reads each ``user_state.json`` once. A file is read whole or
+contributes nothing, to the votes and to these answers alike.
 """
 
 from __future__ import annotations
@@ -38,20 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from potato.annotations.json_chunks import GiveUp, members_batches
-from potato.annotations.labels import (
-    UserStateError,
-    find_user_states,
-    parse_label_entries,
-    read_user_state_labels,
-    skipped_file,
-)
+from potato.annotations.json_chunks import Batch
+from potato.annotations.labels import LABELS_MEMBER, SPANS_MEMBER, parse_label_entries, read_votes
 from potato.config import Scheme
-from potato.items.data_warnings import GroupedWarnings, show_path
+from potato.items.data_warnings import GroupedWarnings
 from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
 
-LABELS_MEMBER = "instance_id_to_label_to_value"
-SPANS_MEMBER = "instance_id_to_span_to_value"
 # A span's id when its record is a dict keyed by it: <schema>_<label>_<start>_<end> (or ___ before start).
 _SPAN_ID = re.compile(r"^(?P<prefix>.*?)_{1,3}(?P<start>\d+)_(?P<end>\d+)$")
 
@@ -80,45 +73,67 @@ def needs_answers(schemes: Iterable[Scheme]) -> bool:
     return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN) for s in schemes)
 
 
-def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], users: Iterable[str] | None = None,
-                 base: Path | None = None, *, per_user: bool = False) -> AnnotatorAnswers:
-    """Read the answers of *schemes* that ``potato.annotations.labels`` does not count, from *users*' files (all when None).
+def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], base: Path | None = None, *,
+                 per_user: bool = False) -> AnnotatorAnswers:
+    """Read the answers of *schemes* that ``potato.annotations.labels`` does not count, alone.
 
-    Never raises on a bad file: it is skipped with a warning (the vote reader
-    names the same file). Answers that are not what their schema takes (a
+    A bundle reads them in the votes' pass instead (``AnswersBeside``); this
+    is that pass with no votes to count. Never raises on a bad file: it is
+    skipped with a warning. Answers that are not what their schema takes (a
     slider's ``"abc"``, a span label the schema lacks, a span whose start is
     not before its end) are skipped and counted, in grouped warnings.
     """
-    wanted = set(users) if users is not None else None
-    result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
-                              spans={s.name: {} for s in schemes if s.kind == SPAN})
-    reader = _FileReader({s.name: s for s in schemes})
-    for user, path in find_user_states(annotation_dir):
-        if wanted is not None and user not in wanted:
-            continue
-        shown = show_path(path, base)
-        try:
-            try:
-                one = reader.read(path, _fast_entries(path))
-            except GiveUp:
-                one = reader.read(path, _careful_entries(path))
-        except (OSError, UnicodeDecodeError, UserStateError) as exc:
-            result.warnings.append(skipped_file(shown, exc))
-            continue
-        _merge(result, user, one, per_user)
+    beside = AnswersBeside(schemes, per_user=per_user)
+    votes = read_votes(annotation_dir, [], base, beside=beside)
+    answers = beside.answers()
+    answers.warnings[:0] = votes.warnings
+    return answers
+
+
+class AnswersBeside:
+    """Reads the answers that are not votes in ``read_votes``' pass over each file (``ReadBeside``).
+
+    ``answers()``, after that pass: what the files read whole held, and the
+    grouped warnings for answers a schema does not take (the vote reader
+    names the files it skipped).
+    """
+
+    members = (LABELS_MEMBER, SPANS_MEMBER)
+
+    def __init__(self, schemes: Sequence[Scheme], *, per_user: bool = False) -> None:
+        self.reader = _FileReader({s.name: s for s in schemes})
+        self.per_user = per_user
+        self.result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
+                                       spans={s.name: {} for s in schemes if s.kind == SPAN})
+
+    def open_file(self) -> _FileAnswers:
+        return _FileAnswers(self.reader)
+
+    def keep(self, user: str, shown: str, one: _FileAnswers) -> None:
+        _merge(self.result, user, one, self.per_user)
         for key, item_id in one.problems:
-            reader.problems.add((shown, *key), item_id)
-            result.skipped_answers += 1
-    result.warnings.extend(reader.problems.render(_problem_text))
-    return result
+            self.reader.problems.add((shown, *key), item_id)
+            self.result.skipped_answers += 1
+
+    def answers(self) -> AnnotatorAnswers:
+        self.result.warnings.extend(self.reader.problems.render(_problem_text))
+        return self.result
 
 
-@dataclass
 class _FileAnswers:
-    answered: set[str] = field(default_factory=set)
-    values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
-    spans: dict[str, dict[str, list[tuple[int, int, str]]]] = field(default_factory=dict)
-    problems: list[tuple[tuple, str]] = field(default_factory=list)
+    """One file's answers, batch by batch (``FileReadBeside``)."""
+
+    def __init__(self, reader: _FileReader) -> None:
+        self.reader = reader
+        self.answered: set[str] = set()
+        self.values: dict[str, dict[str, list[Any]]] = {}
+        self.spans: dict[str, dict[str, list[tuple[int, int, str]]]] = {}
+        self.problems: list[tuple[tuple, str]] = []
+
+    def add(self, member: str, batch: Batch) -> None:
+        keys, texts, values = batch
+        for item_id, text in zip(keys, texts):
+            self.reader.read(self, member, item_id, values[text])
 
 
 def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: bool) -> None:
@@ -136,19 +151,6 @@ def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: boo
             into.setdefault(item_id, []).extend((user, *span) for span in spans)
 
 
-def _fast_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """``(member, item id, entry)`` through ``potato.annotations.json_chunks``; GiveUp for the careful reader."""
-    for member, (keys, texts, values) in members_batches(path, (LABELS_MEMBER, SPANS_MEMBER)):
-        for item_id, text in zip(keys, texts):
-            yield member, item_id, values[text]
-
-
-def _careful_entries(path: Path) -> Iterator[tuple[str, str, Any]]:
-    for member in (LABELS_MEMBER, SPANS_MEMBER):
-        for item_id, entry in read_user_state_labels(path, member=member):
-            yield member, item_id, entry
-
-
 class _FileReader:
     """Turns one file's entries into a ``_FileAnswers`` for the schemes being read."""
 
@@ -158,20 +160,14 @@ class _FileReader:
         self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
         self.problems = GroupedWarnings()
 
-    def read(self, path: Path, entries: Iterator[tuple[str, str, Any]]) -> _FileAnswers:
-        one = _FileAnswers()
-        for member, item_id, entry in entries:
-            if member == LABELS_MEMBER:
-                if entry:
-                    one.answered.add(item_id)
-                if self.valued:
-                    self._values(one, item_id, entry)
-            else:
-                if entry:
-                    one.answered.add(item_id)
-                if self.spanned:
-                    self._spans(one, item_id, entry)
-        return one
+    def read(self, one: _FileAnswers, member: str, item_id: str, entry: Any) -> None:
+        if entry:
+            one.answered.add(item_id)
+        if member == LABELS_MEMBER:
+            if self.valued:
+                self._values(one, item_id, entry)
+        elif self.spanned:
+            self._spans(one, item_id, entry)
 
     def _values(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
         try:

@@ -41,13 +41,13 @@ import os
 import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from itertools import compress, filterfalse, islice, repeat
-from operator import add, lshift, ne, neg, or_
+from itertools import compress, filterfalse, groupby, islice, repeat
+from operator import add, itemgetter, lshift, ne, neg, or_
 from pathlib import Path
-from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Hashable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from potato.annotations.forked import Forked, ForkFailed, can_fork
-from potato.annotations.json_chunks import WINDOW, Batch, GiveUp, member_batches
+from potato.annotations.json_chunks import WINDOW, Batch, GiveUp, members_batches
 from potato.config import TRAINING_DIR, Scheme
 from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.training.escaping import QUOTED, quote, quote_all
@@ -181,7 +181,9 @@ class UserStateError(ValueError):
 
 
 _WS = re.compile(r"[ \t\n\r]*")
-_LABELS_KEY = "instance_id_to_label_to_value"
+# The members of user_state.json that hold answers: label entries, and spans.
+LABELS_MEMBER = "instance_id_to_label_to_value"
+SPANS_MEMBER = "instance_id_to_span_to_value"
 
 
 class _JsonStream:
@@ -338,7 +340,12 @@ def read_user_state_labels(path: Path, chunk: int = 1 << 20, member: str | None 
     file that is not a JSON object or has a non-object labels member; the
     caller must treat entries already yielded as void then.
     """
-    wanted = member or _LABELS_KEY
+    for _, item_id, value in read_user_state_members(path, (member or LABELS_MEMBER,), chunk):
+        yield item_id, value
+
+
+def read_user_state_members(path: Path, members: tuple[str, ...], chunk: int = 1 << 20) -> Iterator[tuple[str, str, Any]]:
+    """``(member, item_id, value)`` of each object member in *members*, in file order: one pass for several."""
     with open(path, "r", encoding="utf-8") as handle:
         stream = _JsonStream(handle, chunk)
         first = stream.peek()
@@ -346,22 +353,23 @@ def read_user_state_labels(path: Path, chunk: int = 1 << 20, member: str | None 
             kind = {"[": "list", '"': "string", "": "nothing"}.get(first, "a value")
             raise UserStateError(f"expected a JSON object at the top, found {kind}")
         for key, value in stream.members():
-            if key != wanted:
-                value.value()  # other keys (ordering, spans, behavioural data): parsed, dropped
+            if key not in members:
+                value.value()  # other keys (ordering, behavioural data): parsed, dropped
                 continue
             if value.peek() != "{":
                 found = value.value()
                 if found is None:
                     continue
-                raise UserStateError(f"{wanted} is a {type(found).__name__}, not an object")
-            yield from _decoded_members(value)
+                raise UserStateError(f"{key} is a {type(found).__name__}, not an object")
+            for item_id, entry in _decoded_members(value):
+                yield key, item_id, entry
         if stream.peek() != "":
             raise UserStateError(f"not valid JSON: extra data after the object at {stream.where()}")
 
 
 # The members of user_state.json whose keys are items an annotator annotated
 # (Potato 2.12's UserState.get_all_annotations: labels, spans, links, events).
-_ANNOTATED_KEYS = ("instance_id_to_label_to_value", "instance_id_to_span_to_value",
+_ANNOTATED_KEYS = (LABELS_MEMBER, SPANS_MEMBER,
                    "instance_id_to_link_to_value", "instance_id_to_event_to_value")
 
 
@@ -445,12 +453,37 @@ def skipped_file(shown: str, exc: Exception) -> str:
     return f"{shown}: skipped, it cannot be read ({exc})"
 
 
+class FileReadBeside(Protocol):
+    """One annotator's file as another reader sees it, in the pass that counts its votes."""
+
+    def add(self, member: str, batch: Batch) -> None:
+        """Take one batch of *member* (in file order)."""
+
+
+class ReadBeside(Protocol):
+    """A reader of the annotators' files that rides on ``read_votes``' one pass over each.
+
+    ``members`` are the members of ``user_state.json`` it reads (the labels'
+    included if it wants them). ``open_file`` starts one file: a file that
+    fails half-way, or that the careful reader must read again, is opened
+    afresh, so what the reader keeps is only what ``keep`` is given, for a
+    file read whole.
+    """
+
+    members: tuple[str, ...]
+
+    def open_file(self) -> FileReadBeside: ...
+
+    def keep(self, user: str, shown: str, one: FileReadBeside) -> None: ...
+
+
 def read_votes(
     annotation_dir: Path,
     schemes: Sequence[Scheme],
     base: Path | None = None,
     *,
     per_user: bool = False,
+    beside: ReadBeside | None = None,
 ) -> Votes:
     """Read every annotator's votes for *schemes* from ``user_state.json`` files.
 
@@ -459,27 +492,36 @@ def read_votes(
     skipped with a warning (file, item, schema, label). Labels for schemas not
     in *schemes* are ignored (they are not being trained). With *per_user*,
     ``by_user`` keeps each annotator's votes too (more memory; for consensus).
+    *beside* reads what else it wants of each file in the same pass (the
+    answers that are not votes: ``potato.annotations.annotator_answers``), so
+    a bundle reads each file once.
     """
     index = {s.name: {label: i for i, label in enumerate(s.labels)} for s in schemes}
+    members = tuple(dict.fromkeys((LABELS_MEMBER, *beside.members))) if beside is not None else (LABELS_MEMBER,)
     result = Votes(schemes={s.name: tuple(s.labels) for s in schemes}, votes={s.name: {} for s in schemes})
     unknown = GroupedWarnings()
     bad_entries = GroupedWarnings()
     states = find_user_states(annotation_dir)
-    with _ParsedAhead([path for _, path in states]) as parsed:
+    with _ParsedAhead([path for _, path in states], members) as parsed:
         for user, path in states:
             shown = show_path(path, base)
             into = {name: {} for name in index} if per_user else result.votes
             try:
                 batches = parsed.take(path)
+                one = beside.open_file() if beside is not None else None
                 try:
                     file_unknown, file_bad = _tally_votes(
-                        _fast_label_batches(path) if batches is None else batches, index, into)
+                        _labels_of(_fast_batches(path, members) if batches is None else batches, one), index, into)
                 except GiveUp:  # odd or broken: the careful reader names the problem
-                    file_unknown, file_bad = _tally_votes(_careful_label_batches(path), index, into)
+                    one = beside.open_file() if beside is not None else None
+                    file_unknown, file_bad = _tally_votes(_labels_of(_careful_batches(path, members), one), index,
+                                                          into)
             except (OSError, UnicodeDecodeError, UserStateError) as exc:
                 result.warnings.append(skipped_file(shown, exc))
                 continue
             result.users.append(user)
+            if one is not None:
+                beside.keep(user, shown, one)
             if per_user:
                 result.by_user[user] = into
                 for schema, per_item in into.items():
@@ -536,9 +578,9 @@ def read_votes_on(annotation_dir: Path, schemes: Sequence[Scheme], ids: set[str]
         into: dict[str, dict[str, int]] = {name: {} for name in index}
         try:
             try:
-                _tally_votes(_only_ids(ids, _fast_label_batches(path)), index, into)
+                _tally_votes(_only_ids(ids, _labels_of(_fast_batches(path, (LABELS_MEMBER,)))), index, into)
             except GiveUp:
-                _tally_votes(_only_ids(ids, _careful_label_batches(path)), index, into)
+                _tally_votes(_only_ids(ids, _labels_of(_careful_batches(path, (LABELS_MEMBER,)))), index, into)
         except (OSError, UnicodeDecodeError, UserStateError):
             continue
         into = {schema: per_item for schema, per_item in into.items() if per_item}
@@ -605,12 +647,13 @@ class _ParsedAhead:
     that failed or gave up: the reading then names any problem).
     """
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], members: tuple[str, ...]) -> None:
+        self.members = members
         self.waiting = deque(p for p in paths if _size(p) >= _FORK_MIN_BYTES) if _cpu_to_spare() else deque()
         self.running: dict[Path, Forked] = {}
         self.ahead = os.cpu_count() or 1
 
-    def take(self, path: Path) -> list[Batch] | None:
+    def take(self, path: Path) -> list[tuple[str, Batch]] | None:
         self._start()
         child = self.running.pop(path, None)
         if child is None:
@@ -627,7 +670,7 @@ class _ParsedAhead:
         while self.waiting and len(self.running) < self.ahead:
             path = self.waiting.popleft()
             try:
-                self.running[path] = Forked(_parsed_labels, path)
+                self.running[path] = Forked(_parsed_members, path, self.members)
             except ForkFailed:
                 return
 
@@ -664,39 +707,49 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _parsed_labels(path: Path) -> list[Batch] | None:
-    """In a forked child: the file's batches, each distinct text numbered (a small
-    pickle), or None for the parent to read it (any problem, too many texts)."""
+def _parsed_members(path: Path, members: tuple[str, ...]) -> list[tuple[str, Batch]] | None:
+    """In a forked child: the file's ``(member, batch)`` pairs, each distinct text numbered
+    (a small pickle), or None for the parent to read it (any problem, too many texts)."""
     numbers: dict[Hashable, int] = {}
     out = []
     try:
-        for keys, texts, values in _fast_label_batches(path):
+        for member, (keys, texts, values) in _fast_batches(path, members):
             for text in values:
                 numbers.setdefault(text, len(numbers))
             if len(numbers) > _FORK_MAX_TEXTS:
                 return None
-            out.append((keys, list(map(numbers.__getitem__, texts)),
-                        {numbers[text]: value for text, value in values.items()}))
+            out.append((member, (keys, list(map(numbers.__getitem__, texts)),
+                                 {numbers[text]: value for text, value in values.items()})))
     except Exception:  # noqa: BLE001 - whatever it is, the parent's own reading names it
         return None
     return out
 
 
-def _fast_label_batches(path: Path) -> Iterator[Batch]:
-    """The labels member as ``potato.annotations.json_chunks`` batches; raises GiveUp for the careful reader."""
-    return member_batches(path, _LABELS_KEY, window=_USER_STATE_WINDOW)
+def _fast_batches(path: Path, members: tuple[str, ...]) -> Iterator[tuple[str, Batch]]:
+    """*members* as ``potato.annotations.json_chunks`` batches; raises GiveUp for the careful reader."""
+    return members_batches(path, members, window=_USER_STATE_WINDOW)
 
 
-def _careful_label_batches(path: Path) -> Iterator[Batch]:
-    """The same from ``read_user_state_labels`` (every member, duplicates included).
+def _careful_batches(path: Path, members: tuple[str, ...]) -> Iterator[tuple[str, Batch]]:
+    """The same from ``read_user_state_members`` (every entry, duplicates included).
 
     Texts by ``json.dumps``, which tells apart all that ``json`` parses (NaN from null).
     """
-    entries = read_user_state_labels(path, _USER_STATE_CHUNK)
-    while batch := list(islice(entries, _CAREFUL_BATCH)):
-        values = [labels for _, labels in batch]
-        texts = list(map(json.dumps, values))
-        yield [item_id for item_id, _ in batch], texts, dict(zip(texts, values))
+    entries = read_user_state_members(path, members, _USER_STATE_CHUNK)
+    for member, run in groupby(entries, itemgetter(0)):
+        while batch := list(islice(run, _CAREFUL_BATCH)):
+            values = [entry for _, _, entry in batch]
+            texts = list(map(json.dumps, values))
+            yield member, ([item_id for _, item_id, _ in batch], texts, dict(zip(texts, values)))
+
+
+def _labels_of(pairs: Iterable[tuple[str, Batch]], beside: FileReadBeside | None = None) -> Iterator[Batch]:
+    """The labels member's batches of *pairs*; every batch goes to *beside* first (``read_votes``' one pass)."""
+    for member, batch in pairs:
+        if beside is not None:
+            beside.add(member, batch)
+        if member == LABELS_MEMBER:
+            yield batch
 
 
 class _EntryVotes(NamedTuple):

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequ
 import orjson
 
 from potato.annotations.aggregation import Coded, aggregate
-from potato.annotations.annotator_answers import needs_answers, read_answers
+from potato.annotations.annotator_answers import AnswersBeside, needs_answers
 from potato.annotations.labels import describe_not_items, drop_not_items, read_votes, read_votes_on
 from potato.bundle.holdout import holdout_rule
 from potato.config import ProjectConfig, Scheme
@@ -169,12 +169,13 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
 
     consensus = config.model_training.aggregation == "consensus"
     voted = [s for s in schemes if s.kind in _VOTED_KINDS]
-    votes = read_votes(config.output_annotation_dir, voted, base, per_user=consensus)
+    # One pass over each annotator's file: the votes, and the other answers beside them.
+    beside = AnswersBeside(schemes, per_user=consensus) if needs_answers(schemes) else None
+    votes = read_votes(config.output_annotation_dir, voted, base, per_user=consensus, beside=beside)
+    answers = beside.answers() if beside is not None else None
     # Dawid-Skene weighs each annotator by all their labels: labels on ids that are not
     # items (planted, say) must not count, so the items' ids are read first.
     not_items = drop_not_items(votes, item_ids(config)) if consensus else {}
-    answers = (read_answers(config.output_annotation_dir, schemes, votes.users, base, per_user=consensus)
-               if needs_answers(schemes) else None)
     aggregated = aggregate(votes, answers, schemes, consensus)
     votes.votes.clear()  # the aggregated answers are all we need from here
     votes.by_user.clear()
@@ -194,7 +195,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
             writer.write(part)
 
     # What is left are answers on ids that are not items: majority vote learns which only now, and
-    # reads the annotators' labels on them again to name who gave them (consensus dropped them before).
+    # reads the annotators' labels on them again to name who gave them (consensus dropped them before):
+    # the one case a bundle reads a file twice, and only when the data lacks ids annotators labelled.
     left = set(outcome_of).union(*aggregated.rich.values())
     if outcome_of and voted and not consensus:
         not_items = read_votes_on(config.output_annotation_dir, voted, set(outcome_of))

@@ -59,17 +59,38 @@ def test_answers_a_schema_does_not_take_are_skipped_and_named(tmp_path):
 
 
 def test_a_file_the_fast_reader_gives_up_on_is_read_carefully(tmp_path, monkeypatch):
-    from potato.annotations import annotator_answers as module
+    from potato.annotations import labels as module
     from potato.annotations.json_chunks import GiveUp
 
-    def gives_up(path):
-        yield "instance_id_to_label_to_value", "i0", [_pair("score", "slider", "99")]  # taken back
+    def gives_up(path, members):
+        keys, texts = ["i0"], [b"t"]
+        yield "instance_id_to_label_to_value", (keys, texts, {b"t": [_pair("score", "slider", "99")]})  # taken back
         raise GiveUp
 
     write_state(tmp_path, "alice", {"i0": [_pair("score", "slider", "35")]}, {"i0": [_span("entities", "PER", 0, 5)]})
-    monkeypatch.setattr(module, "_fast_entries", gives_up)
+    monkeypatch.setattr(module, "_fast_batches", gives_up)
     answers = read_answers(tmp_path, ALL)
     assert answers.values["score"] == {"i0": [35.0]} and answers.spans["entities"] == {"i0": [("alice", 0, 5, "PER")]}
+
+
+def test_a_bundle_reads_each_annotators_file_once(tmp_path, monkeypatch):
+    """Votes (radio, multiselect) and the other answers (slider, text, spans) come from one pass."""
+    import builtins
+
+    config = bundle_project(tmp_path)
+    files = sorted(str(p) for p in config.output_annotation_dir.glob("*/user_state.json"))
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith("user_state.json"):
+            opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    info = build_bundle(config, [s.name for s in ALL], tmp_path / "bundle", holdout_fraction=0.0)
+    assert info.labeled["entities"] == 2 and info.labeled["topics"] == 2
+    assert len(files) == 3 and sorted(opened) == files
 
 
 # --------------------------------------------------------------------------- aggregation rules

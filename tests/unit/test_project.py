@@ -818,7 +818,7 @@ def test_a_child_that_fails_leaves_the_file_to_this_process(tmp_path, monkeypatc
     config = _config(tmp_path, n_items=30)
     expected = read_votes(config.output_annotation_dir, _scheme(config))
     started = _forking(monkeypatch)
-    monkeypatch.setattr(labels, "_parsed_labels", lambda path: os.kill(os.getpid(), 9))
+    monkeypatch.setattr(labels, "_parsed_members", lambda path, members: os.kill(os.getpid(), 9))
     votes = read_votes(config.output_annotation_dir, _scheme(config))
     assert len(started) == 3 and (votes.votes, votes.users) == (expected.votes, expected.users)
 
@@ -827,9 +827,10 @@ def test_a_child_that_fails_leaves_the_file_to_this_process(tmp_path, monkeypatc
 def test_no_child_outlives_a_failed_count(tmp_path, monkeypatch):
     config = _config(tmp_path, n_items=30, annotators=("a", "b", "c", "d"))
     started = _forking(monkeypatch)
-    parse = labels._parsed_labels
+    parse = labels._parsed_members
     # The first file parses; the children of the others are still at work when counting it fails.
-    monkeypatch.setattr(labels, "_parsed_labels", lambda path: parse(path) if path.parent.name == "a" else time.sleep(60))
+    monkeypatch.setattr(labels, "_parsed_members",
+                        lambda path, members: parse(path, members) if path.parent.name == "a" else time.sleep(60))
     monkeypatch.setattr(labels, "_tally_votes", lambda *a: 1 / 0)
     t0 = time.monotonic()
     with pytest.raises(ZeroDivisionError):
