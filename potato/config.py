@@ -77,6 +77,7 @@ from potato.config_keys import (
     parse_slurm_time,
 )
 from potato.errors import ConfigError
+from potato.training.answer_kinds import COMPARISON
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.registry import check_options as check_trainer_options
 from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
@@ -91,8 +92,9 @@ class Scheme:
     """One annotation scheme; ``potato.scheme_fields`` reads the fields that shape its answers.
 
     ``labels``: the labels in schema order (a likert without ``labels:`` has
-    its points, ``"1"`` … ``str(size)``). ``size``: a likert's number of
-    points. ``min_value``/``max_value``/``step``: a slider's range.
+    its points, ``"1"`` … ``str(size)``; a pairwise its sides, ``A`` and
+    ``B``). ``size``: a likert's number of points.
+    ``min_value``/``max_value``/``step``: a slider's range, a pairwise scale's.
     """
 
     name: str
@@ -103,13 +105,16 @@ class Scheme:
     min_value: float | None = None
     max_value: float | None = None
     step: float | None = None
+    # pairwise: its mode and the item's field holding the two responses.
+    mode: str = ""
+    items_key: str = ""
 
     @property
     def kind(self) -> str:
         """The kind of its answers (``potato.training.answer_kinds``: nominal, ordinal, …, unsupported)."""
         from potato.scheme_fields import answer_kind
 
-        return answer_kind(self.annotation_type, self.labels)
+        return answer_kind(self.annotation_type, self.labels, self.mode)
 
 
 @dataclass(frozen=True)
@@ -833,7 +838,12 @@ def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_r
 
     by_name = {s.name: s for s in schemes}
     for i, name in enumerate(writeback_schemas):
-        if name in by_name:
+        if name in by_name and by_name[name].kind == COMPARISON:
+            path = f"model_training.writeback.schemas[{i}]"
+            issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
+                               f"pre-fills nothing for one, so its predictions stay in the run's predictions.jsonl "
+                               f"and on its run page; remove it from writeback.schemas")
+        elif name in by_name:
             try:
                 plan_trainers([by_name[name]])
             except NoTrainerFor as exc:

@@ -14,6 +14,15 @@ Read here, once, into ``Scheme`` fields (``potato.config``); the bundle's
   integers) and ``step`` (default 1). A slider with ``labels:`` is drawn by
   2.12 as a radio group; its answers are then labels, not numbers.
 - ``number``: no range; any number.
+- ``pairwise``: two responses to the item, a list of two under the item's
+  ``items_key`` (default ``text``), compared. ``mode: binary`` (the default)
+  stores ``A``, ``B`` or, with ``allow_tie``, ``tie``; ``mode: scale`` stores
+  the slider's number, from ``scale.min`` (the first response much better)
+  to ``scale.max`` (the second), 0 for neither; ``randomize_order`` shows each
+  annotator the pair in an order of its own, recorded beside the answer.
+  ``labels`` only names the two tiles: the answer is ``A`` or ``B`` whatever
+  they say. ``mode: multi_dimension`` (one answer per dimension) trains
+  nothing yet.
 
 Pure: returns values and problem texts, the config module turns the problems
 into errors naming the key.
@@ -24,7 +33,13 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from potato.training.answer_kinds import kind_of_type
+from potato.training.answer_kinds import SIDES, UNSUPPORTED, kind_of_type
+
+PAIRWISE_MODES = ("binary", "scale", "multi_dimension")
+# The modes of a pairwise scheme this version trains.
+TRAINED_PAIRWISE_MODES = ("binary", "scale")
+# Potato 2.12's other comparison types: best-worst scaling over tuples and a drag-and-drop order.
+NOT_YET_COMPARED = ("bws", "ranking")
 
 # A scale with more points than this is not a likert a person answers; a typo (size: 1000).
 MAX_LIKERT_SIZE = 100
@@ -76,16 +91,54 @@ def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...]) -> tuple[di
             problems.append(("step", f"is {entry.get('step')!r}; use a number above 0"))
         if not problems:
             fields.update(min_value=low, max_value=high, step=step)
+    elif annotation_type == "pairwise":
+        _pairwise_fields(entry, fields, problems)
     return fields, problems
 
 
-def answer_kind(annotation_type: str, labels: tuple[str, ...]) -> str:
+def _pairwise_fields(entry: Mapping[str, Any], fields: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    """A pairwise scheme's mode, where its two responses are, and the scale's range (2.12.1's defaults)."""
+    mode = str(entry.get("mode") or "binary").strip().lower()
+    if mode not in PAIRWISE_MODES:
+        problems.append(("mode", f"is {entry.get('mode')!r}; use one of {', '.join(PAIRWISE_MODES)}"))
+        return
+    items_key = entry.get("items_key", "text")
+    if not isinstance(items_key, str) or not items_key.strip():
+        problems.append(("items_key", f"is {items_key!r}; name the item's field that holds the two responses"))
+        return
+    fields.update(labels=SIDES, mode=mode, items_key=items_key)
+    if mode == "scale":
+        scale = entry.get("scale") if isinstance(entry.get("scale"), Mapping) else {}
+        low, high = _number(scale.get("min", -3)), _number(scale.get("max", 3))
+        if low is None or high is None or not low < 0 < high:
+            problems.append(("scale", f"is {entry.get('scale')!r}; a pairwise scale runs from a negative min (the "
+                                      f"first response better) through 0 to a positive max (the second)"))
+        else:
+            fields.update(min_value=low, max_value=high)
+
+
+def answer_kind(annotation_type: str, labels: tuple[str, ...], mode: str = "") -> str:
     """The kind of a scheme's answers: its type's (``potato.training.answer_kinds``), except a slider
-    with ``labels:``, which 2.12 draws and stores as a radio group."""
+    with ``labels:``, which 2.12 draws and stores as a radio group, and a pairwise mode not trained yet."""
     kind = kind_of_type(annotation_type)
-    if annotation_type.strip().lower() == "slider" and labels:
+    annotation_type = annotation_type.strip().lower()
+    if annotation_type == "slider" and labels:
         return kind_of_type("radio")
+    if annotation_type == "pairwise" and (mode or "binary") not in TRAINED_PAIRWISE_MODES:
+        return UNSUPPORTED
     return kind
+
+
+def untrained_reason(annotation_type: str, mode: str = "") -> str:
+    """Why a scheme of kind ``unsupported`` trains nothing, as the end of a sentence."""
+    annotation_type = (annotation_type or "").strip().lower()
+    if annotation_type == "pairwise":
+        return (f"a pairwise schema in mode {mode} (one answer per dimension) is not trained yet; mode binary or "
+                f"scale is")
+    if annotation_type in NOT_YET_COMPARED:
+        return (f"{annotation_type} answers are not trained yet; a pairwise schema (binary or scale) trains a "
+                f"reward model")
+    return f"no trainer trains {annotation_type or 'its'} answers"
 
 
 def answer_spec(scheme: Any) -> dict[str, Any]:
@@ -95,6 +148,8 @@ def answer_spec(scheme: Any) -> dict[str, Any]:
         spec["values"] = list(range(1, len(scheme.labels) + 1))
     elif scheme.kind == "continuous" and scheme.min_value is not None:
         spec.update(min=_plain(scheme.min_value), max=_plain(scheme.max_value), step=_plain(scheme.step))
+    elif scheme.kind == "comparison":
+        spec.update(mode=scheme.mode, items_key=scheme.items_key)
     if scheme.description:  # the question annotators are asked, for trainers that write it into a prompt
         spec["description"] = scheme.description
     return spec

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from potato.errors import PotatoError
+from potato.scheme_fields import untrained_reason
 from potato.training.trainers.registry import DEFAULT_BY_KIND, TRAINERS, trainers_for_kind
 
 # Schemes (``potato.config.Scheme``) and configs are duck-typed here: the config checks trainers through
@@ -48,7 +49,7 @@ def untrainable_message(scheme: Any, trainer: str | None, able: Sequence[str]) -
         return f"Trainer {trainer!r} cannot train {what}; {who}"
     default = DEFAULT_BY_KIND.get(scheme.kind)
     if default is None:
-        return f"No trainer can train {what}: no trainer trains {scheme.kind} answers"
+        return f"No trainer can train {what}: {untrained_reason(scheme.annotation_type, scheme.mode)}"
     why = (f"{default}, which this installation does not have" if default not in TRAINERS
            else f"{default}, which does not train them in this installation")
     if able:

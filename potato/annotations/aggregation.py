@@ -36,6 +36,12 @@ on simulated annotators; docs/answer-types.md has the table):
   (5 annotators: 0.958 against 0.931; with only 2, span voting is ahead,
   0.855 to 0.829). ``consensus`` does not apply.
 - **text** — every annotator's answer is kept, each a training example.
+- **comparison** — how many annotators preferred each response and how many
+  neither, ``{"A": 2, "B": 1, "tie": 0}``: the counts, not a majority alone,
+  so a reward model learns how sure the annotators were (a 2–1 split is a
+  weaker preference than 3–0) and the holdout can count agreement with each
+  annotator as well as with the majority (the side more annotators chose;
+  equal counts are a tie, counted in ``ties``).
 
 Pure: votes (``potato.annotations.labels``) and answers (``potato.annotations.annotator_answers``) in, answers out.
 """
@@ -49,7 +55,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 from potato.annotations.annotator_answers import AnnotatorAnswers
 from potato.annotations.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
 from potato.config import Scheme
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SIDES, SPAN, TEXT, TIE
 
 
 class Coded(NamedTuple):
@@ -118,7 +124,19 @@ def aggregate(votes: Votes, answers: AnnotatorAnswers | None, schemes: Sequence[
     for scheme in by_kind.get(TEXT, ()):
         out.rich[scheme.name] = dict(answers.values[scheme.name])
         out.ties[scheme.name] = 0
+    for scheme in by_kind.get(COMPARISON, ()):
+        out.coded[scheme.name], out.ties[scheme.name] = comparison_counts(answers.choices[scheme.name])
     return out
+
+
+def comparison_counts(choices: Mapping[str, Sequence[str]]) -> tuple[Coded, int]:
+    """Each item's ``{"A": n, "B": n, "tie": n}`` as codes, and how many items' majorities are ties."""
+    counted = {item: (said.count(SIDES[0]), said.count(SIDES[1]), said.count(TIE)) for item, said in choices.items()}
+    distinct = sorted(set(counted.values()))
+    index = {counts: i for i, counts in enumerate(distinct)}
+    answers = [dict(zip((*SIDES, TIE), counts)) for counts in distinct]
+    ties = sum(1 for a, b, _ in counted.values() if a == b)
+    return Coded({item: index[c] for item, c in counted.items()}, len(distinct), answers.__getitem__), ties
 
 
 def _subset(votes: Votes, schemes: Iterable[Scheme]) -> Votes:

@@ -9,6 +9,14 @@ against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
   ``[{"schema": "score", "name": "slider"}, "35"]``;
 - **text**/**textbox**: ``[{"schema": "summary", "name": "text_box"}, "…"]``,
   one entry per box;
+- **pairwise** (kind comparison): ``[{"schema": "pref", "name": "selection"},
+  "B"]`` (``A``, ``B`` or ``tie``), or on a scale ``[{"schema": "pref",
+  "name": "scale_value"}, "-2"]`` (below 0 the first response is better,
+  above it the second, 0 neither); read as ``A``, ``B`` or ``tie``. With
+  ``randomize_order`` the sides are the order the annotator saw, which 2.12
+  records in ``instance_id_to_presentation_order`` (``{item: {schema: [1,
+  0]}}``: the item's second response was shown first); an order recorded is
+  mapped back to the item's.
 - **span**: not under ``instance_id_to_label_to_value`` at all but under
   ``instance_id_to_span_to_value``, ``{item: [[{"schema", "name", "start",
   "end", "title", "id"}, VALUE], …]}``, with ``start``/``end`` counted on the
@@ -43,7 +51,12 @@ from potato.annotations.json_chunks import Batch
 from potato.annotations.labels import LABELS_MEMBER, SPANS_MEMBER, parse_label_entries, read_votes
 from potato.config import Scheme
 from potato.items.data_warnings import GroupedWarnings
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, SPAN, TEXT
+from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, SIDES, SPAN, TEXT, TIE
+
+# Where 2.12 records the order each annotator was shown a pairwise item's responses in.
+PRESENTATION_MEMBER = "instance_id_to_presentation_order"
+# The names a pairwise answer is stored under: binary mode's choice, scale mode's number.
+_CHOICE_NAMES = ("selection", "scale_value")
 
 # A span's id when its record is a dict keyed by it: <schema>_<label>_<start>_<end> (or ___ before start).
 _SPAN_ID = re.compile(r"^(?P<prefix>.*?)_{1,3}(?P<start>\d+)_(?P<end>\d+)$")
@@ -58,19 +71,22 @@ class AnnotatorAnswers:
     ``values[schema][item]``: each annotator's number (continuous) or text
     (text), in annotator order. ``spans[schema][item]``: ``(user, start, end,
     label)`` of every annotator's spans, offsets on 2.12's rendered text.
+    ``choices[schema][item]``: each annotator's side of a comparison (``A``,
+    ``B`` or ``tie``, on the item's own order of its responses).
     """
 
     answered: dict[str, int] = field(default_factory=dict)
     answered_by: dict[str, set[str]] = field(default_factory=dict)
     values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     spans: dict[str, dict[str, list[tuple[str, int, int, str]]]] = field(default_factory=dict)
+    choices: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     skipped_answers: int = 0
 
 
 def needs_answers(schemes: Iterable[Scheme]) -> bool:
     """Whether a run over *schemes* needs ``read_answers`` (anything but nominal and ordinal)."""
-    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN) for s in schemes)
+    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN, COMPARISON) for s in schemes)
 
 
 def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], base: Path | None = None, *,
@@ -98,13 +114,15 @@ class AnswersBeside:
     names the files it skipped).
     """
 
-    members = (LABELS_MEMBER, SPANS_MEMBER)
-
     def __init__(self, schemes: Sequence[Scheme], *, per_user: bool = False) -> None:
         self.reader = _FileReader({s.name: s for s in schemes})
         self.per_user = per_user
+        # The order each annotator saw is honoured wherever 2.12 recorded one (it records it under
+        # randomize_order), so answers given before randomize_order was turned off still count as meant.
+        self.members = (LABELS_MEMBER, SPANS_MEMBER) + ((PRESENTATION_MEMBER,) if self.reader.compared else ())
         self.result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
-                                       spans={s.name: {} for s in schemes if s.kind == SPAN})
+                                       spans={s.name: {} for s in schemes if s.kind == SPAN},
+                                       choices={s.name: {} for s in schemes if s.kind == COMPARISON})
 
     def open_file(self) -> _FileAnswers:
         return _FileAnswers(self.reader)
@@ -128,6 +146,8 @@ class _FileAnswers:
         self.answered: set[str] = set()
         self.values: dict[str, dict[str, list[Any]]] = {}
         self.spans: dict[str, dict[str, list[tuple[int, int, str]]]] = {}
+        self.choices: dict[str, dict[str, str]] = {}
+        self.orders: dict[str, dict[str, Any]] = {}  # item -> schema -> the order its responses were shown in
         self.problems: list[tuple[tuple, str]] = []
 
     def add(self, member: str, batch: Batch) -> None:
@@ -149,6 +169,12 @@ def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: boo
         into = result.spans[schema]
         for item_id, spans in per_item.items():
             into.setdefault(item_id, []).extend((user, *span) for span in spans)
+    for schema, per_item in one.choices.items():
+        into = result.choices[schema]
+        for item_id, choice in per_item.items():
+            if choice != TIE and (one.orders.get(item_id) or {}).get(schema) == [1, 0]:
+                choice = SIDES[1 - SIDES.index(choice)]  # shown swapped: the item's first response was B
+            into.setdefault(item_id, []).append(choice)
 
 
 class _FileReader:
@@ -158,13 +184,18 @@ class _FileReader:
         self.kinds = {name: scheme.kind for name, scheme in schemes.items()}
         self.valued = {n for n, kind in self.kinds.items() if kind in (CONTINUOUS, TEXT)}
         self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
+        self.compared = {n for n, kind in self.kinds.items() if kind == COMPARISON}
         self.problems = GroupedWarnings()
 
     def read(self, one: _FileAnswers, member: str, item_id: str, entry: Any) -> None:
+        if member == PRESENTATION_MEMBER:
+            if isinstance(entry, dict):
+                one.orders[item_id] = entry
+            return
         if entry:
             one.answered.add(item_id)
         if member == LABELS_MEMBER:
-            if self.valued:
+            if self.valued or self.compared:
                 self._values(one, item_id, entry)
         elif self.spanned:
             self._spans(one, item_id, entry)
@@ -174,7 +205,10 @@ class _FileReader:
             pairs = list(parse_label_entries(entry))
         except ValueError:
             return  # the vote reader names an unreadable entry
-        for schema, _, value in pairs:
+        for schema, name, value in pairs:
+            if schema in self.compared:
+                self._choice(one, item_id, schema, name, value)
+                continue
             if schema not in self.valued:
                 continue
             if self.kinds[schema] == CONTINUOUS:
@@ -186,6 +220,23 @@ class _FileReader:
             elif not isinstance(value, str) or not value.strip():
                 continue  # an empty box is no answer
             one.values.setdefault(schema, {}).setdefault(item_id, []).append(value)
+
+    def _choice(self, one: _FileAnswers, item_id: str, schema: str, name: str, value: Any) -> None:
+        if name not in _CHOICE_NAMES:
+            return  # a justification, or a dimension of a mode not trained
+        if name == "selection":
+            choice = value.strip() if isinstance(value, str) else None
+            choice = TIE if choice is not None and choice.lower() == TIE else choice
+            if choice not in (*SIDES, TIE):
+                one.problems.append((("choice", schema, _short(value)), item_id))
+                return
+        else:
+            number = _number(value)
+            if number is None:
+                one.problems.append((("number", schema, _short(value)), item_id))
+                return
+            choice = SIDES[0] if number < 0 else SIDES[1] if number > 0 else TIE
+        one.choices.setdefault(schema, {})[item_id] = choice
 
     def _spans(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
         for schema, label, start, end in _span_records(entry, self.spanned):
@@ -245,6 +296,9 @@ def _problem_text(key: tuple, listed: str) -> str:
     shown, what, schema, detail = key
     if what == "number":
         return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not a number; "
+                f"those answers were skipped")
+    if what == "choice":
+        return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not A, B or tie; "
                 f"those answers were skipped")
     if what == "span label":
         return (f"{shown}: item(s) {listed} have spans labelled {detail!r} for schema {schema!r}, which is not "

@@ -45,7 +45,18 @@ from potato.items.read import Block, Item, claim_ids, first_use, item_ids, item_
 from potato.items.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, spans_to_raw
 from potato.scheme_fields import answer_spec
 from potato.training import atomic_files
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT, UNSUPPORTED
+from potato.training.answer_kinds import (
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    SPAN,
+    TEXT,
+    TIE,
+    UNSUPPORTED,
+    majority_side,
+)
 from potato.training.escaping import json_bytes, quote
 
 BUNDLE_FORMAT = 1
@@ -93,7 +104,7 @@ def describe_bundle(info: BundleInfo) -> str:
 
 
 # Kinds whose answers are labels of the schema: they need labels, and their votes are counted by potato.annotations.labels.
-LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN)
+LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN, COMPARISON)
 _VOTED_KINDS = (NOMINAL, ORDINAL, MULTILABEL)
 
 
@@ -217,7 +228,7 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
     kinds = {s.name: s.kind for s in schemes}
     labeled = {n: 0 for n in names}
     holdout = {n: 0 for n in names}
-    per_label = {s.name: dict.fromkeys(s.labels, 0) for s in schemes}
+    per_label = {s.name: dict.fromkeys((*s.labels, TIE) if s.kind == COMPARISON else s.labels, 0) for s in schemes}
     numbers: dict[str, list[tuple[float, int]]] = {}  # continuous: (answer, items with it)
     for outcome_json, n in writer.written.items():
         outcome = outcomes[outcome_json]
@@ -228,6 +239,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
                     per_label[schema][label] += n
             elif kinds[schema] == CONTINUOUS:
                 numbers.setdefault(schema, []).append((answer, n))
+            elif kinds[schema] == COMPARISON:  # items by the side their majority preferred
+                per_label[schema][majority_side(answer)] += n
             else:
                 per_label[schema][answer] += n
             if outcome.holdout:
@@ -301,6 +314,9 @@ class _RichAnswers:
         self.highlight_linebreaks = bool(config.raw.get("highlight_linebreaks", False))
         self.text_key = config.text_key
         self.spans = SPAN in self.kinds.values()
+        # Every item of a run with a comparison carries its two responses (prediction needs them all).
+        self.compared = {s.name: s.items_key for s in schemes if s.kind == COMPARISON}
+        self.no_sides = GroupedWarnings()
         self.counted: dict[str, list[int]] = {}  # schema -> [labelled, held out]
         self.per_label: dict[str, Counter[str]] = {}
         self.answers: dict[str, int] = {}
@@ -331,7 +347,7 @@ class _RichAnswers:
     def needs_lines(self, block: Block) -> bool:
         """Whether *block* must be written item by item: it holds rich answers, or (a run with spans) an
         item 2.12 shows from ``displayed_text``, which items.jsonl marks."""
-        if self.ids and not self.ids.isdisjoint(block.ids):
+        if self.compared or (self.ids and not self.ids.isdisjoint(block.ids)):
             return True
         return self.spans and any(map(dict.__contains__, block.records, repeat(DISPLAYED_TEXT_FIELD)))
 
@@ -343,8 +359,22 @@ class _RichAnswers:
             for label, n in counts.items():
                 per_label[schema][label] += n
 
+    def sides_of(self, item: Item) -> dict[str, list[str]]:
+        """Each comparison's two responses in *item*: its ``items_key`` field, a list of two texts."""
+        out = {}
+        for schema, key in self.compared.items():
+            sides = item.fields.get(key)
+            if isinstance(sides, list) and len(sides) == 2 and all(isinstance(side, str) for side in sides):
+                out[schema] = sides
+            else:
+                self.no_sides.add((schema, key), item.id)
+        return out
+
     def warnings(self) -> list[str]:
-        return self.unrendered.render(lambda key, listed: (
+        return self.no_sides.render(lambda key, listed: (
+            f"item(s) {listed} have no two responses to compare for schema {key[0]!r}: their field {key[1]!r} "
+            f"is not a list of two texts (the schema's items_key); no comparison of them is trained or predicted"
+        )) + self.unrendered.render(lambda key, listed: (
             f"span answers of schema {key[0]!r} on item(s) {listed} were left out: Potato 2.12 shows those "
             f"items from a list, a mapping or a displayed_text field, and their spans' offsets count that "
             f"text, not the item's {self.text_key!r}"))
@@ -382,6 +412,10 @@ class _ItemsWriter:
         record = {"id": item.id, "text": item.text, "labels": outcome.labels, "holdout": outcome.holdout}
         if item.id in self.rich.ids:
             record["labels"] = {**outcome.labels, **self.rich.labels_of(item, outcome.holdout)}
+        if self.rich.compared:
+            sides = self.rich.sides_of(item)
+            if sides:
+                record["sides"] = sides
         if self.rich.spans and not renders_raw_text(item.fields, config.text_key):
             record["span_offsets"] = False  # 2.12 shows another text: span offsets cannot be moved to it
         media_fields = _media_fields(item, config.task_dir, config, self.missing_media)

@@ -14,6 +14,8 @@ continuous              ``value`` (a finite number); ``confidence`` optional
 span                    ``spans`` (``[{"start", "end", "label", "confidence"?}]``,
                         whole offsets, start before end); ``confidence`` optional
 text                    ``text`` (any string JSON can carry); ``confidence`` optional
+comparison              ``label`` (``A`` or ``B``: the response the model prefers),
+                        ``confidence`` (0–1, its probability); ``probs`` ``[A, B]``
 ======================  ==============================================================
 
 ``probs`` (one probability per label, schema order) is optional and kept
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from potato.items.json_lines import read_lines
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 from potato.training.escaping import quote
 
 # A label or a schema name: one cell of a table (what the upload accepts without knowing the schema).
@@ -201,10 +203,10 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
     confidence = record.get("confidence")
     if confidence is not None and not is_confidence(confidence):
         raise ValueError(f"confidence is {quote(confidence)}; use a number from 0 to 1")
-    if kind in (NOMINAL, ORDINAL, MULTILABEL) and confidence is None:
+    if kind in _LABELLED and confidence is None:
         raise ValueError(f"confidence is {quote(confidence)}; use a number from 0 to 1")
     label = record.get("label")
-    if kind in (NOMINAL, ORDINAL):
+    if kind in (NOMINAL, ORDINAL, COMPARISON):
         if label not in names:
             raise ValueError(f"label is {quote(label)}, not a label of {schema!r}")
         answer: Any = label
@@ -228,7 +230,11 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
     else:
         raise ValueError(f"schema {schema!r} has answers no trainer predicts")
     return Prediction(item_id, schema, kind, answer, None if confidence is None else float(confidence),
-                      probs_of(record.get("probs"), len(names)) if kind in (NOMINAL, ORDINAL, MULTILABEL) else None)
+                      probs_of(record.get("probs"), len(names)) if kind in _LABELLED else None)
+
+
+# The kinds whose prediction is a label (or labels) with its confidence and, optionally, a probability per label.
+_LABELLED = (NOMINAL, ORDINAL, MULTILABEL, COMPARISON)
 
 
 def schema_records(path: Path, schema: str) -> Iterator[dict[str, Any]]:

@@ -19,7 +19,10 @@ What the model is decides its metadata and the code that loads it
 with ``AutoModelForTokenClassification``, an LLM's LoRA adapter
 (``hf-llm-finetune``) with peft's ``AutoPeftModelForCausalLM`` on the base
 model it names (``library_name: peft``, ``base_model``), a merged LLM with
-``AutoModelForCausalLM``, a ``sklearn-text`` model from its pickle. The
+``AutoModelForCausalLM``, a reward model (``hf-reward-model``) with
+``AutoModelForSequenceClassification`` and the lines that score a response
+and turn two scores into a preference, a ``sklearn-text`` model from its
+pickle. The
 card's metadata is what ``huggingface_hub.ModelCard`` reads.
 """
 
@@ -34,6 +37,7 @@ import yaml
 
 from potato.text.markdown_text import code, md, table
 from potato.training.trainers import pooling
+from potato.training.trainers.hf_reward_model import SCORE_MEANING
 
 PIPELINE_TAG = "text-classification"
 CARD_FILE = "README.md"
@@ -55,6 +59,7 @@ MODELS = {
     "hf-text-classification": ModelKind("text-classification", "AutoModelForSequenceClassification", "classifier"),
     "hf-span-tagging": ModelKind("token-classification", "AutoModelForTokenClassification", "span tagger"),
     "hf-llm-finetune": ModelKind("text-generation", "AutoModelForCausalLM", "language model"),
+    "hf-reward-model": ModelKind("text-classification", "AutoModelForSequenceClassification", "reward model"),
     "sklearn-text": ModelKind("text-classification", None, "classifier"),
 }
 
@@ -178,6 +183,11 @@ def _scores(facts: CardFacts) -> list[str]:
              _number(s.scores.get("macro_f1"))) for s in facts.schemas]
     out += [*table(("schema", "held-out items", "accuracy", "macro-F1"), rows), ""]
     for s in facts.schemas:
+        if s.scores.get("kind") == "comparison":
+            out += [f"{md(s.name)}: prefers the annotators' majority on {_number(s.scores.get('agreement'))} of "
+                    f"{_number(s.scores.get('decided'))} held-out comparisons with one; agrees with "
+                    f"{_number(s.scores.get('annotator_agreement'))} of each annotator's choices. Its score: "
+                    f"{SCORE_MEANING}.", ""]
         if not s.confusion:
             continue
         out += [f"### Confusion matrix: {md(s.name)}", "",
@@ -298,6 +308,8 @@ def _loading_code(facts: CardFacts, s: SchemaFacts, where: str) -> list[str]:
             f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
             "# labels.json holds the prompt it was trained with (prompt_template) and its labels",
         ]
+    if kind is MODELS["hf-reward-model"]:
+        return _reward_loading_code(facts, where, sub)
     if s.mean_pooled:  # no transformers class holds this head: the card shows the few lines that apply it
         return pooling.usage_lines(where, sub, facts.base_model, facts.kind == "lora", list(s.labels))
     auto = kind.auto_class or "AutoModelForSequenceClassification"
@@ -320,6 +332,34 @@ def _loading_code(facts: CardFacts, s: SchemaFacts, where: str) -> list[str]:
         f'model = {auto}.from_pretrained("{where}"{sub})',
         f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
         "# model.config.id2label names the labels",
+    ]
+
+
+def _reward_loading_code(facts: CardFacts, where: str, sub: str) -> list[str]:
+    """A reward model's loading code: one output, the score of ``(prompt, response)``."""
+    if facts.kind == "lora":
+        load = ["from peft import PeftModel",
+                f'base = AutoModelForSequenceClassification.from_pretrained("{facts.base_model or "<base model>"}", '
+                "num_labels=1)",
+                f'model = PeftModel.from_pretrained(base, "{where}"{sub}).eval()']
+    else:
+        load = [f'model = AutoModelForSequenceClassification.from_pretrained("{where}"{sub}).eval()']
+    return [
+        "import math",
+        "",
+        "import torch",
+        "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
+        "",
+        *load,
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}"{sub})',
+        "",
+        "def reward(prompt, response):",
+        "    batch = tokenizer(prompt, response, truncation=True, return_tensors=\"pt\")",
+        "    with torch.no_grad():",
+        "        return model(**batch).logits[0, 0].item()",
+        "",
+        "def prefers_b(prompt, a, b):  # the probability that annotators prefer response b",
+        "    return 1 / (1 + math.exp(reward(prompt, a) - reward(prompt, b)))",
     ]
 
 

@@ -27,7 +27,9 @@ Files in ``runs/<id>/``:
   per label (``per_label``: ``tp``, ``fp``, ``fn``, ``tn``) and the share of
   exact sets; span the exact-match counts per label (``tp``, ``fp``,
   ``fn``); continuous the mean absolute error; text the share of exact
-  answers.
+  answers; comparison the agreement with the majority's side (items whose
+  majority is a tie left out) and with each annotator, and the reliability
+  of the preference probabilities against the majority.
 
 ``model_training.retain_runs`` deletes both with the run's directory.
 """
@@ -42,7 +44,17 @@ from potato.items.json_lines import dump_line, load_line
 from potato.prefill.prediction_shapes import Prediction, parse_prediction
 from potato.runs.paths import RunPaths
 from potato.training import atomic_files
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import (
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    SPAN,
+    TEXT,
+    TIE,
+    majority_side,
+)
 from potato.training.calibration import expected_calibration_error, reliability_bins
 
 FORMAT = 1
@@ -99,6 +111,7 @@ class _Picture:
         self.confidences: list[float] = []
         self.correct: list[bool] = []
         self.errors: list[float] = []
+        self.chose = self.matched = 0  # comparison: the annotators' choices of a side, and those the model's matched
 
     def add(self, gold: Any, prediction: Prediction) -> None:
         self.n += 1
@@ -125,6 +138,12 @@ class _Picture:
                 counts["fn"] += len(g - f)
         elif self.kind == TEXT:
             self.correct.append(answer.strip() in {g.strip() for g in gold})
+        elif self.kind == COMPARISON:
+            self.chose += gold.get("A", 0) + gold.get("B", 0)
+            self.matched += gold.get(answer, 0)
+            if majority_side(gold) != TIE:
+                self.confidences.append(prediction.confidence)
+                self.correct.append(answer == majority_side(gold))
 
     def as_dict(self) -> dict[str, Any]:
         share = round(sum(self.correct) / len(self.correct), 4) if self.correct else None
@@ -144,6 +163,12 @@ class _Picture:
             out["mae"] = round(sum(self.errors) / len(self.errors), 4) if self.errors else None
         elif self.kind == TEXT:
             out["exact_match"] = share
+        elif self.kind == COMPARISON:
+            ece = expected_calibration_error(self.confidences, self.correct, BINS)
+            out.update(agreement=share, decided=len(self.correct),
+                       annotator_agreement=round(self.matched / self.chose, 4) if self.chose else None,
+                       reliability=reliability_bins(self.confidences, self.correct, BINS),
+                       ece=None if ece is None else round(ece, 4))
         return out
 
 

@@ -7,7 +7,8 @@ schema's kind to the worker (docs/answer-types.md says what each kind's
 answers, predictions, scores and writeback look like). A type that is not
 here has kind ``unsupported``: nothing trains it.
 
-Pure data: no I/O, importable anywhere.
+Pure data (and the one rule both halves apply to a comparison's counts): no
+I/O, importable anywhere.
 """
 
 from __future__ import annotations
@@ -18,9 +19,20 @@ CONTINUOUS = "continuous"    # a number in a range (slider, number)
 MULTILABEL = "multilabel"    # any set of labels (multiselect)
 SPAN = "span"                # labelled character ranges of the item's text (span)
 TEXT = "text"                # free text (text, textbox)
+COMPARISON = "comparison"    # which of two responses is better, or neither (pairwise)
 UNSUPPORTED = "unsupported"
 
-KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT)
+KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON)
+
+# A comparison's sides, as 2.12 stores a pairwise answer: the first response shown, the second, neither.
+SIDES = ("A", "B")
+TIE = "tie"
+
+
+def majority_side(counts) -> str:
+    """The side more annotators preferred in ``{"A": n, "B": n, "tie": n}``, or ``tie`` when as many chose each."""
+    a, b = counts.get(SIDES[0], 0), counts.get(SIDES[1], 0)
+    return SIDES[0] if a > b else SIDES[1] if b > a else TIE
 
 KIND_BY_TYPE = {
     "radio": NOMINAL,
@@ -32,6 +44,7 @@ KIND_BY_TYPE = {
     "span": SPAN,
     "text": TEXT,
     "textbox": TEXT,
+    "pairwise": COMPARISON,
 }
 
 

@@ -169,11 +169,16 @@ class ItemIndex:
 
     def read(self, position: int) -> Tuple[Any, str]:
         """``(id, text)`` of the item at ``position``."""
+        item = self.record(position)
+        return item.get("id"), _text(item)
+
+    def record(self, position: int) -> Dict[str, Any]:
+        """The whole line of the item at ``position`` (its ``sides``, say), from memory or from the file."""
         item = self.labelled.get(position)
         if item is None:
             self._file.seek(self.offsets[position])
             item = json.loads(self._file.readline())
-        return item.get("id"), _text(item)
+        return item
 
     def close(self) -> None:
         self._file.close()

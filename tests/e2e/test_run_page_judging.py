@@ -36,13 +36,18 @@ BEFORE = [{"lo": 0.5, "hi": 0.6, "n": 4, "confidence": 0.55, "accuracy": 0.5},
 AFTER = [{"lo": 0.6, "hi": 0.7, "n": 9, "confidence": 0.66, "accuracy": 0.667},
          {"lo": 0.8, "hi": 0.9, "n": 36, "confidence": 0.84, "accuracy": 0.861}]
 
+PREFERENCE_BINS = [{"lo": 0.5, "hi": 0.6, "n": 6, "confidence": 0.56, "accuracy": 0.5},
+                   {"lo": 0.9, "hi": 1.0, "n": 14, "confidence": 0.95, "accuracy": 1.0}]
+
 
 def _evaluation(run_id: int) -> dict:
     return {"format": 1, "run_id": run_id, "schemas": {"sentiment": {
         "labels": ["positive", "negative"], "n": 45, "missing": 0, "accuracy": 0.8222, "confusion": CONFUSION,
         "reliability": BEFORE, "ece": 0.12,
         "calibration": {"by_run": 9, "kept": True, "reason": "holdout log-loss and ECE fell", "threshold": None,
-                        "target_precision": 0.9, "ece_after": 0.03, "reliability_after": AFTER}}}}
+                        "target_precision": 0.9, "ece_after": 0.03, "reliability_after": AFTER}},
+        "pref": {"kind": "comparison", "labels": ["A", "B"], "n": 22, "missing": 0, "agreement": 0.85,
+                 "decided": 20, "annotator_agreement": 0.7667, "reliability": PREFERENCE_BINS, "ece": 0.08}}}
 
 
 def _progress(store, run_id: int) -> None:
@@ -166,6 +171,12 @@ def test_a_run_is_judged_from_its_page_and_the_training_page_refuses_and_asks_fi
     assert diagram.locator("text.before-count").all_text_contents() == ["4", "11", "30"]
     assert diagram.locator("text.after-count").all_text_contents() == ["9", "36"]
     expect(diagram.locator("text.ece")).to_have_text("ECE 0.120 before, 0.030 after calibration")
+    # A comparison: agreement with the majority and with each annotator, and how sure its preferences were.
+    expect(page.locator("#evaluation p.agreement")).to_have_text(
+        "Prefers the annotators' majority on 0.850 of 20 held-out comparisons with one (2 split evenly); agrees "
+        "with 0.767 of each annotator's choices.")
+    preference = page.get_by_role("img", name="Reliability diagram of pref")
+    assert preference.locator("text.before-count").all_text_contents() == ["6", "14"]
 
     # The model's download is offered; without a token, publishing says so quietly (no error over the run).
     expect(page.get_by_role("link", name="Download the model and its card (.tar.gz)")).to_be_visible()

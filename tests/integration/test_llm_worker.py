@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -27,7 +26,11 @@ pytest.importorskip("bitsandbytes")
 
 from potato.training.trainers import hf_llm_finetune as llm  # noqa: E402
 from tests.integration.test_worker import (  # noqa: E402
-    done_of, events_of, processes_in_group, run_worker, start_worker, worker_env,
+    done_of,
+    events_of,
+    run_worker,
+    stop_mid_training,
+    worker_env,
 )
 from tests.support.bundles import easy_items, write_job  # noqa: E402
 from tests.support.llm_tasks import CUSTOMER, TOPICS, customer_and_topic_items  # noqa: E402
@@ -131,21 +134,7 @@ def test_text_and_multiselect_answers_on_a_model_without_pad_token_or_chat_templ
 
 def test_sigterm_stops_training_cancelled_143_no_children(tmp_path, tiny_llama):
     job = llm_job(tmp_path / "job", tiny_llama, easy_items(60, unlabeled=0), options={"epochs": 500})
-    proc = start_worker(job)
-    try:
-        deadline = time.monotonic() + 90
-        while not any(e["type"] == "progress" and e.get("step", 0) > 0 for e in events_of(job)):
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "no training step within 90 s"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 143
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert processes_in_group(proc.pid) == []
-    assert done_of(job)["status"] == "cancelled"
-    assert not (job / "predictions.jsonl").exists()
+    stop_mid_training(job)
 
 
 def test_load_in_4bit_without_bitsandbytes_names_the_host_and_the_fix(tmp_path, tiny_llama):
@@ -240,10 +229,10 @@ def test_two_cpu_processes_train_data_parallel(tmp_path, tiny_llama):
 def test_generation_stops_at_a_cancel_between_tokens():
     """Cancel reaches a text schema's generation between two tokens, not after the batch."""
     import torch
-
-    from potato.training.trainers.llm_decoding import Decoder
-    from potato.training.events import Cancelled
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from potato.training.events import Cancelled
+    from potato.training.trainers.llm_decoding import Decoder
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1)).eval()

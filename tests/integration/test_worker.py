@@ -79,6 +79,26 @@ def processes_in_group(pgid: int) -> list[int]:
     return pids
 
 
+def stop_mid_training(job_dir: Path) -> None:
+    """Start the worker on *job_dir*, send SIGTERM (what every backend's stop sends) once it has made a training
+    step, and check it ends as a stop must: exit 143, run ``cancelled``, no predictions, no process left."""
+    proc = start_worker(job_dir)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(e["type"] == "progress" and e.get("step", 0) > 0 for e in events_of(job_dir)):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no training step within 90 s"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert processes_in_group(proc.pid) == []
+    assert done_of(job_dir)["status"] == "cancelled"
+    assert not (job_dir / "predictions.jsonl").exists()
+
+
 @pytest.fixture(scope="module")
 def tiny_model() -> str:
     return str(tiny_model_path())
@@ -322,8 +342,8 @@ def test_bad_options_fail_with_the_key(tmp_path, tiny_model):
 
 def test_the_same_seed_gives_the_same_predictions(tmp_path, tiny_model, monkeypatch):
     """In-process (the trainer's ``train(job, events)`` as the worker calls it), twice."""
-    from potato.training.trainers import hf_text_classification as hf
     from potato.training.events import EventWriter
+    from potato.training.trainers import hf_text_classification as hf
     from potato.training.worker import read_job
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -340,9 +360,9 @@ def test_predict_precision_auto_uses_the_cpus_bf16_and_changes_no_label(tmp_path
     """auto predicts in bf16 where this CPU computes it (fp32 where not); fp32 asks for fp32; the log says which."""
     import torch
 
+    from potato.training.events import EventWriter
     from potato.training.trainers import hf_common
     from potato.training.trainers import hf_text_classification as hf
-    from potato.training.events import EventWriter
     from potato.training.worker import read_job
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -427,12 +447,12 @@ def test_onnx_asked_predicts_every_item_through_onnx_runtime_and_leaves_a_lora_a
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from potato.training import helper_processes
     from potato.training.trainers import hf_text_classification as hf
     from potato.training.trainers import predict_precision as precision
     from potato.training.trainers.answers import SchemaAnswers
     from potato.training.trainers.hf_common import ComputeDevice
     from potato.training.trainers.hf_heads import make_head
-    from potato.training import helper_processes
 
     logs = []
 

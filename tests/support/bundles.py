@@ -241,3 +241,36 @@ def food_place_items(n: int = 80, *, unlabeled: int = 10, holdout_every: int = 6
                       "labels": {"entities": spans} if labelled else {},
                       "holdout": labelled and i % holdout_every == 0})
     return items
+
+
+# -- comparisons: which of two replies annotators preferred ----------------------------------------------
+
+# The hidden property: a reply that offers a remedy is preferred to one that brushes the customer off.
+REMEDIES = ["refund", "replacement", "repair", "voucher", "credit", "exchange", "tracking", "callback"]
+BRUSH_OFFS = ["whatever", "unfortunately", "impossible", "later", "nothing", "policy", "wait", "no"]
+COMPLAINTS = ["My parcel never came.", "The kettle broke on day two.", "I was charged twice.",
+              "The size is wrong.", "Nobody answers the phone.", "The screen arrived cracked."]
+COMPARISON_SCHEMAS = {"pref": ["A", "B"]}
+COMPARISON_ANSWERS = {"pref": {"type": "pairwise", "kind": "comparison", "mode": "binary", "items_key": "responses"}}
+
+
+def comparison_items(n: int = 150, *, unlabeled: int = 10, holdout_every: int = 5, annotators: int = 3,
+                     noise: float = 0.1, seed: int = 0) -> List[Dict[str, Any]]:
+    """``n`` complaints with two replies each, the one offering a remedy preferred by each of ``annotators``
+    unless ``noise`` flips that one's choice, its place (A or B) drawn at random; every ``holdout_every``-th
+    held out, plus ``unlabeled`` pairs nobody compared: a pairwise schema's bundle."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n + unlabeled):
+        good = " ".join(rng.sample(FILLER, 3) + [rng.choice(REMEDIES)] + rng.sample(FILLER, 2))
+        bad = " ".join(rng.sample(FILLER, 3) + [rng.choice(BRUSH_OFFS)] + rng.sample(FILLER, 2))
+        good_side = rng.choice("AB")
+        sides = [good, bad] if good_side == "A" else [bad, good]
+        counts = {"A": 0, "B": 0, "tie": 0}
+        for _ in range(annotators):
+            counts[good_side if rng.random() >= noise else "AB".replace(good_side, "")] += 1
+        labelled = i < n
+        items.append({"id": "c{}".format(i) if labelled else "u{}".format(i - n), "text": rng.choice(COMPLAINTS),
+                      "sides": {"pref": sides}, "labels": {"pref": counts} if labelled else {},
+                      "holdout": labelled and i % holdout_every == 0, "good": good_side})
+    return items

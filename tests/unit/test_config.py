@@ -286,8 +286,8 @@ def test_unknown_trainer_is_an_error(tmp_path):
     assert result.errors == (Issue(
         "model_training.trainers.hf-text-clasification",
         "model_training.trainers.hf-text-clasification: there is no trainer 'hf-text-clasification'; "
-        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging, hf-llm-finetune, "
-        "cold-start"),)
+        "did you mean `hf-text-classification`? Trainers: hf-text-classification, decision-calibrate, sklearn-text, "
+        "hf-span-tagging, hf-llm-finetune, hf-reward-model, cold-start"),)
 
 
 # --- SLURM times ---------------------------------------------------------------

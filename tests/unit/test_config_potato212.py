@@ -94,7 +94,8 @@ ERRORS = {
     "a misspelt trainer": (
         {"auto_retrain": {"enabled": True, "trainer": "sklearn-txt", "schemas": ["sentiment"]}},
         "model_training.auto_retrain.trainer is 'sklearn-txt'; did you mean `sklearn-text`?; this project's "
-        "trainers are: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging, hf-llm-finetune, cold-start"),
+        "trainers are: hf-text-classification, decision-calibrate, sklearn-text, hf-span-tagging, hf-llm-finetune, "
+        "hf-reward-model, cold-start"),
     "2.12's trainer with a classifier from elsewhere": (
         {"auto_retrain": {"enabled": True, "trainer": "sklearn-text", "schemas": ["sentiment"],
                           "params": {"classifier": "os.system"}}},

@@ -360,3 +360,36 @@ def test_a_mean_pooled_classifier_s_card_shows_code_that_gives_the_model_s_own_a
         own = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.argmax(-1)
     assert namespace["classify"](texts) == [schema.labels[i] for i in own]
     assert (folder / HEAD_FILE).is_file()
+
+
+def test_a_reward_model_s_card_says_what_its_score_means_and_its_code_gives_the_model_s_own_preference(tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from potato.training.trainers.hf_reward_model import SCORE_MEANING
+    from tests.support.tiny_model import tiny_model_path
+
+    base = tiny_model_path()
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, ignore_mismatched_sizes=True)
+    model.eval()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    schema = SchemaFacts(name="pref", labels=["A", "B"], folder="", trainer="hf-reward-model",
+                         scores={"kind": "comparison", "n": 32, "agreement": 0.9667, "decided": 30,
+                                 "annotator_agreement": 0.878})
+    card = render_card(_facts(trainer="hf-reward-model", schemas=[schema]), str(folder))
+    assert "# Reviews \\# 1: pref reward model" in card
+    assert ("pref: prefers the annotators' majority on 0.967 of 30 held-out comparisons with one; agrees with "
+            f"0.878 of each annotator's choices. Its score: {SCORE_MEANING}.") in card
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["pipeline_tag"] == "text-classification" and "hf-reward-model" in meta["tags"]
+    namespace: dict = {}
+    exec(card.split("```python\n")[1].split("```")[0], namespace)  # noqa: S102 - the card's own code, pasted
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt, a, b = "My parcel never came.", "We will refund you today.", "Read the manual."
+    with torch.no_grad():
+        rewards = model(**tokenizer([prompt, prompt], [a, b], padding=True, return_tensors="pt")).logits[:, 0]
+    assert abs(namespace["reward"](prompt, a) - float(rewards[0])) < 1e-4
+    assert abs(namespace["prefers_b"](prompt, a, b) - float(torch.sigmoid(rewards[1] - rewards[0]))) < 1e-4

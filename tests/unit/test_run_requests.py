@@ -21,7 +21,8 @@ from tests.unit.test_server_support import *  # noqa: F401,F403 - fixtures
 from tests.unit.test_server_support import BACKENDS
 
 API = "/admin/training/api"
-TRAINERS = ("cold-start, decision-calibrate, hf-llm-finetune, hf-span-tagging, hf-text-classification, sklearn-text")
+TRAINERS = ("cold-start, decision-calibrate, hf-llm-finetune, hf-reward-model, hf-span-tagging, "
+            "hf-text-classification, sklearn-text")
 
 
 def _project(tmp_path, **model_training):

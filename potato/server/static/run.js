@@ -475,6 +475,12 @@
         else if (s.kind === "span") row.appendChild(spanMatches(name, s));
         else if (s.kind === "continuous") row.appendChild(Potato.el("p", {}, "Mean absolute error " + fixed(s.mae) + " over " + s.n + " held-out items."));
         else if (s.kind === "text") row.appendChild(Potato.el("p", {}, "Exact answers: " + fixed(s.exact_match) + " of " + s.n + " held-out items."));
+        else if (s.kind === "comparison") {
+          row.appendChild(Potato.el("p", { "class": "agreement" }, "Prefers the annotators' majority on " +
+            fixed(s.agreement) + " of " + s.decided + " held-out comparisons with one (" + (s.n - s.decided) +
+            " split evenly); agrees with " + fixed(s.annotator_agreement) + " of each annotator's choices."));
+          row.appendChild(reliabilityDiagram(name, s));
+        }
         else {
           var base = baseline(s);
           if (base) box.appendChild(base);

@@ -70,6 +70,8 @@ class SchemaAnswers:
             return "scale " + " < ".join(self.labels)
         if self.kind == "text":
             return "free text"
+        if self.kind == "comparison":
+            return "comparisons of two responses (A, B or neither)"
         return "labels " + ", ".join(self.labels)
 
     # -- the bundle's answers --------------------------------------------------------
@@ -82,7 +84,8 @@ class SchemaAnswers:
         ``continuous``: a finite number; ``span``: the list of spans as the
         bundle has it (the span trainer checks each against the item's text);
         ``text``: the list of its non-empty answers, stripped (every
-        annotator's: the bundle keeps them all).
+        annotator's: the bundle keeps them all); ``comparison``: the counts
+        ``{"A": n, "B": n, "tie": n}`` (every annotator's side), some above 0.
         """
         if self.kind in ("nominal", "ordinal"):
             label = str(value) if value is not None else None
@@ -104,6 +107,13 @@ class SchemaAnswers:
             texts = [value] if isinstance(value, str) else value if isinstance(value, list) else []
             kept = [t.strip() for t in texts if isinstance(t, str) and t.strip()]
             return kept or None
+        if self.kind == "comparison":
+            if not isinstance(value, dict):
+                return None
+            counts = {side: value.get(side, 0) for side in ("A", "B", "tie")}
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()):
+                return None
+            return counts if sum(counts.values()) else None
         return None
 
     def index(self, label: str) -> int:

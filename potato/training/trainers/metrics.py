@@ -14,6 +14,8 @@ log.
 import math
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from potato.training.answer_kinds import TIE, majority_side
+
 Scores = Dict[str, Optional[float]]
 
 # What the run log, ``potato training runs``, the Training page and the Prefect table say for a
@@ -207,6 +209,18 @@ def text(gold: Sequence[Sequence[str]], predicted: Sequence[str], labels: Sequen
 # -- each kind's line in the run log ---------------------------------------------------
 
 
+def comparison(gold: Sequence[Dict[str, int]], predicted: Sequence[str], labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """A comparison schema's holdout: ``agreement``, the share of items with a majority (not a tie) where the
+    model prefers the majority's side; ``annotator_agreement``, the share of the annotators' choices of a
+    side that the model's matches (a tie, preferring neither, is neither matched nor missed); ``decided``,
+    the items with a majority."""
+    decided = [(majority_side(g), p) for g, p in zip(gold, predicted) if majority_side(g) != TIE]
+    chose = sum(g.get("A", 0) + g.get("B", 0) for g in gold)
+    matched = sum(g.get(p, 0) for g, p in zip(gold, predicted))
+    return {"agreement": sum(side == p for side, p in decided) / len(decided) if decided else None,
+            "annotator_agreement": matched / chose if chose else None, "decided": len(decided)}
+
+
 def _number(value: Any) -> str:
     return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
 
@@ -259,6 +273,9 @@ KINDS = {
                        Main("micro_f1", "micro-F1", True)),
     "span": Kind(span, _span_words, Main("f1", "span F1", True)),
     "text": Kind(text, _listed(("exact_match", "exact match"), ("chrf", "chrF")), Main("chrf", "chrF", True)),
+    "comparison": Kind(comparison, _listed(("agreement", "agreement with the majority"),
+                                           ("annotator_agreement", "with each annotator")),
+                       Main("agreement", "agreement", True)),
 }  # type: Dict[str, Kind]
 
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
 SKLEARN_EXTRA = "pip install 'potato-annotation[train-sklearn]'"
@@ -102,6 +102,7 @@ DEFAULT_BY_KIND = {
     MULTILABEL: "hf-text-classification",
     SPAN: "hf-span-tagging",
     TEXT: "hf-llm-finetune",
+    COMPARISON: "hf-reward-model",
 }
 
 TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
@@ -135,6 +136,12 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         host_questions="potato.training.trainers.hf_llm_finetune:host_questions",
         host_check="potato.training.trainers.hf_llm_finetune:host_check",
         rough_time="potato.training.trainers.hf_llm_finetune:rough_time"),
+    TrainerInfo(
+        "hf-reward-model", "potato.training.trainers.hf_reward_model", (COMPARISON,),
+        "Fine-tunes a Hugging Face encoder into a reward model: a score per response, trained on which of two "
+        "responses annotators preferred (Bradley-Terry)",
+        required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA,
+        imported_when_used=("peft",)),
     TrainerInfo(
         "cold-start", "potato.training.trainers.cold_start", (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT),
         "Before any model: orders the unlabelled items for model_review, a first batch spread over the shipped "

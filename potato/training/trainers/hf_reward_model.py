@@ -1,0 +1,250 @@
+"""``hf-reward-model``: an encoder that scores a response, trained on which of two responses annotators preferred.
+
+A pairwise schema's item holds a prompt (the item's text) and two responses
+(the bundle's ``sides``); its answer is how many annotators preferred each,
+and how many neither (``potato.annotations.aggregation``). The model reads
+the prompt and one response as a text pair and gives one number, the
+response's reward; the probability that annotators prefer B is
+``sigmoid(reward(B) - reward(A))`` (Bradley–Terry). It is trained on the
+annotators' own share, ``(B + tie / 2) / all``, with a binary cross-entropy on
+the difference: a 3–0 preference pulls harder than a 2–1 one, and a tie asks
+for two equal rewards. (TRL's ``RewardTrainer`` trains the same loss on hard
+choices: ``-log sigmoid(chosen - rejected)``.)
+
+The model is ``AutoModelForSequenceClassification`` with one output, so the
+saved artifact loads as a reward model does elsewhere: the reward of
+``(prompt, response)`` is its logit. Its batches are length-grouped and
+padded per batch, both sides of an item in one forward pass, dropout off
+(each side's own mask would add its noise to the difference); the schedule,
+validation share and best epoch are the fine-tune's
+(``potato.training.trainers.schedule``), the epoch kept the one of least
+validation loss (the run log shows its agreement with the majority's side).
+
+Predictions: for every item with two responses, ``label`` (``A`` or ``B``,
+the side the model prefers), ``confidence`` (its probability), ``probs``
+(``[A, B]``) and ``rewards`` (each side's score). Holdout: the agreement with
+the held-out items' majority and with each of their annotators
+(``potato.training.trainers.metrics.comparison``).
+
+Part of the remote half: importing this module loads only the standard
+library; torch / transformers / peft are imported inside :func:`train`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+from potato.training.answer_kinds import COMPARISON, SIDES
+from potato.training.trainers.answers import gold_answers
+from potato.training.trainers.hf_common import (
+    FINE_TUNE_OPTIONS,
+    FineTune,
+    build_model,
+    check_fine_tune_options,
+    describe_fit,
+    fine_tune_options,
+    safe_dirname,
+    save_model,
+    shard,
+    start_fine_tune,
+    token_budget_batches,
+)
+from potato.training.trainers.metrics import KINDS, holdout_scores
+from potato.training.trainers.registry import TRAINERS
+from potato.training.trainers.schedule import Validation, split_validation
+
+NAME = "hf-reward-model"
+REQUIRED_MODULES = TRAINERS[NAME].required_modules
+DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
+# What the saved model's score is, for its labels.json and the Hub card.
+SCORE_MEANING = ("the logit of (prompt, response) is the response's reward; sigmoid(reward(B) - reward(A)) "
+                 "is the probability that annotators prefer B")
+
+
+def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
+    """Problems with ``options`` as texts naming the key (empty when all is well)."""
+    return check_fine_tune_options(options, DEFAULT_OPTIONS, NAME)[1]
+
+
+def train(job: Any, events: Any) -> None:
+    """Train one reward model per comparison schema of ``job``; write predictions, scores and artifacts."""
+    ft = start_fine_tune(job, events, fine_tune_options(job.options, DEFAULT_OPTIONS), NAME)
+    items = job.index_items()
+    ft.say(ft.model_line(len(items)))
+    ft.each_schema(items, lambda schema, stream: _train_schema(ft, items, schema, stream))
+
+
+def preferred_share(counts: Dict[str, int]) -> float:
+    """The annotators' share for B: ``(B + tie / 2) / all`` (the target the model's probability learns)."""
+    a, b, tie = counts.get(SIDES[0], 0), counts.get(SIDES[1], 0), counts.get("tie", 0)
+    return (b + tie / 2.0) / (a + b + tie)
+
+
+def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[str, Any]:
+    answers = ft.answers[schema]
+    labelled = gold_answers(items, answers)
+    pairs = _Pairs(ft, items, schema)
+    train = [i for i in labelled.train if pairs.has(i)]
+    holdout = [i for i in labelled.holdout if pairs.has(i)]
+    ft.say("Schema {!r}: {} training comparisons, {} held out, {}".format(
+        schema, len(train), len(holdout), answers.describe()))
+    golds = labelled.golds
+    model = _fit(ft, pairs, schema, train, golds)
+
+    held = {}  # type: Dict[int, str]
+    is_holdout = set(holdout)
+    to_predict = [i for i in labelled.to_predict(items, ft.job.include_unlabeled) if pairs.has(i)]
+    for i, (reward_a, reward_b) in _rewards(model, ft, pairs, shard(to_predict, ft.group), schema):
+        record = prediction(items.read(i)[0], schema, reward_a, reward_b)
+        if i in is_holdout:
+            held[i] = record["label"]
+        stream.write(record)
+    held = ft.gather(held)
+    scores = holdout_scores([golds[i] for i in holdout], [held[i] for i in holdout], COMPARISON, answers.labels)
+    if ft.group.is_main:
+        out_dir = os.path.join(ft.job.artifacts_dir, safe_dirname(schema))
+        save_model(model, ft, out_dir, {"trainer": NAME, "schema": schema, "labels": answers.labels,
+                                        "score": SCORE_MEANING})
+        ft.say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores, out_dir))
+    if ft.opts["curve"] and holdout:
+        del model
+
+        def curve_point(share: float, part: List[int]) -> Dict[str, Any]:
+            fitted = _fit(ft, pairs, schema, part, golds, share)
+            found = ft.gather({i: SIDES[1] if b >= a else SIDES[0]
+                               for i, (a, b) in _rewards(fitted, ft, pairs, shard(holdout, ft.group), schema, False)})
+            return holdout_scores([golds[i] for i in holdout], [found[i] for i in holdout], COMPARISON)
+
+        scores["curve"] = ft.learning_curve(schema, train, scores, COMPARISON, curve_point)
+    return scores
+
+
+def _fit(ft: FineTune, pairs: "_Pairs", schema: str, train: List[int], golds: Dict[int, Any],
+         curve: Optional[float] = None) -> Any:
+    """A reward model trained on the comparisons ``train``, its epoch chosen on a validation share of them."""
+    fit_idx, val_idx = split_validation(train, ft.opts)
+    model = build_model(_sequence_classifier(), "SEQ_CLS", ft, ["reward"])
+    _without_dropout(model)
+    targets = {i: preferred_share(golds[i]) for i in fit_idx}
+    model = ft.train(model, [pairs.length(i) for i in fit_idx], _batch_loss(ft, pairs, fit_idx, targets), schema,
+                     _validation(ft, pairs, val_idx, golds), KINDS[COMPARISON].main.name, curve=curve)
+    if curve is None:
+        ft.say("Schema {!r}: {}".format(schema, describe_fit(ft, len(fit_idx), len(val_idx))))
+    ft.events.check_cancelled()
+    return model
+
+
+def prediction(item_id: Any, schema: str, reward_a: float, reward_b: float) -> Dict[str, Any]:
+    """The predictions.jsonl line for one comparison from its two rewards."""
+    gap = reward_b - reward_a
+    p_b = 1.0 / (1.0 + math.exp(-gap)) if abs(gap) < 700 else float(gap > 0)  # exp overflows past 709
+    label = SIDES[1] if p_b >= 0.5 else SIDES[0]
+    return {"id": item_id, "schema": schema, "label": label, "confidence": round(max(p_b, 1.0 - p_b), 6),
+            "probs": [round(1.0 - p_b, 6), round(p_b, 6)], "rewards": [round(reward_a, 6), round(reward_b, 6)]}
+
+
+def _without_dropout(model: Any) -> None:
+    """Dropout off: the loss compares two forward passes, and each pass's own dropout mask would put its noise
+    into their difference twice (TRL's RewardTrainer turns it off too)."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def _sequence_classifier() -> Any:
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification
+
+
+class _Pairs:
+    """Each comparison's two token lists, ``(prompt, response)`` pairs, tokenized once when first asked for."""
+
+    def __init__(self, ft: FineTune, items: Any, schema: str):
+        self.ft, self.items, self.schema = ft, items, schema
+        self.ids = {}  # type: Dict[int, Tuple[List[int], List[int]]]
+
+    def has(self, position: int) -> bool:
+        return self._sides(position) is not None
+
+    def _sides(self, position: int) -> Optional[Tuple[str, List[str]]]:
+        item = self.items.record(position)
+        sides = (item.get("sides") or {}).get(self.schema)
+        if not (isinstance(sides, list) and len(sides) == 2 and all(isinstance(s, str) for s in sides)):
+            return None
+        return str(item.get("text") or ""), sides
+
+    def tokens(self, position: int) -> Tuple[List[int], List[int]]:
+        found = self.ids.get(position)
+        if found is None:
+            prompt, sides = self._sides(position)
+            max_length = self.ft.opts["max_length"]
+            if prompt.strip():
+                enc = self.ft.tokenizer([prompt, prompt], sides, truncation="longest_first", max_length=max_length)
+            else:
+                enc = self.ft.tokenizer(sides, truncation=True, max_length=max_length)
+            found = self.ids[position] = (enc["input_ids"][0], enc["input_ids"][1])
+        return found
+
+    def length(self, position: int) -> int:
+        return max(map(len, self.tokens(position)))
+
+
+def _batch_loss(ft: FineTune, pairs: _Pairs, positions: List[int], targets: Dict[int, float]):
+    """The loop's ``batch_loss``: the Bradley–Terry loss on the comparisons ``mine``, a share of the step's mean."""
+    import torch
+
+    def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
+        rows = [positions[k] for k in mine]
+        seqs = [pairs.tokens(i)[0] for i in rows] + [pairs.tokens(i)[1] for i in rows]
+        rewards = ft.logits(model, seqs).float().squeeze(-1)
+        margin = rewards[len(rows):] - rewards[:len(rows)]  # B over A
+        y = ft.dev.put(torch.tensor([targets[i] for i in rows], dtype=torch.float32))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(margin, y, reduction="sum")
+        return loss * (weight / len(step))
+
+    return batch_loss
+
+
+def _rewards(model: Any, ft: FineTune, pairs: _Pairs, positions: List[int], schema: str, progress: bool = True):
+    """``(position, (reward A, reward B))`` for each comparison at ``positions``, longest first."""
+    import torch
+
+    model.eval()
+    order = sorted(positions, key=pairs.length, reverse=True)
+    batches = token_budget_batches(order, lambda i: 2 * pairs.length(i), ft.dev.predict_budget, ft.dev.predict_rows)
+    with torch.inference_mode():
+        for step, batch in enumerate(batches, 1):
+            ft.events.check_cancelled()
+            seqs = [pairs.tokens(i)[0] for i in batch] + [pairs.tokens(i)[1] for i in batch]
+            rewards = ft.logits(model, seqs, predicting=True).float().squeeze(-1).cpu().tolist()
+            for k, i in enumerate(batch):
+                yield i, (rewards[k], rewards[len(batch) + k])
+            if progress:
+                ft.events.progress("predict", step, len(batches), schema=schema)
+    model.train()
+
+
+def _validation(ft: FineTune, pairs: _Pairs, positions: List[int], golds: Dict[int, Any]) -> Optional[Any]:
+    """The training loop's ``validate``: agreement with the validation share's majority, and the mean loss."""
+    if not positions:
+        return None
+    main = KINDS[COMPARISON].main
+
+    def validate(model: Any) -> Validation:
+        loss, predicted = 0.0, {}  # type: float, Dict[int, str]
+        for i, (reward_a, reward_b) in _rewards(model, ft, pairs, positions, "", progress=False):
+            margin, y = reward_b - reward_a, preferred_share(golds[i])
+            # The binary cross-entropy of sigmoid(margin) against y, computed stably.
+            loss += max(margin, 0.0) - margin * y + math.log1p(math.exp(-abs(margin)))
+            predicted[i] = SIDES[1] if margin >= 0 else SIDES[0]
+        scores = holdout_scores([golds[i] for i in positions], [predicted[i] for i in positions], COMPARISON)
+        # Chosen by the loss, shown as the agreement: on a validation share of a few dozen pairs the agreement
+        # is 1.0 after an epoch or two, long before the rewards have learnt anything they would keep.
+        return Validation(-loss / len(positions), loss / len(positions), main.of(scores) or 0.0)
+
+    return validate
