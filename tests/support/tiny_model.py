@@ -3,7 +3,9 @@
 WordPiece tokenizer trained with ``tokenizers`` on the texts, wrapped in
 ``PreTrainedTokenizerFast``; ``BertConfig`` hidden 32, 2 layers, 2 heads,
 intermediate 64; both ``save_pretrained``. It learns an easy task in about
-10 epochs at lr 3e-3.
+10 epochs at lr 3e-3. Its random weights come from a fixed seed: drawn from
+whatever state the test session's earlier tests left the global generator in,
+one build in a few left a multi-label output at chance.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Dict, Iterable, List, Tuple
 
 from tests.support.bundles import FILLER, LEVEL_WORDS, NEGATIVE, POSITIVE, TOPIC_CUES, span_corpus
 
+SEED = 0  # the random weights' seed, so that every session trains the same tiny model
 _CACHED: Dict[Tuple[str, float], Path] = {}  # (which, initializer_range) -> the session's model
 
 
@@ -27,7 +30,9 @@ def build_tiny_model(directory: Path, texts: Iterable[str], initializer_range: f
     features so alike that, asked for several yes/no outputs at once (a
     multi-label schema), it often never separates one of them: measured on
     ``kinds_items`` (three labels, 400 items, 30 epochs, four data seeds) one
-    label stayed at chance in every run at 0.02, none at 0.1 (exact-set 1.0).
+    label stayed at chance in every run at 0.02, none at 0.1 (exact-set 1.0);
+    over four weight seeds at 0.1, one still fell short (exact-set 0.80, seeds
+    0, 2 and 3 above 0.9), hence the fixed ``SEED``.
     """
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
@@ -53,7 +58,11 @@ def build_tiny_model(directory: Path, texts: Iterable[str], initializer_range: f
         vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=64, max_position_embeddings=128, num_labels=2, initializer_range=initializer_range,
     )
-    BertForSequenceClassification(config).save_pretrained(directory)
+    import torch
+
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED)
+        BertForSequenceClassification(config).save_pretrained(directory)
     return directory
 
 
