@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from potato.text.markdown_text import code, md, table
-from potato.training.trainers import pooling
+from potato.training.trainers import llm_preference, pooling
 from potato.training.trainers.hf_reward_model import SCORE_MEANING
 
 PIPELINE_TAG = "text-classification"
@@ -184,10 +184,14 @@ def _scores(facts: CardFacts) -> list[str]:
     out += [*table(("schema", "held-out items", "accuracy", "macro-F1"), rows), ""]
     for s in facts.schemas:
         if s.scores.get("kind") == "comparison":
+            dpo = (s.trainer or facts.trainer) == "hf-llm-finetune"
+            before = s.scores.get("agreement_before")
             out += [f"{md(s.name)}: prefers the annotators' majority on {_number(s.scores.get('agreement'))} of "
                     f"{_number(s.scores.get('decided'))} held-out comparisons with one; agrees with "
-                    f"{_number(s.scores.get('annotator_agreement'))} of each annotator's choices. Its score: "
-                    f"{SCORE_MEANING}.", ""]
+                    f"{_number(s.scores.get('annotator_agreement'))} of each annotator's choices."
+                    + (f" Before training, the base model preferred the majority's response on {_number(before)}."
+                       if before is not None else "")
+                    + f" Its score: {llm_preference.SCORE_MEANING if dpo else SCORE_MEANING}.", ""]
         if not s.confusion:
             continue
         out += [f"### Confusion matrix: {md(s.name)}", "",
@@ -235,6 +239,8 @@ def _training(facts: CardFacts) -> list[str]:
             facts.kind, "a full fine-tune")
         what = f"{kind} of {base}, one {' or '.join(nouns)} per schema"
     out = ["## Training", "", f"Trainer {code(facts.trainer)} of Potato: {what}.", ""]
+    if facts.trainer == "hf-llm-finetune":
+        out += [md(llm_preference.objective_words(facts.options)), ""]
     rows = [(code(k), code(v)) for k, v in sorted(facts.options.items())]
     if rows:
         out += [*table(("option", "value"), rows), ""]

@@ -16,7 +16,7 @@ from potato.runs.jobs import options_with
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import END_STATES, Run, Store
 from potato.trainer_choice import default_schemas, plan_trainers
-from potato.training.trainers.registry import TRAINERS, check_run_options
+from potato.training.trainers.registry import TRAINERS, check_run_options, check_run_schemas
 
 
 def create_run(
@@ -47,6 +47,7 @@ def create_run(
         raise UnknownBackendError(backend, config.model_training.backends)
     declared = config.model_training.backends[backend].type_info
     known = [s.name for s in config.schemes]
+    named = bool(schemas)
     schemas = schemas or default_schemas(config, trainer)
     if not schemas:
         raise RunRequestError("No schema to train: name one of the config's annotation_schemes "
@@ -56,6 +57,11 @@ def create_run(
             raise RunRequestError(f"Unknown schema {schema!r}; the config's annotation_schemes are: {', '.join(known)}")
     if options is not None and not isinstance(options, dict):
         raise RunRequestError("options must be a JSON object of trainer options")
+    if trainer is not None and not named:
+        # The schemas a run takes by default are those its trainer trains under the run's options (hf-llm-finetune:
+        # answers with objective sft, comparisons with dpo); when none is, the check below says why.
+        given = options_with(config, trainer, options)
+        schemas = [s for s in schemas if not check_run_schemas(trainer, given, [(s, config.scheme(s).kind)])] or schemas
     plan = plan_trainers([config.scheme(s) for s in schemas], trainer)  # NoTrainerFor names the schema
     for name in plan:
         info = TRAINERS[name]
@@ -63,7 +69,9 @@ def create_run(
             raise LocalOnlyTrainerError(name, backend, declared.what, info.local_only)
         # What the worker would refuse once the run starts (an option's value, hf-llm-finetune without a
         # model) is refused now, before anything is queued.
-        problems = check_run_options(name, options_with(config, name, options))
+        given = options_with(config, name, options)
+        problems = check_run_options(name, given) or check_run_schemas(
+            name, given, [(s, config.scheme(s).kind) for s in plan[name]])
         if problems:
             raise RunRequestError("; ".join(p if p.startswith(name) else f"{name}: {p}" for p in problems))
     run = store.create_run(" + ".join(plan), list(schemas), backend, options or {}, trigger=trigger,

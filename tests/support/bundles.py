@@ -255,22 +255,24 @@ COMPARISON_ANSWERS = {"pref": {"type": "pairwise", "kind": "comparison", "mode":
 
 
 def comparison_items(n: int = 150, *, unlabeled: int = 10, holdout_every: int = 5, annotators: int = 3,
-                     noise: float = 0.1, seed: int = 0) -> List[Dict[str, Any]]:
-    """``n`` complaints with two replies each, the one offering a remedy preferred by each of ``annotators``
-    unless ``noise`` flips that one's choice, its place (A or B) drawn at random; every ``holdout_every``-th
-    held out, plus ``unlabeled`` pairs nobody compared: a pairwise schema's bundle."""
+                     noise: float = 0.1, seed: int = 0, good_words: List[str] = REMEDIES,
+                     bad_words: List[str] = BRUSH_OFFS, prompts: List[str] = COMPLAINTS) -> List[Dict[str, Any]]:
+    """``n`` complaints (``prompts``) with two replies each, the one offering a remedy (a word of
+    ``good_words``, the other one of ``bad_words``) preferred by each of ``annotators`` unless ``noise`` flips
+    that one's choice, its place (A or B) drawn at random; every ``holdout_every``-th held out, plus
+    ``unlabeled`` pairs nobody compared: a pairwise schema's bundle."""
     rng = random.Random(seed)
     items = []
     for i in range(n + unlabeled):
-        good = " ".join(rng.sample(FILLER, 3) + [rng.choice(REMEDIES)] + rng.sample(FILLER, 2))
-        bad = " ".join(rng.sample(FILLER, 3) + [rng.choice(BRUSH_OFFS)] + rng.sample(FILLER, 2))
+        good = " ".join(rng.sample(FILLER, 3) + [rng.choice(good_words)] + rng.sample(FILLER, 2))
+        bad = " ".join(rng.sample(FILLER, 3) + [rng.choice(bad_words)] + rng.sample(FILLER, 2))
         good_side = rng.choice("AB")
         sides = [good, bad] if good_side == "A" else [bad, good]
         counts = {"A": 0, "B": 0, "tie": 0}
         for _ in range(annotators):
             counts[good_side if rng.random() >= noise else "AB".replace(good_side, "")] += 1
         labelled = i < n
-        items.append({"id": "c{}".format(i) if labelled else "u{}".format(i - n), "text": rng.choice(COMPLAINTS),
+        items.append({"id": "c{}".format(i) if labelled else "u{}".format(i - n), "text": rng.choice(prompts),
                       "sides": {"pref": sides}, "labels": {"pref": counts} if labelled else {},
                       "holdout": labelled and i % holdout_every == 0, "good": good_side})
     return items

@@ -45,9 +45,9 @@ def test_the_defaults_pass_and_each_bad_value_is_named():
         "gradient_accumulation_steps": 0, "max_new_tokens": True, "merge": "true", "learning_rate": float("nan"),
         "prompt_template": "Review: {txt}", "pyhton": 1,
     }) == [
-        "'pyhton' is not an option of hf-llm-finetune; valid options: batch_size, bnb_4bit_quant_type, curve, epochs, "
+        "'pyhton' is not an option of hf-llm-finetune; valid options: batch_size, beta, bnb_4bit_quant_type, curve, epochs, "
         "gradient_accumulation_steps, gradient_checkpointing, learning_rate, load_in_4bit, lora, max_length, "
-        "max_new_tokens, merge, min_steps, model, patience, prompt_template, seed, validation_share, warmup",
+        "max_new_tokens, merge, min_steps, model, objective, patience, prompt_template, seed, validation_share, warmup",
         "load_in_4bit must be true, false or auto, got 'yes'",
         "bnb_4bit_quant_type must be nf4 or fp4, got 'int4'",
         "lora.rank is not a LoRA option; valid: r, alpha, dropout, target_modules",
@@ -129,7 +129,7 @@ def test_the_bundle_decides_each_schemas_kind_and_refuses_the_others():
     with pytest.raises(llm.TrainerFailure) as raised:
         answers_of(manifest, ["n"], llm.NAME, kinds)
     assert str(raised.value) == ("Schema 'n' has continuous answers, which hf-llm-finetune cannot train; it trains "
-                                 "nominal, ordinal, multilabel and text schemas")
+                                 "nominal, ordinal, multilabel, text and comparison schemas")
     assert schemas[0].gold("c") is None and schemas[0].gold("a") == "a"
     assert schemas[1].gold(["  one ", "", 3]) == ["one"]
     assert schemas[2].gold(["y", "x"]) == ("x", "y") and schemas[2].gold([]) == ()

@@ -393,3 +393,21 @@ def test_a_reward_model_s_card_says_what_its_score_means_and_its_code_gives_the_
         rewards = model(**tokenizer([prompt, prompt], [a, b], padding=True, return_tensors="pt")).logits[:, 0]
     assert abs(namespace["reward"](prompt, a) - float(rewards[0])) < 1e-4
     assert abs(namespace["prefers_b"](prompt, a, b) - float(torch.sigmoid(rewards[1] - rewards[0]))) < 1e-4
+
+
+def test_an_llm_card_says_which_objective_trained_it_and_what_a_dpo_score_means():
+    from potato.training.trainers.llm_preference import SCORE_MEANING as DPO_MEANING
+
+    schema = SchemaFacts(name="pref", labels=["A", "B"], folder="", trainer="hf-llm-finetune",
+                         scores={"kind": "comparison", "n": 60, "agreement": 0.95, "decided": 60,
+                                 "annotator_agreement": 0.839, "agreement_before": 0.517})
+    card = render_card(_facts(trainer="hf-llm-finetune", kind="lora", base_model="org/llm",
+                              options={"objective": "dpo", "beta": 0.2}, schemas=[schema]), "lab/m")
+    assert ("Objective: dpo (direct preference optimisation, beta 0.2): which of two responses to the prompt "
+            "annotators preferred; the reference model is the base model, its adapter disabled.") in card
+    assert ("pref: prefers the annotators' majority on 0.950 of 60 held-out comparisons with one; agrees with "
+            "0.839 of each annotator's choices. Before training, the base model preferred the majority's response "
+            f"on 0.517. Its score: {DPO_MEANING}.") in card
+    sft = render_card(_facts(trainer="hf-llm-finetune", kind="lora", base_model="org/llm", options={}), "lab/m")
+    assert "Objective: sft: the annotators' answers, the loss on the answer's tokens only." in sft
+    assert "Objective:" not in render_card(_facts(), "lab/m")

@@ -53,7 +53,7 @@ import socket
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from potato.training.answer_kinds import MULTILABEL, NOMINAL, TEXT
+from potato.training.answer_kinds import COMPARISON, MULTILABEL, NOMINAL, SIDES, TEXT
 from potato.training.events import OutOfGpuMemory, TrainerFailure
 from potato.training.trainers.answers import SchemaAnswers, answers_of, gold_answers
 from potato.training.trainers.hf_common import (
@@ -69,6 +69,7 @@ from potato.training.trainers.hf_common import (
     token_budget_batches,
     train_loop,
 )
+from potato.training.trainers.llm_batches import answer_logits
 from potato.training.trainers.llm_decoding import logits_keyword
 from potato.training.trainers.llm_memory import (
     bitsandbytes_missing_message,
@@ -80,6 +81,19 @@ from potato.training.trainers.llm_memory import (
     predict_token_budget,
     read_shape,
     too_little_memory_message,
+)
+from potato.training.trainers.llm_preference import (
+    DEFAULT_BETA,
+    DPO,
+    SFT,
+    Pairs,
+    batch_loss,
+    chosen_sign,
+    log_likelihoods,
+    objective_mismatch,
+    objective_problems,
+    rewards,
+    validation,
 )
 from potato.training.trainers.llm_prompts import (
     DEFAULT_TEMPLATES,
@@ -127,6 +141,8 @@ DEFAULT_OPTIONS = dict(SCHEDULE_OPTIONS, min_steps=LLM_MIN_STEPS, **{
     "prompt_template": None,  # None: DEFAULT_TEMPLATES for the schema's kind
     "max_new_tokens": 64,
     "merge": False,
+    "objective": SFT,  # sft: learn the annotators' answers; dpo: learn which of two responses they preferred
+    "beta": DEFAULT_BETA,  # dpo: how far the tuned model may move from the base (higher: less far)
     "seed": 42,
 })  # type: Dict[str, Any]
 QUANT_TYPES = ("nf4", "fp4")
@@ -163,6 +179,7 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
             problems.append("{} must be true or false, got {!r}".format(key, options[key]))
     if options.get("prompt_template") is not None:
         problems += template_problems(options["prompt_template"])
+    problems += objective_problems(options)
     problems += seed_problems(options)
     return problems
 
@@ -174,6 +191,13 @@ def check_run_options(options: Optional[Dict[str, Any]]) -> List[str]:
     if isinstance(options, dict) and not options.get("model"):
         problems.append(NO_MODEL_MESSAGE)
     return problems
+
+
+def check_run_schemas(options: Optional[Dict[str, Any]], schemas: List[Tuple[str, str]]) -> List[str]:
+    """What the run's ``objective`` cannot train among its ``(schema, kind)`` pairs, before the run is queued."""
+    objective = (options or {}).get("objective", DEFAULT_OPTIONS["objective"])
+    mismatch = objective_mismatch(objective, schemas, NAME) if objective in (SFT, DPO) else None
+    return [mismatch] if mismatch else []
 
 
 def effective_options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -207,8 +231,11 @@ def train(job: Any, events: Any) -> None:
     say = events.log if group.is_main else (lambda *args, **kwargs: None)
     schemas = list(answers_of(job.manifest, job.schemas, NAME, TRAINERS[NAME].kinds).values())
     for schema in schemas:
-        if schema.kind != TEXT and not schema.labels:
+        if schema.kind not in (TEXT, COMPARISON) and not schema.labels:
             raise TrainerFailure("Schema {!r} has no labels to choose from".format(schema.schema))
+    mismatch = objective_mismatch(opts["objective"], [(s.schema, s.kind) for s in schemas], NAME)
+    if mismatch:
+        raise TrainerFailure(mismatch)
     if any(s.kind == TEXT for s in schemas):
         _require_sacrebleu()
     load_from, base_dir = resolve_model(opts["model"])
@@ -255,10 +282,45 @@ def train(job: Any, events: Any) -> None:
     scores = {}  # type: Dict[str, Any]
     stream = PredictionStream(job.dir, None if group.size == 1 else group.rank)
     described = False
+
+    def adapter() -> Any:
+        """A new LoRA adapter on ``base``; the run log's model line with the first."""
+        nonlocal described
+        torch.manual_seed(opts["seed"])  # the adapter's initial weights: the same in every process
+        model = _with_adapter(base, opts)
+        if not described:
+            say(_model_line(opts, model, dev, job, len(items)))
+            described = True
+        return model
+
+    def saved_and_unloaded(model: Any, schema: SchemaAnswers, template: str) -> Any:
+        """Save the schema's adapter (rank 0) and say its holdout; the base without the adapter, for the next."""
+        if dev.cuda:
+            say("Schema {!r}: peak GPU memory {:.1f} GB on {}".format(
+                schema.schema, torch.cuda.max_memory_allocated(dev.device) / 1024 ** 3, job.device_name))
+        if group.is_main:
+            out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema.schema))
+            saved = _save(model, tokenizer, out_dir, schema, opts, load_from, template, fmt, offline)
+            say("Schema {!r}: holdout {}; {} saved to {}".format(schema.schema, scores[schema.schema], saved, out_dir))
+        unloaded = model.unload()
+        if dev.cuda:
+            torch.cuda.empty_cache()
+        return unloaded
+
     try:
         for schema in schemas:
-            answers = AnswerTokens(fmt, schema.kind, schema.labels)
             template = opts["prompt_template"] or DEFAULT_TEMPLATES[schema.kind]
+            if schema.kind == COMPARISON:
+                try:
+                    model, scores[schema.schema] = _learn_preferences(
+                        adapter(), schema, items, fmt, template, pad_id, loop, stream, say)
+                except Exception as exc:
+                    _raise_if_out_of_memory(torch, exc, job.device_name, "train", opts)
+                    raise
+                base = saved_and_unloaded(model, schema, template)
+                del model
+                continue
+            answers = AnswerTokens(fmt, schema.kind, schema.labels)
             labelled = gold_answers(items, schema)
             gold, train_idx, holdout_idx = labelled.golds, labelled.train, labelled.holdout
             fit_idx, val_idx = split_validation(train_idx, opts, gold.get if schema.kind == NOMINAL else None)
@@ -272,11 +334,7 @@ def train(job: Any, events: Any) -> None:
                 say("Schema {!r}: {} training texts were cut to fit max_length {}".format(
                     schema.schema, cut, opts["max_length"]), level="warning")
 
-            torch.manual_seed(opts["seed"])  # the adapter's initial weights: the same in every process
-            model = _with_adapter(base, opts)
-            if not described:
-                say(_model_line(opts, model, dev, job, len(items)))
-                described = True
+            model = adapter()
             try:
                 wrapped = group.wrap(model)
                 keep = logits_keyword(wrapped)
@@ -322,23 +380,73 @@ def train(job: Any, events: Any) -> None:
                 held.update(part)
             scores[schema.schema] = holdout_scores(
                 [gold[i] for i in holdout_idx], [held[i] for i in holdout_idx], schema.kind, schema.labels)
-            if dev.cuda:
-                say("Schema {!r}: peak GPU memory {:.1f} GB on {}".format(
-                    schema.schema, torch.cuda.max_memory_allocated(dev.device) / 1024 ** 3, job.device_name))
-            if group.is_main:
-                out_dir = os.path.join(job.artifacts_dir, safe_dirname(schema.schema))
-                saved = _save(model, tokenizer, out_dir, schema, opts, load_from, template, fmt, offline)
-                say("Schema {!r}: holdout {}; {} saved to {}".format(schema.schema, scores[schema.schema], saved, out_dir))
-            base = model.unload()  # the base without this schema's adapter, for the next schema
+            base = saved_and_unloaded(model, schema, template)
             del model
-            if dev.cuda:
-                torch.cuda.empty_cache()
     except BaseException:
         stream.discard()
         raise
     finally:
         items.close()
     finish_run(job, events, stream, group, scores)
+
+
+def _learn_preferences(model: Any, schema: SchemaAnswers, items: Any, fmt: PromptFormat, template: str,
+                       pad_id: int, loop: FineTune, stream: Any, say: Any) -> Tuple[Any, Dict[str, Any]]:
+    """Train ``model``'s adapter with DPO on a comparison schema (potato/training/trainers/llm_preference.py),
+    write its predictions; returns the tuned model and the schema's holdout scores."""
+    from potato.training.trainers.hf_reward_model import prediction
+
+    job, events, opts, dev, group = loop.job, loop.events, loop.opts, loop.dev, loop.group
+    beta, batch_size, check = opts["beta"], opts["batch_size"], events.check_cancelled
+    labelled = gold_answers(items, schema)
+    gold = labelled.golds
+    pairs = Pairs(fmt, template, schema, items, opts["max_length"])
+    signs = {i: chosen_sign(gold[i]) for i in labelled.train if pairs.has(i)}
+    train_idx = [i for i in labelled.train if signs.get(i)]
+    holdout_idx = [i for i in labelled.holdout if pairs.has(i)]
+    if not train_idx:
+        raise TrainerFailure("Schema {!r} has no training comparison with a majority (every one is a tie or lacks "
+                             "two responses): DPO has no pair to learn from".format(schema.schema))
+    fit_idx, val_idx = split_validation(train_idx, opts)
+    say("Schema {!r} (comparison): objective dpo, beta {:g}; {} training pairs with a majority ({} ties or "
+        "without two responses left out), {} held out; the reference model is the base, its adapter disabled".format(
+            schema.schema, beta, len(train_idx), len(labelled.train) - len(train_idx), len(holdout_idx)))
+    keep = logits_keyword(model)
+    reference = {i: (a, b) for i, a, b in log_likelihoods(model, pairs, fit_idx + val_idx, pad_id, dev, keep,
+                                                          batch_size, True, check)}
+    wrapped = group.wrap(model)
+    model = group.unwrap(train_loop(
+        wrapped, [2 * pairs.length(i) for i in fit_idx], batch_loss(pairs, fit_idx, reference, signs, beta, pad_id,
+                                                                    dev, keep),
+        loop, schema.schema, opts["gradient_accumulation_steps"],
+        validation(pairs, val_idx, reference, signs, beta, pad_id, dev, keep, batch_size), "preference agreement"))
+    say("Schema {!r}: {}".format(schema.schema, describe_fit(loop, len(fit_idx), len(val_idx))))
+    events.check_cancelled()
+
+    mine = shard([i for i in labelled.to_predict(items, job.include_unlabeled) if pairs.has(i)], group)
+    events.progress("predict", 0, 2, force=True, schema=schema.schema)
+    base_logps = {i: (a, b) for i, a, b in log_likelihoods(model, pairs, mine, pad_id, dev, keep, batch_size, True,
+                                                           check)}
+    events.progress("predict", 1, 2, schema=schema.schema)
+    is_holdout = set(holdout_idx)
+    held, before = {}, {}  # type: Dict[int, str], Dict[int, str]
+    for i, a, b in log_likelihoods(model, pairs, mine, pad_id, dev, keep, batch_size, False, check):
+        record = prediction(items.read(i)[0], schema.schema, *rewards((a, b), base_logps[i], beta))
+        if i in is_holdout:
+            held[i] = record["label"]
+            before[i] = SIDES[1] if base_logps[i][1] >= base_logps[i][0] else SIDES[0]
+        stream.write(record)
+    events.progress("predict", 2, 2, schema=schema.schema)
+    if pairs.cut:
+        say("Schema {!r}: {} comparisons were cut to fit max_length {}".format(
+            schema.schema, pairs.cut, opts["max_length"]), level="warning")
+    for part in group.gather((held, before)) if group.size > 1 else []:
+        held.update(part[0])
+        before.update(part[1])
+    golds = [gold[i] for i in holdout_idx]
+    scores = holdout_scores(golds, [held[i] for i in holdout_idx], COMPARISON, schema.labels)
+    scores["agreement_before"] = holdout_scores(golds, [before[i] for i in holdout_idx], COMPARISON)["agreement"]
+    return model, scores
 
 
 def _require_sacrebleu() -> None:
@@ -618,11 +726,13 @@ def _model_line(opts: Dict[str, Any], model: Any, dev: ComputeDevice, job: Any, 
     return (
         "Model: {}, {} parameters, base weights in {}, LoRA r={} on {} modules ({} trainable), trains in {}, "
         "predicts in {}, on {}; {} items; options: epochs={}, learning_rate={:g}, batch_size={}, "
-        "gradient_accumulation_steps={}, max_length={}, max_new_tokens={}, gradient_checkpointing={}, seed={}".format(
+        "gradient_accumulation_steps={}, max_length={}, max_new_tokens={}, gradient_checkpointing={}, objective={}{}, "
+        "seed={}".format(
             opts["model"], _count(total - trainable), weights, opts["lora"]["r"], modules, _count(trainable),
             dev.precision, dev.predict_precision, job.device_name, n_items, opts["epochs"] or "auto", opts["learning_rate"],
             opts["batch_size"], opts["gradient_accumulation_steps"], opts["max_length"], opts["max_new_tokens"],
-            str(opts["gradient_checkpointing"]).lower(), opts["seed"]))
+            str(opts["gradient_checkpointing"]).lower(), opts["objective"],
+            " (beta {:g})".format(opts["beta"]) if opts["objective"] == DPO else "", opts["seed"]))
 
 
 def _count(n: int) -> str:
@@ -708,14 +818,7 @@ def _batch_loss(examples: List[Tuple[List[int], List[int]]], pad_id: int, dev: C
 
     def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
         answer_tokens = sum(len(examples[k][1]) for k in step)
-        ids, mask, targets, target_mask, width = _training_batch([examples[k] for k in mine], pad_id)
-        ids, mask, targets, target_mask = dev.put(ids), dev.put(mask), dev.put(targets), dev.put(target_mask)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with dev.autocast():
-            kwargs = {keep: width + 1} if keep else {}
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
-                           **kwargs).logits
-        logits = logits[:, -(width + 1):-1].float()
+        logits, targets, target_mask = answer_logits(model, [examples[k] for k in mine], pad_id, dev, keep)
         return F.cross_entropy(logits[target_mask], targets[target_mask], reduction="sum") * (weight / answer_tokens)
 
     return batch_loss
@@ -737,24 +840,6 @@ def _validation(examples: List[Tuple[List[int], List[int]]], pad_id: int, dev: C
         return Validation(-loss, loss, loss)
 
     return validate
-
-
-def _training_batch(rows: List[Tuple[List[int], List[int]]], pad_id: int):
-    """Left-padded ``(ids, mask, targets, target_mask, width)``: every row's answer ends in the last column;
-    ``targets`` are the last ``width`` columns (the longest answer), ``target_mask`` marks each row's answer."""
-    import torch
-
-    length = max(len(p) + len(a) for p, a in rows)
-    width = max(len(a) for _, a in rows)
-    ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    target_mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for row, (prompt, answer) in enumerate(rows):
-        seq = prompt + answer
-        ids[row, length - len(seq):] = torch.tensor(seq, dtype=torch.long)
-        mask[row, length - len(seq):] = 1
-        target_mask[row, width - len(answer):] = True
-    return ids, mask, ids[:, length - width:].clone(), target_mask, width
 
 
 def predict(model: Any, prompter: _Prompter, batches: Any, total: int, pad_id: int, dev: ComputeDevice,
@@ -832,6 +917,7 @@ def _save(model: Any, tokenizer: Any, out_dir: str, schema: SchemaAnswers, opts:
         "max_length": opts["max_length"],
         "max_new_tokens": opts["max_new_tokens"],
         "prompt_template": template,
+        "objective": opts["objective"],
         "description": schema.description,
         "chat_template": fmt.chat,
     }

@@ -36,6 +36,8 @@ DEFAULT_TEMPLATES = {
     "ordinal": "{description}\n\nText: {text}\n\nAnswer with one of: {labels}.",
     "multilabel": "{description}\n\nText: {text}\n\nFor each of these labels, say yes or no: {labels}.",
     "text": "{description}\n\nText: {text}",
+    # The prompt the two responses answer, as it is: the annotators' question is theirs, not the model's.
+    "comparison": "{text}",
 }
 YES, NO = " yes", " no"
 

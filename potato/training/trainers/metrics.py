@@ -230,6 +230,13 @@ def _listed(*shown: Tuple[str, str]) -> Callable[[Dict[str, Any]], str]:
     return lambda scores: ", ".join("{} {}".format(name, _number(scores.get(key))) for key, name in shown)
 
 
+def _comparison_words(scores: Dict[str, Any]) -> str:
+    """``agreement with the majority 0.950, with each annotator 0.839`` and, after DPO, ``(the base model: 0.517)``."""
+    words = _listed(("agreement", "agreement with the majority"), ("annotator_agreement", "with each annotator"))(scores)
+    before = scores.get("agreement_before")
+    return words + (" (the base model: {})".format(_number(before)) if before is not None else "")
+
+
 def _span_words(scores: Dict[str, Any]) -> str:
     """``span F1 0.912 (precision 0.930, recall 0.895); LOC 0.870; PER 0.950``."""
     per_label = scores.get("per_label")
@@ -273,9 +280,7 @@ KINDS = {
                        Main("micro_f1", "micro-F1", True)),
     "span": Kind(span, _span_words, Main("f1", "span F1", True)),
     "text": Kind(text, _listed(("exact_match", "exact match"), ("chrf", "chrF")), Main("chrf", "chrF", True)),
-    "comparison": Kind(comparison, _listed(("agreement", "agreement with the majority"),
-                                           ("annotator_agreement", "with each annotator")),
-                       Main("agreement", "agreement", True)),
+    "comparison": Kind(comparison, _comparison_words, Main("agreement", "agreement", True)),
 }  # type: Dict[str, Kind]
 
 

@@ -129,7 +129,7 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
     # bitsandbytes is not required: load_in_4bit auto loads 16-bit weights where it is missing (with a
     # warning), and true names it in its failure; sacrebleu is asked for only when a schema is text.
     TrainerInfo(
-        "hf-llm-finetune", "potato.training.trainers.hf_llm_finetune", (NOMINAL, ORDINAL, MULTILABEL, TEXT),
+        "hf-llm-finetune", "potato.training.trainers.hf_llm_finetune", (NOMINAL, ORDINAL, MULTILABEL, TEXT, COMPARISON),
         "Fine-tunes a LoRA adapter on a causal language model (4-bit base weights where bitsandbytes works)",
         required_modules=("torch", "transformers", "peft"), install_hint=LLM_EXTRA,
         gpu_memory_mb="potato.training.trainers.hf_llm_finetune:gpu_memory_mb",
@@ -179,6 +179,17 @@ def check_options(name: str, options: Any) -> List[str]:
         return []
     check = getattr(module, "check_options", None)
     return list(check(options)) if check else []
+
+
+def check_run_schemas(name: str, options: Any, schemas: List[Tuple[str, str]]) -> List[str]:
+    """The trainer's problems with the run's ``(schema, kind)`` pairs under its options (hf-llm-finetune's
+    ``objective``: sft or dpo, each for its own kinds), from its ``check_run_schemas`` where it has one."""
+    try:
+        module = load(TRAINERS[name])
+    except ImportError:
+        return []
+    check = getattr(module, "check_run_schemas", None)
+    return list(check(options, schemas)) if check else []
 
 
 def check_run_options(name: str, options: Any) -> List[str]:
