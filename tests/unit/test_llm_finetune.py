@@ -169,6 +169,10 @@ def test_the_registrys_gpu_memory_hook_is_the_training_estimate(tmp_path):
     expected = estimate_training_memory(LLAMA3_8B, load_in_4bit=True, batch_size=1, max_length=512, lora_r=16)
     assert gpu_memory_mb(options) == -(-expected.total // 2 ** 20)  # auto counts as 4-bit: what a GPU gets
     assert gpu_memory_mb(dict(options, load_in_4bit=False)) > gpu_memory_mb(options)
+    # DPO: both responses of each pair in a batch, each up to half of max_length, every logit of them kept.
+    dpo = estimate_training_memory(LLAMA3_8B, load_in_4bit=True, batch_size=2, max_length=512, lora_r=16,
+                                   answer_tokens=256)
+    assert gpu_memory_mb(dict(options, objective="dpo")) == -(-dpo.total // 2 ** 20) > gpu_memory_mb(options)
     # Nothing to estimate from on this machine: no number rather than a guess.
     assert gpu_memory_mb({"model": "meta-llama/Meta-Llama-3-8B"}) is None
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery", "vocab_size": 10}))

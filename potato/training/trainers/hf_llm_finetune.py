@@ -487,12 +487,14 @@ def _read_config(base_dir: str) -> Dict[str, Any]:
 def _training_estimate(config: Dict[str, Any], opts: Dict[str, Any], four_bit: bool, processes: int,
                        text: bool) -> Any:
     """:func:`estimate_training_memory` for a run with ``opts`` (effective) split over ``processes``;
-    ``text``: whether a schema generates text (its answers run to ``max_new_tokens``)."""
+    ``text``: whether a schema generates text (its answers run to ``max_new_tokens``). Under ``objective:
+    dpo`` a batch holds both responses of each pair, each up to half of ``max_length``, all of their logits."""
+    dpo = opts.get("objective") == DPO
     return estimate_training_memory(
-        config, load_in_4bit=four_bit, batch_size=-(-opts["batch_size"] // processes),
+        config, load_in_4bit=four_bit, batch_size=-(-opts["batch_size"] // processes) * (2 if dpo else 1),
         max_length=opts["max_length"], lora_r=opts["lora"]["r"],
         gradient_checkpointing=opts["gradient_checkpointing"],
-        answer_tokens=opts["max_new_tokens"] if text else 16)
+        answer_tokens=opts["max_length"] // 2 if dpo else opts["max_new_tokens"] if text else 16)
 
 
 def gpu_memory_mb(options: Optional[Dict[str, Any]], host: Optional[Dict[str, Any]] = None) -> Optional[int]:
