@@ -214,6 +214,48 @@ def test_merge_saves_a_merged_model_and_auto_is_16_bit_on_the_cpu(tmp_path, tiny
     assert AutoModelForCausalLM.from_pretrained(saved).config.model_type == "llama"
 
 
+def _first_layer_lora_gradient(model, ids, eval_pass_first: bool) -> float:
+    import torch
+
+    if eval_pass_first:  # as DPO's reference pass before training, or a validation between epochs
+        model.eval()
+        with torch.inference_mode():
+            model(input_ids=ids)
+    model.train()
+    model.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    return next(p.grad.norm().item() for n, p in model.named_parameters()
+                if "layers.0.self_attn.q_proj.lora_A" in n)
+
+
+def test_a_4_bit_base_passes_the_gradient_through_after_an_eval_pass(tiny_llama):
+    """bitsandbytes repacks a 4-bit layer for its CPU inference kernel at its first eval pass on a CPU with
+    AVX512-BF16, and that kernel has no backward: the gradient would stop at every base layer from then on.
+    Off from loading, so an eval pass before training or between epochs leaves training as it was."""
+    import torch
+    from bitsandbytes.functional import has_avx512bf16
+
+    if not has_avx512bf16():
+        pytest.skip("bitsandbytes repacks 4-bit weights only on a CPU with AVX512-BF16; this one has none")
+    opts = llm.effective_options({"model": tiny_llama, "load_in_4bit": True})
+    opts["lora"] = dict(opts["lora"], dropout=0.0)  # the two passes must compute the same
+    grads = []
+    for eval_pass_first in (False, True):
+        base = llm._load_base(tiny_llama, opts, llm.ComputeDevice(torch, "cpu"), True)
+        torch.manual_seed(0)
+        model = llm._with_adapter(base, opts)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # a new adapter's B is zero, which would stop A's gradient by itself
+                param.data.normal_(0, 0.1)
+        grads.append(_first_layer_lora_gradient(model, torch.tensor([[3, 5, 7, 9, 11, 13]]), eval_pass_first))
+    assert grads[1] == pytest.approx(grads[0], rel=1e-4), grads
+    # The last schema's prediction, which no training follows, may use the faster kernel.
+    llm._cpu_inference_kernel(model, True)
+    _first_layer_lora_gradient(model, torch.tensor([[3, 5, 7]]), eval_pass_first=True)
+    assert all(m.weight.quant_state.packing_format_for_cpu for m in model.modules()
+               if hasattr(m, "support_avx512bf16_for_cpu"))
+
+
 @pytest.mark.slow  # a minute on a loaded 2-core machine, most of it two processes importing torch
 def test_two_cpu_processes_train_data_parallel(tmp_path, tiny_llama):
     items = easy_items(24, unlabeled=4)
