@@ -27,7 +27,11 @@ choice is flipped (10 %). No reply is long enough to be cut by either side.
   bf16, only slow it down here; bf16 on a GPU); its
   ``train_samples_per_second``, peak resident memory, and the agreement of
   its implicit rewards (beta times the log-probability of a reply with the
-  adapter minus without) on the same held-out pairs.
+  adapter minus without) on the same held-out pairs;
+- **SFT only** (once, agreement only): TRL's ``SFTTrainer`` on the prompts
+  and the majority's replies, the same LoRA and schedule, judged the same
+  way: what learning the chosen replies alone, without the rejected ones,
+  teaches about preference.
 
 TRL's default computes the reference log-probabilities at every step (one
 more forward pass per batch); ``--trl-precompute`` sets its
@@ -41,7 +45,7 @@ defaults (200 training / 100 held-out pairs, 3 epochs, batch 8, lr 3e-3,
 max_length 512; reply words: median 24, 90th percentile 67, longest 121):
 ours 207.8 against 82.1 pairs/s, 2.54x (2.40-2.69 over 2 rounds); peak RSS
 541 against 1160 MB; held-out agreement 0.81 against 0.78 (the base model:
-0.49). ``--hidden 128 --layers 4``: 84.2 against 33.4 pairs/s, 2.53x; 724
+0.49; SFT on the chosen replies alone: 0.51). ``--hidden 128 --layers 4``: 84.2 against 33.4 pairs/s, 2.53x; 724
 against 1180 MB; 0.85 against 0.79. ``--trl-precompute``: 244.2 against
 132.4 pairs/s, 1.84x, and TRL's agreement falls to 0.63: its reference pass
 runs the model in eval mode, which on such a CPU makes bitsandbytes repack
@@ -242,7 +246,16 @@ def trl_in_this_process(work: Path, args) -> dict:
     started = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - started
-    model = trainer.model.eval()
+    n_train = len(rows) * args.epochs
+    return {"pairs_per_s": out.metrics["train_samples_per_second"],
+            "pairs_per_s_wall": n_train / seconds,  # around train(): with a precomputed reference, its pass too
+            "agreement": _held_out_agreement(trainer.model.eval(), tokenizer, items), "peak_rss_mb": _peak_rss_mb()}
+
+
+def _held_out_agreement(model, tokenizer, items: list) -> float:
+    """The share of held-out pairs whose majority's reply gains more log-probability from the adapter."""
+    import torch
+
     agreed = decided = 0
     with torch.inference_mode():
         for item in (it for it in items if it["holdout"]):
@@ -257,10 +270,38 @@ def trl_in_this_process(work: Path, args) -> dict:
             gap = (tuned[1] - base[1]) - (tuned[0] - base[0])
             decided += 1
             agreed += ("B" if gap >= 0 else "A") == side
-    n_train = len(rows) * args.epochs
-    return {"pairs_per_s": out.metrics["train_samples_per_second"],
-            "pairs_per_s_wall": n_train / seconds,  # around train(): with a precomputed reference, its pass too
-            "agreement": round(agreed / decided, 4), "peak_rss_mb": _peak_rss_mb()}
+    return round(agreed / decided, 4)
+
+
+def sft_in_this_process(work: Path, args) -> dict:
+    """The SFT-only baseline: TRL's ``SFTTrainer`` on the majority's replies alone, the same LoRA and schedule."""
+    import pyarrow
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    from trl import SFTConfig, SFTTrainer
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    cuda = torch.cuda.is_available()
+    items = json.loads((work / "items.json").read_text())
+    rows = [dict(zip(("prompt", "completion"), _conversation(it)[:2])) for it in items if not it["holdout"]]
+    data = Dataset(pyarrow.Table.from_pylist(rows), fingerprint="dpo-throughput-sft")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = SFTConfig(
+        output_dir=str(work / "sft-out"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, lr_scheduler_type="linear", warmup_steps=0, seed=args.seed,
+        max_length=args.max_length, completion_only_loss=True, gradient_checkpointing=False,
+        save_strategy="no", report_to=[], logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
+    )
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                      target_modules=LORA["target_modules"], task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=_load_4bit(args.model, args.threads), args=config, train_dataset=data,
+                         processing_class=tokenizer, peft_config=lora)
+    trainer.train()
+    return {"agreement": _held_out_agreement(trainer.model.eval(), tokenizer, items)}
 
 
 def _peak_rss_mb() -> float:
@@ -300,14 +341,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         side, work = args.child[0], Path(args.child[1])
-        figures = ours_in_this_process(work) if side == "ours" else trl_in_this_process(work, args)
+        figures = {"ours": ours_in_this_process, "trl": lambda w: trl_in_this_process(w, args),
+                   "sft": lambda w: sft_in_this_process(w, args)}[side](work)
         print(json.dumps(figures))
         return
     import torch
 
     items = make_items(args.train, args.holdout)
     lengths = sorted(len(side.split()) for it in items for side in it["sides"][SCHEMA])
-    results = {"ours": [], "trl": []}
+    results = {"ours": [], "trl": [], "sft": []}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="potato-dpo-bench-") as tmp:
         if args.model is None:
@@ -324,7 +366,8 @@ def main() -> None:
         for r in range(args.rounds):
             work = Path(tmp, "round-{}".format(r))
             write_inputs(work, items, args)
-            for side in (["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]):
+            sides = ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
+            for side in sides + (["sft"] if r == 0 else []):  # the SFT baseline's agreement, once
                 figures = child(side, work, args)
                 results[side].append(figures)
                 print("round {} {:5}: {}".format(r + 1, side, json.dumps(
@@ -337,9 +380,9 @@ def main() -> None:
         ratio([o["pairs_per_s"] / t["pairs_per_s"] for o, t in zip(ours, trl)])))
     print("peak RSS: ours {:.0f} MB (training and predicting), TRL {:.0f} MB (training) (max over rounds)".format(
         max(o["peak_rss_mb"] for o in ours), max(t["peak_rss_mb"] for t in trl)))
-    print("held-out agreement: ours {} (the base model: {}), TRL {}".format(
+    print("held-out agreement: ours {} (the base model: {}), TRL {}; SFT on the chosen replies alone {}".format(
         ", ".join(str(o["agreement"]) for o in ours), ours[0]["agreement_before"],
-        ", ".join(str(t["agreement"]) for t in trl)))
+        ", ".join(str(t["agreement"]) for t in trl), results["sft"][0]["agreement"]))
     print("\n{:.0f} s in all".format(time.monotonic() - started))
 
 
