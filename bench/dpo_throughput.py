@@ -66,11 +66,7 @@ import argparse
 import json
 import math
 import os
-import random
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,45 +77,16 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench._versus_trainer import thread_env  # noqa: E402
+from bench import _llm_sides as sides  # noqa: E402
+from bench.reward_throughput import make_items  # noqa: E402
 from potato.training.answer_kinds import majority_side  # noqa: E402
-from tests.support.bundles import (  # noqa: E402
-    BRUSH_OFFS,
-    COMPARISON_ANSWERS,
-    COMPARISON_SCHEMAS,
-    COMPLAINTS,
-    FILLER,
-    REMEDIES,
-)
+from tests.support.bundles import COMPARISON_ANSWERS, COMPARISON_SCHEMAS  # noqa: E402
 
 SEED = 42
 SCHEMA = "pref"
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
 BETA = 0.1
 MAX_FILLER = 120  # words: with max_length 512, no reply reaches ours' cap (half of max_length) or TRL's
-
-
-def _reply(rng: random.Random, core: str) -> str:
-    """A reply of long-tailed length: the median about 25 words, one in ten past 70, the longest ``MAX_FILLER``."""
-    n = min(MAX_FILLER, int(rng.lognormvariate(3.2, 0.8)))
-    words = [rng.choice(FILLER) for _ in range(n)]
-    words.insert(rng.randrange(len(words) + 1), core)
-    return " ".join(words)
-
-
-def make_items(n_train: int, n_holdout: int, noise: float = 0.1) -> list:
-    rng = random.Random(SEED)
-    items = []
-    for i in range(n_train + n_holdout):
-        good, bad = _reply(rng, rng.choice(REMEDIES)), _reply(rng, rng.choice(BRUSH_OFFS))
-        good_side = rng.choice("AB")
-        counts = {"A": 0, "B": 0, "tie": 0}
-        for _ in range(3):
-            counts[good_side if rng.random() >= noise else "AB".replace(good_side, "")] += 1
-        items.append({"id": "c{}".format(i), "text": rng.choice(COMPLAINTS),
-                      "sides": {SCHEMA: [good, bad] if good_side == "A" else [bad, good]},
-                      "labels": {SCHEMA: counts}, "holdout": i >= n_train})
-    return items
 
 
 def options_of(args) -> dict:
@@ -145,40 +112,17 @@ def write_inputs(work: Path, items: list, args) -> None:
     (work / "items.json").write_text(json.dumps(items))
 
 
-def child(side: str, work: Path, args) -> dict:
-    """Run one side in a fresh interpreter; returns its figures."""
-    argv = [sys.executable, __file__, "--child", side, str(work), "--model", args.model, "--threads",
-            str(args.threads), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-            "--learning-rate", str(args.learning_rate), "--max-length", str(args.max_length), "--seed", str(args.seed)]
-    if args.trl_precompute:
-        argv.append("--trl-precompute")
-    result = subprocess.run(argv, capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(args.threads)))
-    if result.returncode != 0:
-        raise SystemExit("{} failed:\n{}".format(side, result.stderr[-3000:]))
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def ours_in_this_process(work: Path) -> dict:
-    from potato.training.events import read_events
-    from potato.training.worker import run
-
     job = work / "job"
-    for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json", "artifacts"):
-        shutil.rmtree(job / stale, ignore_errors=True) if stale == "artifacts" else (job / stale).unlink(missing_ok=True)
-    code = run(str(job))
-    if code != 0:
-        raise SystemExit("the worker exited with {}: {}".format(code, (job / "events.jsonl").read_text()[-2000:]))
-    events = read_events(str(job / "events.jsonl"))[0]
+    events, model_line = sides.run_worker(job)
     start = next(e for e in events if e["type"] == "log" and "objective dpo" in e["message"])
     train = [e for e in events if e["type"] == "progress" and e["phase"] == "train"]
     n_train = sum(1 for it in json.loads((work / "items.json").read_text()) if not it["holdout"])
     scores = json.loads((job / "scores.json").read_text())[SCHEMA]
-    model_line = next(e["message"] for e in events if e["type"] == "log" and e["message"].startswith("Model: "))
     return {"pairs_per_s": n_train * json.loads((job / "job.json").read_text())["options"]["epochs"]
             / (train[-1]["t"] - start["t"]),
             "agreement": scores["agreement"], "agreement_before": scores["agreement_before"],
-            "peak_rss_mb": _peak_rss_mb(), "model_line": model_line}
+            "peak_rss_mb": sides.peak_rss_mb(), "model_line": model_line}
 
 
 def _conversation(item: dict) -> tuple:
@@ -188,19 +132,6 @@ def _conversation(item: dict) -> tuple:
     prompt = [{"role": "user", "content": item["text"]}]
     return prompt, [{"role": "assistant", "content": b if chosen_b else a}], \
         [{"role": "assistant", "content": a if chosen_b else b}]
-
-
-def _load_4bit(model_dir: str, threads: int):
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    torch.set_num_threads(threads)
-    cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda else torch.float32
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map={"": 0 if cuda else "cpu"},
-                                                quantization_config=BitsAndBytesConfig(
-                                                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                    bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True))
 
 
 def _reply_logp(model, tokenizer, prompt: list, reply: list) -> float:
@@ -220,13 +151,10 @@ def trl_in_this_process(work: Path, args) -> dict:
     import pyarrow
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
     from trl import DPOConfig, DPOTrainer
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    sides.quiet_transformers()
     cuda = torch.cuda.is_available()
     items = json.loads((work / "items.json").read_text())
     rows = [dict(zip(("prompt", "chosen", "rejected"), _conversation(it))) for it in items if not it["holdout"]]
@@ -239,17 +167,15 @@ def trl_in_this_process(work: Path, args) -> dict:
         max_length=args.max_length, gradient_checkpointing=False, precompute_ref_log_probs=args.trl_precompute,
         save_strategy="no", report_to=[], logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
     )
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=LORA["target_modules"], task_type="CAUSAL_LM")
-    trainer = DPOTrainer(model=_load_4bit(args.model, args.threads), ref_model=None, args=config, train_dataset=data,
-                         processing_class=tokenizer, peft_config=lora)
+    trainer = DPOTrainer(model=sides.load_4bit(args.model, args.threads), ref_model=None, args=config,
+                         train_dataset=data, processing_class=tokenizer, peft_config=sides.lora_config(LORA))
     started = time.perf_counter()
     out = trainer.train()
     seconds = time.perf_counter() - started
-    n_train = len(rows) * args.epochs
     return {"pairs_per_s": out.metrics["train_samples_per_second"],
-            "pairs_per_s_wall": n_train / seconds,  # around train(): with a precomputed reference, its pass too
-            "agreement": _held_out_agreement(trainer.model.eval(), tokenizer, items), "peak_rss_mb": _peak_rss_mb()}
+            "pairs_per_s_wall": len(rows) * args.epochs / seconds,  # with a precomputed reference, its pass too
+            "agreement": _held_out_agreement(trainer.model.eval(), tokenizer, items),
+            "peak_rss_mb": sides.peak_rss_mb()}
 
 
 def _held_out_agreement(model, tokenizer, items: list) -> float:
@@ -275,38 +201,11 @@ def _held_out_agreement(model, tokenizer, items: list) -> float:
 
 def sft_in_this_process(work: Path, args) -> dict:
     """The SFT-only baseline: TRL's ``SFTTrainer`` on the majority's replies alone, the same LoRA and schedule."""
-    import pyarrow
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    from trl import SFTConfig, SFTTrainer
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    cuda = torch.cuda.is_available()
     items = json.loads((work / "items.json").read_text())
     rows = [dict(zip(("prompt", "completion"), _conversation(it)[:2])) for it in items if not it["holdout"]]
-    data = Dataset(pyarrow.Table.from_pylist(rows), fingerprint="dpo-throughput-sft")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    config = SFTConfig(
-        output_dir=str(work / "sft-out"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, lr_scheduler_type="linear", warmup_steps=0, seed=args.seed,
-        max_length=args.max_length, completion_only_loss=True, gradient_checkpointing=False,
-        save_strategy="no", report_to=[], logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
-    )
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=LORA["target_modules"], task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=_load_4bit(args.model, args.threads), args=config, train_dataset=data,
-                         processing_class=tokenizer, peft_config=lora)
+    trainer = sides.trl_sft_trainer(rows, work / "sft-out", args, LORA)
     trainer.train()
-    return {"agreement": _held_out_agreement(trainer.model.eval(), tokenizer, items)}
-
-
-def _peak_rss_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
+    return {"agreement": _held_out_agreement(trainer.model.eval(), trainer.processing_class, items)}
 
 
 def build_model(directory: Path, items: list, hidden: int, layers: int) -> str:
@@ -316,28 +215,13 @@ def build_model(directory: Path, items: list, hidden: int, layers: int) -> str:
     return str(build_tiny_causal_lm(directory, texts, "llama", vocab_size=2000, hidden=hidden, layers=layers))
 
 
-def ratio(values: list) -> str:
-    return "{:.2f}x (range {:.2f}-{:.2f} over {} rounds)".format(
-        statistics.median(values), min(values), max(values), len(values))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=200, help="training pairs")
     parser.add_argument("--holdout", type=int, default=100, help="held-out pairs")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--trl-precompute", action="store_true",
                         help="TRL computes the reference log-probabilities once, before training")
-    parser.add_argument("--model", default=None, help="causal LM directory (default: a tiny Llama built here)")
-    parser.add_argument("--hidden", type=int, default=64, help="the tiny Llama's hidden size (the tests': 64)")
-    parser.add_argument("--layers", type=int, default=2, help="the tiny Llama's layers (the tests': 2)")
-    parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
+    sides.add_arguments(parser, learning_rate=3e-3, max_length=512, seed=SEED)
     args = parser.parse_args()
     if args.child:
         side, work = args.child[0], Path(args.child[1])
@@ -347,7 +231,7 @@ def main() -> None:
         return
     import torch
 
-    items = make_items(args.train, args.holdout)
+    items = make_items(args.train, args.holdout, longest=MAX_FILLER)
     lengths = sorted(len(side.split()) for it in items for side in it["sides"][SCHEMA])
     results = {"ours": [], "trl": [], "sft": []}
     started = time.monotonic()
@@ -366,9 +250,9 @@ def main() -> None:
         for r in range(args.rounds):
             work = Path(tmp, "round-{}".format(r))
             write_inputs(work, items, args)
-            sides = ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
-            for side in sides + (["sft"] if r == 0 else []):  # the SFT baseline's agreement, once
-                figures = child(side, work, args)
+            order = ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
+            for side in order + (["sft"] if r == 0 else []):  # the SFT baseline's agreement, once
+                figures = sides.child(__file__, side, work, args, ["--trl-precompute"] if args.trl_precompute else [])
                 results[side].append(figures)
                 print("round {} {:5}: {}".format(r + 1, side, json.dumps(
                     {k: round(v, 2) if isinstance(v, float) else v for k, v in figures.items() if k != "model_line"})),
@@ -377,7 +261,7 @@ def main() -> None:
     print("\n" + ours[0]["model_line"])
     print("training: ours {:.1f} pairs/s, TRL DPOTrainer {:.1f} pairs/s (medians); ratio {}".format(
         statistics.median(o["pairs_per_s"] for o in ours), statistics.median(t["pairs_per_s"] for t in trl),
-        ratio([o["pairs_per_s"] / t["pairs_per_s"] for o, t in zip(ours, trl)])))
+        sides.ratio([o["pairs_per_s"] / t["pairs_per_s"] for o, t in zip(ours, trl)])))
     print("peak RSS: ours {:.0f} MB (training and predicting), TRL {:.0f} MB (training) (max over rounds)".format(
         max(o["peak_rss_mb"] for o in ours), max(t["peak_rss_mb"] for t in trl)))
     print("held-out agreement: ours {} (the base model: {}), TRL {}; SFT on the chosen replies alone {}".format(

@@ -44,10 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,8 +55,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from bench import _llm_sides as sides  # noqa: E402
 from bench._reviews import make_reviews  # noqa: E402
-from bench._versus_trainer import thread_env  # noqa: E402
 
 SEED = 42
 LABELS = ["positive", "negative"]
@@ -96,41 +93,20 @@ def write_inputs(work: Path, items: list, args) -> None:
     (work / "items.json").write_text(json.dumps(items))
 
 
-def child(side: str, work: Path, args) -> dict:
-    """Run one side in a fresh interpreter; returns its figures."""
-    argv = [sys.executable, __file__, "--child", side, str(work), "--model", args.model, "--threads",
-            str(args.threads), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-            "--learning-rate", str(args.learning_rate), "--max-length", str(args.max_length), "--seed", str(args.seed)]
-    result = subprocess.run(argv, capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(args.threads)))
-    if result.returncode != 0:
-        raise SystemExit("{} failed:\n{}".format(side, result.stderr[-3000:]))
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def ours_in_this_process(work: Path) -> dict:
-    from potato.training.events import read_events
-    from potato.training.worker import run
-
     job = work / "job"
-    for stale in ("events.jsonl", "exit_code", "predictions.jsonl", "scores.json", "artifacts"):
-        shutil.rmtree(job / stale, ignore_errors=True) if stale == "artifacts" else (job / stale).unlink(missing_ok=True)
-    code = run(str(job))
-    if code != 0:
-        raise SystemExit("the worker exited with {}: {}".format(code, (job / "events.jsonl").read_text()[-2000:]))
-    events = read_events(str(job / "events.jsonl"))[0]
+    events, model_line = sides.run_worker(job)
     train = [e for e in events if e["type"] == "progress" and e["phase"] == "train"]
     predict = [e for e in events if e["type"] == "progress" and e["phase"] == "predict"]
     items = json.loads((work / "items.json").read_text())
     n_train = sum(1 for it in items if it["labels"])
     predicted = [json.loads(line) for line in open(job / "predictions.jsonl")]
     (work / "ours-labels.json").write_text(json.dumps({p["id"]: p["label"] for p in predicted}))
-    model_line = next(e["message"] for e in events if e["type"] == "log" and e["message"].startswith("Model: "))
     return {
         "train_ex_per_s": n_train * json.loads((job / "job.json").read_text())["options"]["epochs"]
         / (train[-1]["t"] - train[0]["t"]),
         "items_per_s": len(predicted) / (predict[-1]["t"] - train[-1]["t"]),
-        "peak_rss_mb": _peak_rss_mb(), "model_line": model_line,
+        "peak_rss_mb": sides.peak_rss_mb(), "model_line": model_line,
     }
 
 
@@ -140,47 +116,12 @@ def _prompt_messages(text: str) -> list:
     return [{"role": "user", "content": fill(DEFAULT_TEMPLATES["nominal"], text, LABELS, DESCRIPTION)}]
 
 
-def _load_4bit(model_dir: str, threads: int):
-    import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    torch.set_num_threads(threads)
-    cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda else torch.float32
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map={"": 0 if cuda else "cpu"},
-                                                quantization_config=BitsAndBytesConfig(
-                                                    load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                    bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True))
-
-
 def trl_in_this_process(work: Path, args) -> dict:
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    from trl import SFTConfig, SFTTrainer
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    cuda = torch.cuda.is_available()
     items = [it for it in json.loads((work / "items.json").read_text()) if it["labels"]]
-    data = Dataset.from_list([{"prompt": _prompt_messages(it["text"]),
-                               "completion": [{"role": "assistant", "content": it["labels"]["sentiment"]}]}
-                              for it in items])
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    config = SFTConfig(
-        output_dir=str(work / "trl-out"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        learning_rate=args.learning_rate, lr_scheduler_type="linear", warmup_steps=0, seed=args.seed,
-        max_length=args.max_length, completion_only_loss=True, gradient_checkpointing=False,
-        save_strategy="no", report_to=[], logging_strategy="no", disable_tqdm=True, use_cpu=not cuda, bf16=cuda,
-    )
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=LORA["target_modules"], task_type="CAUSAL_LM")
-    trainer = SFTTrainer(model=_load_4bit(args.model, args.threads), args=config, train_dataset=data,
-                         processing_class=tokenizer, peft_config=lora)
-    out = trainer.train()
-    return {"train_ex_per_s": out.metrics["train_samples_per_second"], "peak_rss_mb": _peak_rss_mb()}
+    rows = [{"prompt": _prompt_messages(it["text"]),
+             "completion": [{"role": "assistant", "content": it["labels"]["sentiment"]}]} for it in items]
+    out = sides.trl_sft_trainer(rows, work / "trl-out", args, LORA).train()
+    return {"train_ex_per_s": out.metrics["train_samples_per_second"], "peak_rss_mb": sides.peak_rss_mb()}
 
 
 def pipeline_in_this_process(work: Path, args) -> dict:
@@ -192,7 +133,7 @@ def pipeline_in_this_process(work: Path, args) -> dict:
     adapter = work / "job" / "artifacts" / "sentiment"
     tokenizer = AutoTokenizer.from_pretrained(adapter)
     tokenizer.padding_side = "left"  # batched generation with a decoder-only model
-    model = PeftModel.from_pretrained(_load_4bit(args.model, args.threads), adapter)
+    model = PeftModel.from_pretrained(sides.load_4bit(args.model, args.threads), adapter)
     longest = max(len(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in LABELS)
     generate = pipeline("text-generation", model=model, tokenizer=tokenizer)
     ours = json.loads((work / "ours-labels.json").read_text())
@@ -205,14 +146,9 @@ def pipeline_in_this_process(work: Path, args) -> dict:
     answers = [r[0]["generated_text"].strip() for r in results]
     seconds = time.perf_counter() - started
     same = sum(1 for it, answer in zip(items, answers) if answer == ours[it["id"]])
-    return {"items_per_s": len(items) / seconds, "peak_rss_mb": _peak_rss_mb(), "same_labels": same,
+    return {"items_per_s": len(items) / seconds, "peak_rss_mb": sides.peak_rss_mb(), "same_labels": same,
             "items": len(items), "not_a_label": sum(1 for a in answers if a not in LABELS),
             "e.g.": sorted({a for a in answers if a not in LABELS})[:3]}
-
-
-def _peak_rss_mb() -> float:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1024.0 / (1024.0 if sys.platform == "darwin" else 1.0)
 
 
 def build_model(directory: Path, items: list, hidden: int, layers: int) -> str:
@@ -223,26 +159,11 @@ def build_model(directory: Path, items: list, hidden: int, layers: int) -> str:
                                     hidden=hidden, layers=layers))
 
 
-def ratio(values: list) -> str:
-    return "{:.2f}x (range {:.2f}-{:.2f} over {} rounds)".format(
-        statistics.median(values), min(values), max(values), len(values))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", type=int, default=400, help="labelled reviews to train on")
     parser.add_argument("--predict", type=int, default=400, help="unlabelled reviews to predict")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=1e-2)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--model", default=None, help="causal LM directory (default: a tiny Llama built here)")
-    parser.add_argument("--hidden", type=int, default=64, help="the tiny Llama's hidden size (the tests': 64)")
-    parser.add_argument("--layers", type=int, default=2, help="the tiny Llama's layers (the tests': 2)")
-    parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKDIR"), help=argparse.SUPPRESS)
+    sides.add_arguments(parser, learning_rate=1e-2, max_length=256, seed=SEED)
     args = parser.parse_args()
     if args.child:
         side, work = args.child[0], Path(args.child[1])
@@ -270,7 +191,7 @@ def main() -> None:
             # The pipeline needs the adapter ours trains, so ours comes first in its pair; TRL alternates.
             order = ["ours", "pipeline", "trl"] if r % 2 == 0 else ["trl", "ours", "pipeline"]
             for side in order:
-                figures = child(side, work, args)
+                figures = sides.child(__file__, side, work, args)
                 results[side].append(figures)
                 print("round {} {:8}: {}".format(r + 1, side, json.dumps(
                     {k: round(v, 1) if isinstance(v, float) else v for k, v in figures.items() if k != "model_line"})),
@@ -279,12 +200,12 @@ def main() -> None:
     print("\n" + ours[0]["model_line"])
     print("training:   ours {:.1f} ex/s, TRL SFTTrainer {:.1f} ex/s (medians); ratio {}".format(
         statistics.median(o["train_ex_per_s"] for o in ours), statistics.median(t["train_ex_per_s"] for t in trl),
-        ratio([o["train_ex_per_s"] / t["train_ex_per_s"] for o, t in zip(ours, trl)])))
+        sides.ratio([o["train_ex_per_s"] / t["train_ex_per_s"] for o, t in zip(ours, trl)])))
     print("            peak RSS: ours {:.0f} MB (training and predicting), TRL {:.0f} MB (training) (max over rounds)"
           .format(max(o["peak_rss_mb"] for o in ours), max(t["peak_rss_mb"] for t in trl)))
     print("prediction: ours {:.1f} items/s, pipeline {:.1f} items/s (medians); ratio {}".format(
         statistics.median(o["items_per_s"] for o in ours), statistics.median(p["items_per_s"] for p in pipe),
-        ratio([o["items_per_s"] / p["items_per_s"] for o, p in zip(ours, pipe)])))
+        sides.ratio([o["items_per_s"] / p["items_per_s"] for o, p in zip(ours, pipe)])))
     print("            same label chosen: {} (answers that are no label: {})".format(
         ", ".join("{}/{}".format(p["same_labels"], p["items"]) for p in pipe),
         ", ".join(str(p["not_a_label"]) for p in pipe)))

@@ -73,19 +73,22 @@ SCHEMA = "pref"
 MAX_FILLER = 300
 
 
-def _reply(rng: random.Random, core: str) -> str:
-    """A reply of long-tailed length: the median about 25 words of filler, one in ten past 70, a few past 250."""
-    n = min(MAX_FILLER, int(rng.lognormvariate(3.2, 0.8)))
+def _reply(rng: random.Random, core: str, longest: int = MAX_FILLER) -> str:
+    """A reply of long-tailed length: the median about 25 words of filler, one in ten past 70, a few past 250
+    (``longest`` at most)."""
+    n = min(longest, int(rng.lognormvariate(3.2, 0.8)))
     filler = [rng.choice(FILLER) for _ in range(n)]
     filler.insert(rng.randrange(len(filler) + 1), core)
     return " ".join(filler)
 
 
-def make_items(n_train: int, n_holdout: int, noise: float = 0.1) -> list:
+def make_items(n_train: int, n_holdout: int, noise: float = 0.1, longest: int = MAX_FILLER) -> list:
+    """Complaints with two replies each, the remedy preferred by each of three annotators unless ``noise``
+    flips that one's choice; the last ``n_holdout`` held out (bench/dpo_throughput.py uses them too)."""
     rng = random.Random(vs.SEED)
     items = []
     for i in range(n_train + n_holdout):
-        good, bad = _reply(rng, rng.choice(REMEDIES)), _reply(rng, rng.choice(BRUSH_OFFS))
+        good, bad = _reply(rng, rng.choice(REMEDIES), longest), _reply(rng, rng.choice(BRUSH_OFFS), longest)
         good_side = rng.choice("AB")
         counts = {"A": 0, "B": 0, "tie": 0}
         for _ in range(3):
