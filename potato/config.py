@@ -77,7 +77,8 @@ from potato.config_keys import (
     parse_slurm_time,
 )
 from potato.errors import ConfigError
-from potato.training.answer_kinds import COMPARISON
+from potato.scheme_fields import BwsConfig, read_bws_config
+from potato.training.answer_kinds import BEST_WORST, COMPARISON
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.registry import check_options as check_trainer_options
 from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
@@ -233,6 +234,8 @@ class ProjectConfig:
     data_file_encodings: Mapping[Path, str] = field(default_factory=dict)
     data_directory: Path | None = None
     data_directory_encoding: str = "utf-8"
+    # Best–worst scaling: 2.12 serves tuples of the items instead of the items (potato.items.bws_tuples).
+    bws: BwsConfig | None = None
 
     @property
     def training_dir(self) -> Path:
@@ -767,7 +770,7 @@ def _check_trainer_options(trainer: str, options: Mapping[str, Any], path: str, 
         issues.error(path, f"{path}: {problem}")
 
 
-def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
+def _build_schemes(raw: Any, issues: Issues, positions: tuple[str, ...]) -> tuple[Scheme, ...]:
     from potato.scheme_fields import scheme_fields
 
     if raw is None:
@@ -785,7 +788,7 @@ def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
         # Real Potato allows a label as a string or as a mapping with a name.
         for label in entry.get("labels") or []:
             labels.append(str(label.get("name")) if isinstance(label, dict) else str(label))
-        fields, problems = scheme_fields(entry, tuple(labels))
+        fields, problems = scheme_fields(entry, tuple(labels), positions)
         for key, problem in problems:
             issues.error(f"{path}.{key}", f"{path}.{key} (scheme {entry['name']!r}) {problem}")
         schemes.append(Scheme(**{
@@ -796,6 +799,23 @@ def _build_schemes(raw: Any, issues: Issues) -> tuple[Scheme, ...]:
             **fields,
         }))
     return tuple(schemes)
+
+
+def _check_bws_schemes(schemes: tuple[Scheme, ...], raw: Mapping[str, Any], bws: BwsConfig | None,
+                       issues: Issues) -> None:
+    """A bws schema needs the tuples ``bws_config`` builds (2.12.1 refuses to start without them too);
+    with ``bws_config`` every item is a tuple, so a schema of another type has nothing of its own to answer."""
+    bws_names = [s.name for s in schemes if s.annotation_type.strip().lower() == "bws"]
+    if bws_names and bws is None and raw.get("bws_config") is None and raw.get("ibws_config") is None:
+        issues.error("bws_config", f"schema {bws_names[0]!r} is a bws schema, and the config has no top-level "
+                                   f"bws_config, which builds the tuples it shows; add bws_config: "
+                                   f"{{tuple_size: 4}}")
+    if bws is not None:
+        for i, scheme in enumerate(schemes):
+            if scheme.annotation_type.strip().lower() not in ("bws", ""):
+                issues.warn(f"annotation_schemes[{i}]", f"annotation_schemes[{i}] (scheme {scheme.name!r}) is "
+                            f"a {scheme.annotation_type} schema beside bws_config: Potato 2.12 shows only tuples "
+                            f"then, so its answers are about a tuple, not an item, and train as such")
 
 
 def _check_schema_names(names: Any, path: str, scheme_names: list[str], issues: Issues) -> None:
@@ -838,7 +858,7 @@ def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_r
 
     by_name = {s.name: s for s in schemes}
     for i, name in enumerate(writeback_schemas):
-        if name in by_name and by_name[name].kind == COMPARISON:
+        if name in by_name and by_name[name].kind in (COMPARISON, BEST_WORST):
             path = f"model_training.writeback.schemas[{i}]"
             issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
                                f"pre-fills nothing for one, so its predictions stay in the run's predictions.jsonl "
@@ -1287,7 +1307,12 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
             if ok:
                 keys[name] = value
 
-    schemes = _build_schemes(raw.get("annotation_schemes"), issues)
+    bws, problems = read_bws_config(raw.get("bws_config"))
+    for key, problem in problems:
+        where = ".".join(filter(None, ("bws_config", key)))
+        issues.error(where, f"{where} {problem}")
+    schemes = _build_schemes(raw.get("annotation_schemes"), issues, bws.positions if bws else ())
+    _check_bws_schemes(schemes, raw, bws, issues)
     model_training = _build_model_training(raw.get("model_training"), schemes, top["debug"], issues)
     _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues,
                           data_files=bool(sources["data_files"]))
@@ -1311,6 +1336,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
             annotation_task_name=top["annotation_task_name"],
             raw=raw,
             warnings=warnings,
+            bws=bws,
         )
     return BuildResult(config=config, errors=tuple(issues.errors), warnings=warnings)
 

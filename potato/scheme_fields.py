@@ -23,6 +23,12 @@ Read here, once, into ``Scheme`` fields (``potato.config``); the bundle's
   ``labels`` only names the two tiles: the answer is ``A`` or ``B`` whatever
   they say. ``mode: multi_dimension`` (one answer per dimension) trains
   nothing yet.
+- ``bws``: best–worst scaling. Each item is a tuple of the data's texts
+  that 2.12 builds from the top-level ``bws_config``
+  (``potato.items.bws_tuples``); the answer is two positions, ``A``, ``B``, …:
+  the best text's and the worst's. The scheme's labels are the positions.
+  Tuples built round by round from earlier answers (``ibws_config``) train
+  nothing yet.
 
 Pure: returns values and problem texts, the config module turns the problems
 into errors naming the key.
@@ -31,6 +37,7 @@ into errors naming the key.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from potato.training.answer_kinds import SIDES, UNSUPPORTED, kind_of_type
@@ -38,8 +45,59 @@ from potato.training.answer_kinds import SIDES, UNSUPPORTED, kind_of_type
 PAIRWISE_MODES = ("binary", "scale", "multi_dimension")
 # The modes of a pairwise scheme this version trains.
 TRAINED_PAIRWISE_MODES = ("binary", "scale")
-# Potato 2.12's other comparison types: best-worst scaling over tuples and a drag-and-drop order.
-NOT_YET_COMPARED = ("bws", "ranking")
+# Potato 2.12's other comparison type: a drag-and-drop order.
+NOT_YET_COMPARED = ("ranking",)
+
+# 2.12's position labels: an annotator's answer is one of them.
+POSITION_LABELS = tuple(chr(ord("A") + i) for i in range(26))
+
+
+@dataclass(frozen=True)
+class BwsConfig:
+    """A project's top-level ``bws_config``, with 2.12.1's defaults: ``num_tuples`` ``ceil(items ×
+    min_item_appearances / tuple_size)``, ``min_item_appearances`` ``2 × tuple_size`` (each item in about
+    eight tuples of four)."""
+
+    tuple_size: int = 4
+    num_tuples: int | None = None
+    seed: int = 42
+    min_item_appearances: int | None = None
+
+    @property
+    def positions(self) -> tuple[str, ...]:
+        return POSITION_LABELS[:self.tuple_size]
+
+    def tuple_count(self, pool_size: int) -> int:
+        if self.num_tuples:
+            return self.num_tuples
+        appearances = self.min_item_appearances or 2 * self.tuple_size
+        return max(math.ceil(pool_size * appearances / self.tuple_size), 1)
+
+
+def read_bws_config(raw: Any) -> tuple[BwsConfig | None, list[tuple[str, str]]]:
+    """``(BwsConfig, [(key, problem)])`` from the config's ``bws_config`` value (None: the key is absent)."""
+    if raw is None:
+        return None, []
+    if not isinstance(raw, Mapping):
+        return None, [("", f"is {raw!r}; use a mapping, e.g. bws_config: {{tuple_size: 4}}")]
+    problems: list[tuple[str, str]] = []
+    values: dict[str, Any] = {}
+    for key, low, optional in (("tuple_size", 2, False), ("seed", None, False), ("num_tuples", 1, True),
+                               ("min_item_appearances", 1, True)):
+        value = raw.get(key)
+        if value is None and (optional or key not in raw):
+            continue
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or (low is not None and value < low):
+            need = "a whole number" if low is None else f"a whole number of at least {low}"
+            problems.append((key, f"is {value!r}; use {need}" + (" or leave it out" if optional else "")))
+            continue
+        values[key] = value
+    if values.get("tuple_size", 4) > len(POSITION_LABELS):
+        problems.append(("tuple_size", f"is {values['tuple_size']}; Potato labels a tuple's positions A to Z, so "
+                                       f"use at most {len(POSITION_LABELS)}"))
+    return (BwsConfig(**values) if not problems else None), problems
+
 
 # A scale with more points than this is not a likert a person answers; a typo (size: 1000).
 MAX_LIKERT_SIZE = 100
@@ -59,11 +117,13 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...],
+                  positions: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """``(Scheme keyword arguments, [(key, problem)])`` for the answer shape of one scheme *entry*.
 
-    *labels* are the scheme's labels as listed. A problem is a sentence about
-    ``entry[key]`` without the key path (the caller adds it).
+    *labels* are the scheme's labels as listed; *positions* a tuple's
+    (``bws_config``). A problem is a sentence about ``entry[key]`` without the
+    key path (the caller adds it).
     """
     annotation_type = str(entry.get("annotation_type") or "").strip().lower()
     problems: list[tuple[str, str]] = []
@@ -93,6 +153,8 @@ def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...]) -> tuple[di
             fields.update(min_value=low, max_value=high, step=step)
     elif annotation_type == "pairwise":
         _pairwise_fields(entry, fields, problems)
+    elif annotation_type == "bws":  # no positions: no bws_config, its tuples built round by round (ibws_config)
+        fields.update(labels=positions, mode="tuples" if positions else "iterative")
     return fields, problems
 
 
@@ -126,6 +188,8 @@ def answer_kind(annotation_type: str, labels: tuple[str, ...], mode: str = "") -
         return kind_of_type("radio")
     if annotation_type == "pairwise" and (mode or "binary") not in TRAINED_PAIRWISE_MODES:
         return UNSUPPORTED
+    if annotation_type == "bws" and mode == "iterative":
+        return UNSUPPORTED
     return kind
 
 
@@ -135,9 +199,12 @@ def untrained_reason(annotation_type: str, mode: str = "") -> str:
     if annotation_type == "pairwise":
         return (f"a pairwise schema in mode {mode} (one answer per dimension) is not trained yet; mode binary or "
                 f"scale is")
+    if annotation_type == "bws":
+        return ("its tuples come round by round from earlier answers (ibws_config), which is not trained yet; "
+                "tuples built once from bws_config are")
     if annotation_type in NOT_YET_COMPARED:
-        return (f"{annotation_type} answers are not trained yet; a pairwise schema (binary or scale) trains a "
-                f"reward model")
+        return (f"{annotation_type} answers are not trained yet; a pairwise schema (binary or scale) or a bws "
+                f"schema trains a reward model")
     return f"no trainer trains {annotation_type or 'its'} answers"
 
 
@@ -150,6 +217,8 @@ def answer_spec(scheme: Any) -> dict[str, Any]:
         spec.update(min=_plain(scheme.min_value), max=_plain(scheme.max_value), step=_plain(scheme.step))
     elif scheme.kind == "comparison":
         spec.update(mode=scheme.mode, items_key=scheme.items_key)
+    elif scheme.kind == "best_worst":
+        spec["tuple_size"] = len(scheme.labels)
     if scheme.description:  # the question annotators are asked, for trainers that write it into a prompt
         spec["description"] = scheme.description
     return spec

@@ -42,6 +42,10 @@ on simulated annotators; docs/answer-types.md has the table):
   weaker preference than 3–0) and the holdout can count agreement with each
   annotator as well as with the majority (the side more annotators chose;
   equal counts are a tie, counted in ``ties``).
+- **best_worst** — how many annotators picked each position of a tuple as
+  its best and as its worst, ``{"best": {"A": 2, "C": 1}, "worst": {"D": 3}}``
+  (counts, as for a comparison; the items whose most-picked best is shared by
+  two positions are counted in ``ties``).
 
 Pure: votes (``potato.annotations.labels``) and answers (``potato.annotations.annotator_answers``) in, answers out.
 """
@@ -55,7 +59,20 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 from potato.annotations.annotator_answers import AnnotatorAnswers
 from potato.annotations.labels import Votes, aggregate_votes, changed_labels, consensus_votes, unpack_counts
 from potato.config import Scheme
-from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SIDES, SPAN, TEXT, TIE
+from potato.training.answer_kinds import (
+    BEST,
+    BEST_WORST,
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    SIDES,
+    SPAN,
+    TEXT,
+    TIE,
+    WORST,
+)
 
 
 class Coded(NamedTuple):
@@ -126,6 +143,8 @@ def aggregate(votes: Votes, answers: AnnotatorAnswers | None, schemes: Sequence[
         out.ties[scheme.name] = 0
     for scheme in by_kind.get(COMPARISON, ()):
         out.coded[scheme.name], out.ties[scheme.name] = comparison_counts(answers.choices[scheme.name])
+    for scheme in by_kind.get(BEST_WORST, ()):
+        out.coded[scheme.name], out.ties[scheme.name] = best_worst_counts(answers.picks[scheme.name], scheme.labels)
     return out
 
 
@@ -136,6 +155,22 @@ def comparison_counts(choices: Mapping[str, Sequence[str]]) -> tuple[Coded, int]
     index = {counts: i for i, counts in enumerate(distinct)}
     answers = [dict(zip((*SIDES, TIE), counts)) for counts in distinct]
     ties = sum(1 for a, b, _ in counted.values() if a == b)
+    return Coded({item: index[c] for item, c in counted.items()}, len(distinct), answers.__getitem__), ties
+
+
+def best_worst_counts(picks: Mapping[str, Sequence[tuple[str | None, str | None]]],
+                      positions: Sequence[str]) -> tuple[Coded, int]:
+    """Each tuple's ``{"best": {position: n}, "worst": {position: n}}`` as codes (positions in order, none
+    picked left out), and how many tuples' most-picked best is shared."""
+    def counts(said: Sequence[str | None]) -> tuple[int, ...]:
+        return tuple(said.count(p) for p in positions)
+
+    counted = {item: (counts([b for b, _ in said]), counts([w for _, w in said])) for item, said in picks.items()}
+    distinct = sorted(set(counted.values()))
+    index = {c: i for i, c in enumerate(distinct)}
+    answers = [{BEST: {p: n for p, n in zip(positions, best) if n},
+                WORST: {p: n for p, n in zip(positions, worst) if n}} for best, worst in distinct]
+    ties = sum(1 for best, _ in counted.values() if sorted(best)[-2:].count(max(best)) == 2)
     return Coded({item: index[c] for item, c in counted.items()}, len(distinct), answers.__getitem__), ties
 
 

@@ -17,6 +17,9 @@ against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
   records in ``instance_id_to_presentation_order`` (``{item: {schema: [1,
   0]}}``: the item's second response was shown first); an order recorded is
   mapped back to the item's.
+- **bws** (kind best_worst): ``[{"schema": "quality", "name": "best"}, "C"]``
+  and ``[{"schema": "quality", "name": "worst"}, "A"]``: positions in the
+  tuple (``potato.items.bws_tuples``), the item being the tuple.
 - **span**: not under ``instance_id_to_label_to_value`` at all but under
   ``instance_id_to_span_to_value``, ``{item: [[{"schema", "name", "start",
   "end", "title", "id"}, VALUE], …]}``, with ``start``/``end`` counted on the
@@ -51,7 +54,18 @@ from potato.annotations.json_chunks import Batch
 from potato.annotations.labels import LABELS_MEMBER, SPANS_MEMBER, parse_label_entries, read_votes
 from potato.config import Scheme
 from potato.items.data_warnings import GroupedWarnings
-from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, SIDES, SPAN, TEXT, TIE
+from potato.training.answer_kinds import (
+    BEST,
+    BEST_WORST,
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    SIDES,
+    SPAN,
+    TEXT,
+    TIE,
+    WORST,
+)
 
 # Where 2.12 records the order each annotator was shown a pairwise item's responses in.
 PRESENTATION_MEMBER = "instance_id_to_presentation_order"
@@ -73,6 +87,8 @@ class AnnotatorAnswers:
     label)`` of every annotator's spans, offsets on 2.12's rendered text.
     ``choices[schema][item]``: each annotator's side of a comparison (``A``,
     ``B`` or ``tie``, on the item's own order of its responses).
+    ``picks[schema][item]``: each annotator's ``(best, worst)`` positions in a
+    tuple (either None when they gave only the other).
     """
 
     answered: dict[str, int] = field(default_factory=dict)
@@ -80,13 +96,14 @@ class AnnotatorAnswers:
     values: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     spans: dict[str, dict[str, list[tuple[str, int, int, str]]]] = field(default_factory=dict)
     choices: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    picks: dict[str, dict[str, list[tuple[str | None, str | None]]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     skipped_answers: int = 0
 
 
 def needs_answers(schemes: Iterable[Scheme]) -> bool:
     """Whether a run over *schemes* needs ``read_answers`` (anything but nominal and ordinal)."""
-    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN, COMPARISON) for s in schemes)
+    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN, COMPARISON, BEST_WORST) for s in schemes)
 
 
 def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], base: Path | None = None, *,
@@ -122,12 +139,16 @@ class AnswersBeside:
         self.members = (LABELS_MEMBER, SPANS_MEMBER) + ((PRESENTATION_MEMBER,) if self.reader.compared else ())
         self.result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
                                        spans={s.name: {} for s in schemes if s.kind == SPAN},
-                                       choices={s.name: {} for s in schemes if s.kind == COMPARISON})
+                                       choices={s.name: {} for s in schemes if s.kind == COMPARISON},
+                                       picks={s.name: {} for s in schemes if s.kind == BEST_WORST})
 
     def open_file(self) -> _FileAnswers:
         return _FileAnswers(self.reader)
 
     def keep(self, user: str, shown: str, one: _FileAnswers) -> None:
+        for schema, per_item in one.picks.items():
+            for item_id in [i for i, picked in per_item.items() if picked.get(BEST) == picked.get(WORST)]:
+                one.problems.append((("same pick", schema, per_item.pop(item_id)[BEST]), item_id))
         _merge(self.result, user, one, self.per_user)
         for key, item_id in one.problems:
             self.reader.problems.add((shown, *key), item_id)
@@ -147,6 +168,7 @@ class _FileAnswers:
         self.values: dict[str, dict[str, list[Any]]] = {}
         self.spans: dict[str, dict[str, list[tuple[int, int, str]]]] = {}
         self.choices: dict[str, dict[str, str]] = {}
+        self.picks: dict[str, dict[str, dict[str, str]]] = {}  # schema -> item -> {"best": A, "worst": D}
         self.orders: dict[str, dict[str, Any]] = {}  # item -> schema -> the order its responses were shown in
         self.problems: list[tuple[tuple, str]] = []
 
@@ -175,6 +197,10 @@ def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: boo
             if choice != TIE and (one.orders.get(item_id) or {}).get(schema) == [1, 0]:
                 choice = SIDES[1 - SIDES.index(choice)]  # shown swapped: the item's first response was B
             into.setdefault(item_id, []).append(choice)
+    for schema, per_item in one.picks.items():
+        into = result.picks[schema]
+        for item_id, picked in per_item.items():
+            into.setdefault(item_id, []).append((picked.get(BEST), picked.get(WORST)))
 
 
 class _FileReader:
@@ -185,6 +211,7 @@ class _FileReader:
         self.valued = {n for n, kind in self.kinds.items() if kind in (CONTINUOUS, TEXT)}
         self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
         self.compared = {n for n, kind in self.kinds.items() if kind == COMPARISON}
+        self.tupled = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == BEST_WORST}
         self.problems = GroupedWarnings()
 
     def read(self, one: _FileAnswers, member: str, item_id: str, entry: Any) -> None:
@@ -195,7 +222,7 @@ class _FileReader:
         if entry:
             one.answered.add(item_id)
         if member == LABELS_MEMBER:
-            if self.valued or self.compared:
+            if self.valued or self.compared or self.tupled:
                 self._values(one, item_id, entry)
         elif self.spanned:
             self._spans(one, item_id, entry)
@@ -208,6 +235,9 @@ class _FileReader:
         for schema, name, value in pairs:
             if schema in self.compared:
                 self._choice(one, item_id, schema, name, value)
+                continue
+            if schema in self.tupled:
+                self._pick(one, item_id, schema, name, value)
                 continue
             if schema not in self.valued:
                 continue
@@ -237,6 +267,17 @@ class _FileReader:
                 return
             choice = SIDES[0] if number < 0 else SIDES[1] if number > 0 else TIE
         one.choices.setdefault(schema, {})[item_id] = choice
+
+    def _pick(self, one: _FileAnswers, item_id: str, schema: str, name: str, value: Any) -> None:
+        if name not in (BEST, WORST):
+            return
+        position = value.strip() if isinstance(value, str) else None
+        if not position:
+            return  # the hidden input before a pick: no answer
+        if position not in self.tupled[schema]:
+            one.problems.append((("position", schema, _short(value)), item_id))
+            return
+        one.picks.setdefault(schema, {}).setdefault(item_id, {})[name] = position
 
     def _spans(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
         for schema, label, start, end in _span_records(entry, self.spanned):
@@ -300,6 +341,12 @@ def _problem_text(key: tuple, listed: str) -> str:
     if what == "choice":
         return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not A, B or tie; "
                 f"those answers were skipped")
+    if what == "same pick":
+        return (f"{shown}: item(s) {listed} have {detail!r} as both the best and the worst of schema {schema!r}; "
+                f"those answers were skipped")
+    if what == "position":
+        return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not a position of "
+                f"its tuples (bws_config.tuple_size); those answers were skipped")
     if what == "span label":
         return (f"{shown}: item(s) {listed} have spans labelled {detail!r} for schema {schema!r}, which is not "
                 f"one of its labels; those spans were skipped")

@@ -39,6 +39,7 @@ from potato.annotations.labels import describe_not_items, drop_not_items, read_v
 from potato.bundle.holdout import holdout_rule
 from potato.config import ProjectConfig, Scheme
 from potato.errors import ProjectDataError
+from potato.items.bws_tuples import tuple_texts
 from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.items.json_lines import dump_line
 from potato.items.read import Block, Item, claim_ids, first_use, item_ids, item_parts, looks_like_media, media_path
@@ -46,6 +47,8 @@ from potato.items.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, s
 from potato.scheme_fields import answer_spec
 from potato.training import atomic_files
 from potato.training.answer_kinds import (
+    BEST,
+    BEST_WORST,
     COMPARISON,
     CONTINUOUS,
     MULTILABEL,
@@ -56,6 +59,7 @@ from potato.training.answer_kinds import (
     TIE,
     UNSUPPORTED,
     majority_side,
+    most_picked,
 )
 from potato.training.escaping import json_bytes, quote
 
@@ -104,7 +108,7 @@ def describe_bundle(info: BundleInfo) -> str:
 
 
 # Kinds whose answers are labels of the schema: they need labels, and their votes are counted by potato.annotations.labels.
-LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN, COMPARISON)
+LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN, COMPARISON, BEST_WORST)
 _VOTED_KINDS = (NOMINAL, ORDINAL, MULTILABEL)
 
 
@@ -228,7 +232,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
     kinds = {s.name: s.kind for s in schemes}
     labeled = {n: 0 for n in names}
     holdout = {n: 0 for n in names}
-    per_label = {s.name: dict.fromkeys((*s.labels, TIE) if s.kind == COMPARISON else s.labels, 0) for s in schemes}
+    per_label = {s.name: dict.fromkeys((*s.labels, TIE) if s.kind in (COMPARISON, BEST_WORST) else s.labels, 0)
+                 for s in schemes}
     numbers: dict[str, list[tuple[float, int]]] = {}  # continuous: (answer, items with it)
     for outcome_json, n in writer.written.items():
         outcome = outcomes[outcome_json]
@@ -241,6 +246,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
                 numbers.setdefault(schema, []).append((answer, n))
             elif kinds[schema] == COMPARISON:  # items by the side their majority preferred
                 per_label[schema][majority_side(answer)] += n
+            elif kinds[schema] == BEST_WORST:  # tuples by the position most picked as the best
+                per_label[schema][most_picked(answer[BEST])] += n
             else:
                 per_label[schema][answer] += n
             if outcome.holdout:
@@ -314,8 +321,10 @@ class _RichAnswers:
         self.highlight_linebreaks = bool(config.raw.get("highlight_linebreaks", False))
         self.text_key = config.text_key
         self.spans = SPAN in self.kinds.values()
-        # Every item of a run with a comparison carries its two responses (prediction needs them all).
+        # Every item of a run with a comparison carries its two responses (prediction needs them all),
+        # every tuple its texts.
         self.compared = {s.name: s.items_key for s in schemes if s.kind == COMPARISON}
+        self.tupled = {s.name: len(s.labels) for s in schemes if s.kind == BEST_WORST}
         self.no_sides = GroupedWarnings()
         self.counted: dict[str, list[int]] = {}  # schema -> [labelled, held out]
         self.per_label: dict[str, Counter[str]] = {}
@@ -347,7 +356,7 @@ class _RichAnswers:
     def needs_lines(self, block: Block) -> bool:
         """Whether *block* must be written item by item: it holds rich answers, or (a run with spans) an
         item 2.12 shows from ``displayed_text``, which items.jsonl marks."""
-        if self.compared or (self.ids and not self.ids.isdisjoint(block.ids)):
+        if self.compared or self.tupled or (self.ids and not self.ids.isdisjoint(block.ids)):
             return True
         return self.spans and any(map(dict.__contains__, block.records, repeat(DISPLAYED_TEXT_FIELD)))
 
@@ -360,8 +369,13 @@ class _RichAnswers:
                 per_label[schema][label] += n
 
     def sides_of(self, item: Item) -> dict[str, list[str]]:
-        """Each comparison's two responses in *item*: its ``items_key`` field, a list of two texts."""
+        """Each comparison's two responses in *item*: its ``items_key`` field, a list of two texts; each
+        best–worst schema's texts of the tuple, in position order."""
         out = {}
+        for schema, size in self.tupled.items():
+            texts = tuple_texts(item.fields, size)
+            if texts is not None:
+                out[schema] = texts
         for schema, key in self.compared.items():
             sides = item.fields.get(key)
             if isinstance(sides, list) and len(sides) == 2 and all(isinstance(side, str) for side in sides):
@@ -412,7 +426,7 @@ class _ItemsWriter:
         record = {"id": item.id, "text": item.text, "labels": outcome.labels, "holdout": outcome.holdout}
         if item.id in self.rich.ids:
             record["labels"] = {**outcome.labels, **self.rich.labels_of(item, outcome.holdout)}
-        if self.rich.compared:
+        if self.rich.compared or self.rich.tupled:
             sides = self.rich.sides_of(item)
             if sides:
                 record["sides"] = sides

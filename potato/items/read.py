@@ -23,6 +23,10 @@ lines are all objects with a string id and text, and that names no media,
 is handed on whole (``Block``), so the bundle writes it with a few C-level
 passes (``potato.bundle.build`` says why that matters). Anything else goes
 the plain way, one item at a time.
+
+Best–worst scaling: with a top-level ``bws_config`` 2.12 serves tuples of
+the data's items instead of the items, and so does ``item_parts`` here
+(``potato.items.bws_tuples``); an empty data set has no tuples.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import orjson
 
 from potato.config import ProjectConfig, data_directory_files
 from potato.errors import ProjectDataError
+from potato.items.bws_tuples import bws_tuples
 from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.training.escaping import quote
 
@@ -428,6 +433,28 @@ def read_items_file(path: Path, id_key: str, text_key: str, base: Path | None = 
 
 def item_parts(config: ProjectConfig, skipped: GroupedWarnings | None = None) -> Iterator[Item | Block]:
     """``iter_items``, with blocks of clean JSON lines left whole (``Block``)."""
+    if config.bws is not None:
+        yield from _bws_tuple_items(config, skipped)
+    else:
+        yield from _data_parts(config, skipped)
+
+
+def _bws_tuple_items(config: ProjectConfig, skipped: GroupedWarnings | None) -> Iterator[Item]:
+    """With ``bws_config``, the items are the tuples 2.12 builds from the data (``potato.items.bws_tuples``)."""
+    skipped = GroupedWarnings() if skipped is None else skipped
+    seen: set[str] = set()
+    pool = [item for item in _items_of(_data_parts(config, skipped)) if first_use(config, item, seen, skipped)]
+    try:
+        tuples = bws_tuples([item.fields for item in pool], config.id_key, config.text_key, config.bws)
+    except ValueError as exc:
+        raise ProjectDataError(f"{exc}: Potato 2.12 builds no tuples from them; add items or lower "
+                               f"bws_config.tuple_size") from None
+    where = pool[0].file
+    for line, record in enumerate(tuples, 1):
+        yield Item(record[config.id_key], "", record, where, line)
+
+
+def _data_parts(config: ProjectConfig, skipped: GroupedWarnings | None = None) -> Iterator[Item | Block]:
     for path in config.data_files:
         encoding = config.data_file_encodings.get(path, "utf-8")
         yield from _file_parts(Path(path), config.id_key, config.text_key, config.task_dir, encoding=encoding)

@@ -16,6 +16,9 @@ span                    ``spans`` (``[{"start", "end", "label", "confidence"?}]`
 text                    ``text`` (any string JSON can carry); ``confidence`` optional
 comparison              ``label`` (``A`` or ``B``: the response the model prefers),
                         ``confidence`` (0–1, its probability); ``probs`` ``[A, B]``
+best_worst              ``label`` (the position predicted best), ``worst`` (another
+                        position: the one predicted worst), ``confidence`` (0–1, the
+                        best's probability); ``probs`` one per position
 ======================  ==============================================================
 
 ``probs`` (one probability per label, schema order) is optional and kept
@@ -42,7 +45,18 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from potato.items.json_lines import read_lines
-from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import (
+    BEST,
+    BEST_WORST,
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    SPAN,
+    TEXT,
+    WORST,
+)
 from potato.training.escaping import quote
 
 # A label or a schema name: one cell of a table (what the upload accepts without knowing the schema).
@@ -65,7 +79,7 @@ class OrderRank(NamedTuple):
 
 class Prediction(NamedTuple):
     """A checked prediction. ``answer``: the label (nominal, ordinal), the labels (multilabel), the
-    number (continuous), the spans as dicts (span) or the string (text)."""
+    number (continuous), the spans as dicts (span), the string (text) or ``{"best", "worst"}`` (best_worst)."""
 
     item_id: str
     schema: str
@@ -210,6 +224,14 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
         if label not in names:
             raise ValueError(f"label is {quote(label)}, not a label of {schema!r}")
         answer: Any = label
+    elif kind == BEST_WORST:
+        worst = record.get(WORST)
+        if label not in names:
+            raise ValueError(f"label is {quote(label)}, not a position of the tuples of {schema!r}")
+        if worst not in names or worst == label:
+            raise ValueError(f"worst is {quote(worst)}, not a position of the tuples of {schema!r} other than "
+                             f"the best")
+        answer = {BEST: label, WORST: worst}
     elif kind == MULTILABEL:
         if not (isinstance(label, list) and all(isinstance(x, str) and x in names for x in label)):
             raise ValueError(f"label is {quote(label)}, not a list of labels of {schema!r}")
@@ -234,7 +256,7 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
 
 
 # The kinds whose prediction is a label (or labels) with its confidence and, optionally, a probability per label.
-_LABELLED = (NOMINAL, ORDINAL, MULTILABEL, COMPARISON)
+_LABELLED = (NOMINAL, ORDINAL, MULTILABEL, COMPARISON, BEST_WORST)
 
 
 def schema_records(path: Path, schema: str) -> Iterator[dict[str, Any]]:

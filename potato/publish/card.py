@@ -37,7 +37,7 @@ import yaml
 
 from potato.text.markdown_text import code, md, table
 from potato.training.trainers import llm_preference, pooling
-from potato.training.trainers.hf_reward_model import SCORE_MEANING
+from potato.training.trainers.hf_reward_model import SCORE_MEANING, TUPLE_SCORE_MEANING
 
 PIPELINE_TAG = "text-classification"
 CARD_FILE = "README.md"
@@ -192,6 +192,11 @@ def _scores(facts: CardFacts) -> list[str]:
                     + (f" Before training, the base model preferred the majority's response on {_number(before)}."
                        if before is not None else "")
                     + f" Its score: {llm_preference.SCORE_MEANING if dpo else SCORE_MEANING}.", ""]
+        if s.scores.get("kind") == "best_worst":
+            out += [f"{md(s.name)}: picks the annotators' best on {_number(s.scores.get('best_agreement'))} and "
+                    f"their worst on {_number(s.scores.get('worst_agreement'))} of {_number(s.scores.get('n'))} "
+                    f"held-out tuples; agrees with {_number(s.scores.get('annotator_agreement'))} of each "
+                    f"annotator's picks. Its score: {TUPLE_SCORE_MEANING}.", ""]
         if not s.confusion:
             continue
         out += [f"### Confusion matrix: {md(s.name)}", "",

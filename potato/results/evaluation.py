@@ -29,7 +29,8 @@ Files in ``runs/<id>/``:
   ``fn``); continuous the mean absolute error; text the share of exact
   answers; comparison the agreement with the majority's side (items whose
   majority is a tie left out) and with each annotator, and the reliability
-  of the preference probabilities against the majority.
+  of the preference probabilities against the majority; best_worst the
+  same for the predicted best of each tuple, and the agreement on its worst.
 
 ``model_training.retain_runs`` deletes both with the run's directory.
 """
@@ -45,6 +46,8 @@ from potato.prefill.prediction_shapes import Prediction, parse_prediction
 from potato.runs.paths import RunPaths
 from potato.training import atomic_files
 from potato.training.answer_kinds import (
+    BEST,
+    BEST_WORST,
     COMPARISON,
     CONTINUOUS,
     MULTILABEL,
@@ -53,7 +56,9 @@ from potato.training.answer_kinds import (
     SPAN,
     TEXT,
     TIE,
+    WORST,
     majority_side,
+    most_picked,
 )
 from potato.training.calibration import expected_calibration_error, reliability_bins
 
@@ -112,6 +117,7 @@ class _Picture:
         self.correct: list[bool] = []
         self.errors: list[float] = []
         self.chose = self.matched = 0  # comparison: the annotators' choices of a side, and those the model's matched
+        self.worst_correct: list[bool] = []  # best_worst: the tuples' worst (``correct`` holds their best)
 
     def add(self, gold: Any, prediction: Prediction) -> None:
         self.n += 1
@@ -144,6 +150,15 @@ class _Picture:
             if majority_side(gold) != TIE:
                 self.confidences.append(prediction.confidence)
                 self.correct.append(answer == majority_side(gold))
+        elif self.kind == BEST_WORST:
+            best, worst = gold.get(BEST, {}), gold.get(WORST, {})
+            self.chose += sum(best.values()) + sum(worst.values())
+            self.matched += best.get(answer[BEST], 0) + worst.get(answer[WORST], 0)
+            if most_picked(best) != TIE:
+                self.confidences.append(prediction.confidence)
+                self.correct.append(answer[BEST] == most_picked(best))
+            if most_picked(worst) != TIE:
+                self.worst_correct.append(answer[WORST] == most_picked(worst))
 
     def as_dict(self) -> dict[str, Any]:
         share = round(sum(self.correct) / len(self.correct), 4) if self.correct else None
@@ -166,6 +181,13 @@ class _Picture:
         elif self.kind == COMPARISON:
             ece = expected_calibration_error(self.confidences, self.correct, BINS)
             out.update(agreement=share, decided=len(self.correct),
+                       annotator_agreement=round(self.matched / self.chose, 4) if self.chose else None,
+                       reliability=reliability_bins(self.confidences, self.correct, BINS),
+                       ece=None if ece is None else round(ece, 4))
+        elif self.kind == BEST_WORST:
+            ece = expected_calibration_error(self.confidences, self.correct, BINS)
+            worst = round(sum(self.worst_correct) / len(self.worst_correct), 4) if self.worst_correct else None
+            out.update(best_agreement=share, worst_agreement=worst, decided=len(self.correct),
                        annotator_agreement=round(self.matched / self.chose, 4) if self.chose else None,
                        reliability=reliability_bins(self.confidences, self.correct, BINS),
                        ece=None if ece is None else round(ece, 4))

@@ -20,9 +20,12 @@ MULTILABEL = "multilabel"    # any set of labels (multiselect)
 SPAN = "span"                # labelled character ranges of the item's text (span)
 TEXT = "text"                # free text (text, textbox)
 COMPARISON = "comparison"    # which of two responses is better, or neither (pairwise)
+BEST_WORST = "best_worst"    # the best and the worst of a tuple of texts (bws)
 UNSUPPORTED = "unsupported"
 
-KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON)
+KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON, BEST_WORST)
+# A best–worst answer: the position of the tuple's best text, and of its worst.
+BEST, WORST = "best", "worst"
 
 # A comparison's sides, as 2.12 stores a pairwise answer: the first response shown, the second, neither.
 SIDES = ("A", "B")
@@ -33,6 +36,14 @@ def majority_side(counts) -> str:
     """The side more annotators preferred in ``{"A": n, "B": n, "tie": n}``, or ``tie`` when as many chose each."""
     a, b = counts.get(SIDES[0], 0), counts.get(SIDES[1], 0)
     return SIDES[0] if a > b else SIDES[1] if b > a else TIE
+
+def most_picked(counts) -> str:
+    """The position most annotators picked in ``{"A": n, …}``, or ``tie`` when two share the most (or none)."""
+    ranked = sorted(counts.items(), key=lambda pair: -pair[1])
+    if not ranked or (len(ranked) > 1 and ranked[0][1] == ranked[1][1]):
+        return TIE
+    return ranked[0][0]
+
 
 KIND_BY_TYPE = {
     "radio": NOMINAL,
@@ -45,6 +56,7 @@ KIND_BY_TYPE = {
     "text": TEXT,
     "textbox": TEXT,
     "pairwise": COMPARISON,
+    "bws": BEST_WORST,
 }
 
 

@@ -276,3 +276,54 @@ def comparison_items(n: int = 150, *, unlabeled: int = 10, holdout_every: int = 
                       "sides": {"pref": sides}, "labels": {"pref": counts} if labelled else {},
                       "holdout": labelled and i % holdout_every == 0, "good": good_side})
     return items
+
+
+# -- best-worst scaling ---------------------------------------------------------------------
+
+BWS_SCHEMAS = {"quality": ["A", "B", "C", "D"]}
+BWS_ANSWERS = {"quality": {"type": "bws", "kind": "best_worst", "tuple_size": 4}}
+
+
+def bws_items(pool: int = 60, *, held_out: int = 30, unlabeled: int = 5, annotators: int = 3, noise: float = 0.1,
+              seed: int = 0) -> List[Dict[str, Any]]:
+    """A best-worst schema's bundle: reviews whose quality is one word of ``LEVEL_WORDS`` (low to high) among
+    filler, in the tuples of four Potato 2.12 builds from ``pool`` of them (``potato.items.bws_tuples``);
+    each of ``annotators`` picks the best and the worst by that word unless ``noise`` makes the pick random.
+    ``held_out`` tuples and ``unlabeled`` more are of reviews no training tuple holds (a ``level`` list per
+    tuple says each position's quality)."""
+    from potato.items.bws_tuples import bws_tuples
+    from potato.scheme_fields import BwsConfig
+
+    rng = random.Random(seed)
+
+    def reviews(n: int, prefix: str) -> List[Dict[str, Any]]:
+        out = []
+        for i in range(n):
+            level = rng.randrange(len(LEVEL_WORDS))
+            words = rng.sample(FILLER, 4) + [LEVEL_WORDS[level]] + rng.sample(FILLER, 2)
+            out.append({"id": "{}{}".format(prefix, i), "text": " ".join(words), "level": level})
+        return out
+
+    def tuples(texts: List[Dict[str, Any]], config: Any, prefix: str, labelled: bool, holdout: bool):
+        level = {t["id"]: t["level"] for t in texts}
+        out = []
+        for t in bws_tuples(texts, "id", "text", config):
+            members = t["_bws_items"]
+            levels = [level[m["source_id"]] for m in members]
+            picks: Dict[str, Dict[str, int]] = {"best": {}, "worst": {}}
+            for _ in range(annotators):
+                order = sorted(range(4), key=lambda k: (levels[k], rng.random()))
+                if rng.random() < noise:
+                    rng.shuffle(order)
+                best, worst = "ABCD"[order[-1]], "ABCD"[order[0]]
+                picks["best"][best] = picks["best"].get(best, 0) + 1
+                picks["worst"][worst] = picks["worst"].get(worst, 0) + 1
+            out.append({"id": prefix + t["id"], "text": "", "sides": {"quality": [m["text"] for m in members]},
+                        "labels": {"quality": picks} if labelled else {}, "holdout": holdout, "level": levels})
+        return out
+
+    train = tuples(reviews(pool, "r"), BwsConfig(), "", True, False)
+    fresh = reviews(max(held_out, unlabeled) + 8, "h")
+    held = tuples(fresh, BwsConfig(num_tuples=held_out, seed=seed + 1), "held_", True, True)
+    rest = tuples(fresh, BwsConfig(num_tuples=unlabeled, seed=seed + 2), "new_", False, False)
+    return train + held + rest

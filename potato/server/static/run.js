@@ -481,6 +481,12 @@
             " split evenly); agrees with " + fixed(s.annotator_agreement) + " of each annotator's choices."));
           row.appendChild(reliabilityDiagram(name, s));
         }
+        else if (s.kind === "best_worst") {
+          row.appendChild(Potato.el("p", { "class": "agreement" }, "Picks the annotators' best on " +
+            fixed(s.best_agreement) + " of " + s.decided + " held-out tuples with one, their worst on " +
+            fixed(s.worst_agreement) + "; agrees with " + fixed(s.annotator_agreement) + " of each annotator's picks."));
+          row.appendChild(reliabilityDiagram(name, s));
+        }
         else {
           var base = baseline(s);
           if (base) box.appendChild(base);

@@ -72,6 +72,8 @@ class SchemaAnswers:
             return "free text"
         if self.kind == "comparison":
             return "comparisons of two responses (A, B or neither)"
+        if self.kind == "best_worst":
+            return "the best and the worst of tuples of {} ({})".format(len(self.labels), ", ".join(self.labels))
         return "labels " + ", ".join(self.labels)
 
     # -- the bundle's answers --------------------------------------------------------
@@ -85,7 +87,8 @@ class SchemaAnswers:
         bundle has it (the span trainer checks each against the item's text);
         ``text``: the list of its non-empty answers, stripped (every
         annotator's: the bundle keeps them all); ``comparison``: the counts
-        ``{"A": n, "B": n, "tie": n}`` (every annotator's side), some above 0.
+        ``{"A": n, "B": n, "tie": n}`` (every annotator's side), some above 0;
+        ``best_worst``: ``{"best": {position: n}, "worst": {position: n}}``, some pick.
         """
         if self.kind in ("nominal", "ordinal"):
             label = str(value) if value is not None else None
@@ -114,6 +117,14 @@ class SchemaAnswers:
             if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values()):
                 return None
             return counts if sum(counts.values()) else None
+        if self.kind == "best_worst":
+            if not isinstance(value, dict):
+                return None
+            picks = {role: value.get(role) if isinstance(value.get(role), dict) else {} for role in ("best", "worst")}
+            if not all(p in self._index and isinstance(n, int) and not isinstance(n, bool) and n > 0
+                       for counts in picks.values() for p, n in counts.items()):
+                return None
+            return picks if any(picks.values()) else None
         return None
 
     def index(self, label: str) -> int:

@@ -26,6 +26,18 @@ the side the model prefers), ``confidence`` (its probability), ``probs``
 the held-out items' majority and with each of their annotators
 (``potato.training.trainers.metrics.comparison``).
 
+A best–worst schema's item is a tuple of texts (the bundle's ``sides``, in
+position order) and its answer how many annotators picked each position as
+the best and as the worst. The same model scores each text alone; it learns
+the pairs a pick implies — the best over each other text, each other text
+over the worst — each with the Bradley–Terry loss, each tuple weighing as
+much as any other. (Best and worst are counted apart, so an annotator's best
+over their own worst is implied by both picks and weighs twice.) Its prediction for a tuple: ``label`` (the best: the
+highest score) and ``worst`` (the lowest), ``probs`` (each position's chance
+of being picked best, the softmax of the scores), ``confidence`` (the
+best's) and ``rewards``; its holdout, the agreement with the annotators'
+most-picked best and worst (``potato.training.trainers.metrics.best_worst``).
+
 Part of the remote half: importing this module loads only the standard
 library; torch / transformers / peft are imported inside :func:`train`.
 """
@@ -36,7 +48,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from potato.training.answer_kinds import COMPARISON, SIDES
+from potato.training.answer_kinds import BEST, COMPARISON, SIDES, WORST
 from potato.training.trainers.answers import gold_answers
 from potato.training.trainers.hf_common import (
     FINE_TUNE_OPTIONS,
@@ -61,6 +73,9 @@ DEFAULT_OPTIONS = dict(FINE_TUNE_OPTIONS)  # type: Dict[str, Any]
 # What the saved model's score is, for its labels.json and the Hub card.
 SCORE_MEANING = ("the logit of (prompt, response) is the response's reward; sigmoid(reward(B) - reward(A)) "
                  "is the probability that annotators prefer B")
+TUPLE_SCORE_MEANING = ("the logit of a text is its score; the text of the highest score in a tuple is the one "
+                       "predicted best, of the lowest the one predicted worst, and sigmoid(score(x) - score(y)) is "
+                       "the probability that annotators rank x above y")
 
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
@@ -69,7 +84,8 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
 
 
 def train(job: Any, events: Any) -> None:
-    """Train one reward model per comparison schema of ``job``; write predictions, scores and artifacts."""
+    """Train one reward model per comparison or best–worst schema of ``job``; write predictions, scores and
+    artifacts."""
     ft = start_fine_tune(job, events, fine_tune_options(job.options, DEFAULT_OPTIONS), NAME)
     items = job.index_items()
     ft.say(ft.model_line(len(items)))
@@ -82,54 +98,109 @@ def preferred_share(counts: Dict[str, int]) -> float:
     return (b + tie / 2.0) / (a + b + tie)
 
 
+class _Shape:
+    """What one kind of schema is to this trainer: its sides, targets, predictions and the holdout's words."""
+
+    def __init__(self, kind: str, labels: List[str]):
+        self.kind, self.labels = kind, labels
+        self.sides = 2 if kind == COMPARISON else len(labels)
+        self.what = "comparisons" if kind == COMPARISON else "tuples"
+
+    def target(self, gold: Any) -> Any:
+        """A comparison's share for B; a tuple's implied pairs ``[(winner, loser, weight)]``."""
+        return preferred_share(gold) if self.kind == COMPARISON else implied_pairs(gold, self.labels)
+
+    def record(self, item_id: Any, schema: str, rewards: Tuple[float, ...]) -> Dict[str, Any]:
+        if self.kind == COMPARISON:
+            return prediction(item_id, schema, *rewards)
+        return tuple_prediction(item_id, schema, rewards, self.labels)
+
+    def predicted(self, rewards: Tuple[float, ...]) -> Any:
+        """What the holdout compares: the preferred side; the ``(best, worst)`` positions."""
+        if self.kind == COMPARISON:
+            return SIDES[1] if rewards[1] >= rewards[0] else SIDES[0]
+        return self.labels[rewards.index(max(rewards))], self.labels[rewards.index(min(rewards))]
+
+    def held(self, record: Dict[str, Any]) -> Any:
+        return record["label"] if self.kind == COMPARISON else (record["label"], record[WORST])
+
+    def loss(self, rewards: Tuple[float, ...], gold: Any) -> float:
+        """The Bradley–Terry loss of one item's rewards, as the training loss computes it."""
+        pairs = [(1, 0, preferred_share(gold)), (0, 1, 1.0 - preferred_share(gold))] \
+            if self.kind == COMPARISON else implied_pairs(gold, self.labels)
+        return sum(weight * _softplus(rewards[loser] - rewards[winner]) for winner, loser, weight in pairs)
+
+
+def _softplus(x: float) -> float:
+    return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+
+def implied_pairs(gold: Dict[str, Dict[str, int]], labels: List[str]) -> List[Tuple[int, int, float]]:
+    """A tuple's pairs ``(winner, loser, weight)`` by position index: each pick of a best wins over every
+    other text, each pick of a worst loses to every other; the weights sum to 1."""
+    index = {label: k for k, label in enumerate(labels)}
+    found = {}  # type: Dict[Tuple[int, int], float]
+    for role, picks in ((BEST, gold.get(BEST, {})), (WORST, gold.get(WORST, {}))):
+        for label, n in picks.items():
+            k = index[label]
+            for other in range(len(labels)):
+                if other != k:
+                    pair = (k, other) if role == BEST else (other, k)
+                    found[pair] = found.get(pair, 0.0) + n
+    total = sum(found.values())
+    return [(winner, loser, weight / total) for (winner, loser), weight in sorted(found.items())]
+
+
 def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[str, Any]:
     answers = ft.answers[schema]
+    shape = _Shape(answers.kind, answers.labels)
     labelled = gold_answers(items, answers)
-    pairs = _Pairs(ft, items, schema)
+    pairs = _Pairs(ft, items, schema, shape.sides)
     train = [i for i in labelled.train if pairs.has(i)]
     holdout = [i for i in labelled.holdout if pairs.has(i)]
-    ft.say("Schema {!r}: {} training comparisons, {} held out, {}".format(
-        schema, len(train), len(holdout), answers.describe()))
+    ft.say("Schema {!r}: {} training {}, {} held out, {}".format(
+        schema, len(train), shape.what, len(holdout), answers.describe()))
     golds = labelled.golds
-    model = _fit(ft, pairs, schema, train, golds)
+    model = _fit(ft, pairs, shape, schema, train, golds)
 
-    held = {}  # type: Dict[int, str]
+    held = {}  # type: Dict[int, Any]
     is_holdout = set(holdout)
     to_predict = [i for i in labelled.to_predict(items, ft.job.include_unlabeled) if pairs.has(i)]
-    for i, (reward_a, reward_b) in _rewards(model, ft, pairs, shard(to_predict, ft.group), schema):
-        record = prediction(items.read(i)[0], schema, reward_a, reward_b)
+    for i, rewards in _rewards(model, ft, pairs, shard(to_predict, ft.group), schema):
+        record = shape.record(items.read(i)[0], schema, rewards)
         if i in is_holdout:
-            held[i] = record["label"]
+            held[i] = shape.held(record)
         stream.write(record)
     held = ft.gather(held)
-    scores = holdout_scores([golds[i] for i in holdout], [held[i] for i in holdout], COMPARISON, answers.labels)
+    scores = holdout_scores([golds[i] for i in holdout], [held[i] for i in holdout], shape.kind, answers.labels)
     if ft.group.is_main:
         out_dir = os.path.join(ft.job.artifacts_dir, safe_dirname(schema))
+        meaning = SCORE_MEANING if shape.kind == COMPARISON else TUPLE_SCORE_MEANING
         save_model(model, ft, out_dir, {"trainer": NAME, "schema": schema, "labels": answers.labels,
-                                        "score": SCORE_MEANING})
+                                        "score": meaning})
         ft.say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores, out_dir))
     if ft.opts["curve"] and holdout:
         del model
 
         def curve_point(share: float, part: List[int]) -> Dict[str, Any]:
-            fitted = _fit(ft, pairs, schema, part, golds, share)
-            found = ft.gather({i: SIDES[1] if b >= a else SIDES[0]
-                               for i, (a, b) in _rewards(fitted, ft, pairs, shard(holdout, ft.group), schema, False)})
-            return holdout_scores([golds[i] for i in holdout], [found[i] for i in holdout], COMPARISON)
+            fitted = _fit(ft, pairs, shape, schema, part, golds, share)
+            found = ft.gather({i: shape.predicted(rewards) for i, rewards in
+                               _rewards(fitted, ft, pairs, shard(holdout, ft.group), schema, False)})
+            return holdout_scores([golds[i] for i in holdout], [found[i] for i in holdout], shape.kind, answers.labels)
 
-        scores["curve"] = ft.learning_curve(schema, train, scores, COMPARISON, curve_point)
+        scores["curve"] = ft.learning_curve(schema, train, scores, shape.kind, curve_point)
     return scores
 
 
-def _fit(ft: FineTune, pairs: "_Pairs", schema: str, train: List[int], golds: Dict[int, Any],
+def _fit(ft: FineTune, pairs: "_Pairs", shape: _Shape, schema: str, train: List[int], golds: Dict[int, Any],
          curve: Optional[float] = None) -> Any:
     """A reward model trained on the comparisons ``train``, its epoch chosen on a validation share of them."""
     fit_idx, val_idx = split_validation(train, ft.opts)
     model = build_model(_sequence_classifier(), "SEQ_CLS", ft, ["reward"])
     _without_dropout(model)
-    targets = {i: preferred_share(golds[i]) for i in fit_idx}
-    model = ft.train(model, [pairs.length(i) for i in fit_idx], _batch_loss(ft, pairs, fit_idx, targets), schema,
-                     _validation(ft, pairs, val_idx, golds), KINDS[COMPARISON].main.name, curve=curve)
+    targets = {i: shape.target(golds[i]) for i in fit_idx}
+    model = ft.train(model, [pairs.length(i) for i in fit_idx], _batch_loss(ft, pairs, shape, fit_idx, targets),
+                     schema, _validation(ft, pairs, shape, val_idx, golds), KINDS[shape.kind].main.name, curve=curve)
     if curve is None:
         ft.say("Schema {!r}: {}".format(schema, describe_fit(ft, len(fit_idx), len(val_idx))))
     ft.events.check_cancelled()
@@ -143,6 +214,17 @@ def prediction(item_id: Any, schema: str, reward_a: float, reward_b: float) -> D
     label = SIDES[1] if p_b >= 0.5 else SIDES[0]
     return {"id": item_id, "schema": schema, "label": label, "confidence": round(max(p_b, 1.0 - p_b), 6),
             "probs": [round(1.0 - p_b, 6), round(p_b, 6)], "rewards": [round(reward_a, 6), round(reward_b, 6)]}
+
+
+def tuple_prediction(item_id: Any, schema: str, rewards: Tuple[float, ...], labels: List[str]) -> Dict[str, Any]:
+    """The predictions.jsonl line for one tuple from its texts' scores."""
+    top = max(rewards)
+    weights = [math.exp(r - top) for r in rewards]
+    probs = [w / sum(weights) for w in weights]
+    best, worst = rewards.index(top), rewards.index(min(rewards))
+    return {"id": item_id, "schema": schema, "label": labels[best], WORST: labels[worst],
+            "confidence": round(probs[best], 6), "probs": [round(p, 6) for p in probs],
+            "rewards": [round(r, 6) for r in rewards]}
 
 
 def _without_dropout(model: Any) -> None:
@@ -162,11 +244,12 @@ def _sequence_classifier() -> Any:
 
 
 class _Pairs:
-    """Each comparison's two token lists, ``(prompt, response)`` pairs, tokenized once when first asked for."""
+    """Each item's token lists, one per side, ``(prompt, response)`` pairs (a tuple's texts have no prompt),
+    tokenized once when first asked for."""
 
-    def __init__(self, ft: FineTune, items: Any, schema: str):
-        self.ft, self.items, self.schema = ft, items, schema
-        self.ids = {}  # type: Dict[int, Tuple[List[int], List[int]]]
+    def __init__(self, ft: FineTune, items: Any, schema: str, sides: int):
+        self.ft, self.items, self.schema, self.sides = ft, items, schema, sides
+        self.ids = {}  # type: Dict[int, Tuple[List[int], ...]]
 
     def has(self, position: int) -> bool:
         return self._sides(position) is not None
@@ -174,75 +257,86 @@ class _Pairs:
     def _sides(self, position: int) -> Optional[Tuple[str, List[str]]]:
         item = self.items.record(position)
         sides = (item.get("sides") or {}).get(self.schema)
-        if not (isinstance(sides, list) and len(sides) == 2 and all(isinstance(s, str) for s in sides)):
+        if not (isinstance(sides, list) and len(sides) == self.sides and all(isinstance(s, str) for s in sides)):
             return None
         return str(item.get("text") or ""), sides
 
-    def tokens(self, position: int) -> Tuple[List[int], List[int]]:
+    def tokens(self, position: int) -> Tuple[List[int], ...]:
         found = self.ids.get(position)
         if found is None:
             prompt, sides = self._sides(position)
             max_length = self.ft.opts["max_length"]
             if prompt.strip():
-                enc = self.ft.tokenizer([prompt, prompt], sides, truncation="longest_first", max_length=max_length)
+                enc = self.ft.tokenizer([prompt] * len(sides), sides, truncation="longest_first",
+                                        max_length=max_length)
             else:
                 enc = self.ft.tokenizer(sides, truncation=True, max_length=max_length)
-            found = self.ids[position] = (enc["input_ids"][0], enc["input_ids"][1])
+            found = self.ids[position] = tuple(enc["input_ids"])
         return found
 
     def length(self, position: int) -> int:
         return max(map(len, self.tokens(position)))
 
 
-def _batch_loss(ft: FineTune, pairs: _Pairs, positions: List[int], targets: Dict[int, float]):
-    """The loop's ``batch_loss``: the Bradley–Terry loss on the comparisons ``mine``, a share of the step's mean."""
+def _side_seqs(pairs: _Pairs, rows: List[int]) -> List[List[int]]:
+    """The rows' token lists side by side: every row's first side, then every row's second, …"""
+    return [pairs.tokens(i)[side] for side in range(pairs.sides) for i in rows]
+
+
+def _batch_loss(ft: FineTune, pairs: _Pairs, shape: _Shape, positions: List[int], targets: Dict[int, Any]):
+    """The loop's ``batch_loss``: the Bradley–Terry loss on the items ``mine``, a share of the step's mean."""
     import torch
 
     def batch_loss(model: Any, mine: List[int], step: List[int], weight: float) -> Any:
         rows = [positions[k] for k in mine]
-        seqs = [pairs.tokens(i)[0] for i in rows] + [pairs.tokens(i)[1] for i in rows]
-        rewards = ft.logits(model, seqs).float().squeeze(-1)
-        margin = rewards[len(rows):] - rewards[:len(rows)]  # B over A
-        y = ft.dev.put(torch.tensor([targets[i] for i in rows], dtype=torch.float32))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(margin, y, reduction="sum")
+        rewards = ft.logits(model, _side_seqs(pairs, rows)).float().squeeze(-1).view(pairs.sides, len(rows))
+        if shape.kind == COMPARISON:
+            margin = rewards[1] - rewards[0]  # B over A
+            y = ft.dev.put(torch.tensor([targets[i] for i in rows], dtype=torch.float32))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(margin, y, reduction="sum")
+        else:
+            implied = [(row, winner, loser, w) for row, i in enumerate(rows) for winner, loser, w in targets[i]]
+            row, winner, loser, w = (ft.dev.put(torch.tensor(column)) for column in zip(*implied))
+            margin = rewards[winner, row] - rewards[loser, row]
+            loss = (torch.nn.functional.softplus(-margin) * w.float()).sum()
         return loss * (weight / len(step))
 
     return batch_loss
 
 
 def _rewards(model: Any, ft: FineTune, pairs: _Pairs, positions: List[int], schema: str, progress: bool = True):
-    """``(position, (reward A, reward B))`` for each comparison at ``positions``, longest first."""
+    """``(position, (reward of each side))`` for each item at ``positions``, longest first."""
     import torch
 
     model.eval()
     order = sorted(positions, key=pairs.length, reverse=True)
-    batches = token_budget_batches(order, lambda i: 2 * pairs.length(i), ft.dev.predict_budget, ft.dev.predict_rows)
+    batches = token_budget_batches(order, lambda i: pairs.sides * pairs.length(i), ft.dev.predict_budget,
+                                   ft.dev.predict_rows)
     with torch.inference_mode():
         for step, batch in enumerate(batches, 1):
             ft.events.check_cancelled()
-            seqs = [pairs.tokens(i)[0] for i in batch] + [pairs.tokens(i)[1] for i in batch]
-            rewards = ft.logits(model, seqs, predicting=True).float().squeeze(-1).cpu().tolist()
+            rewards = ft.logits(model, _side_seqs(pairs, batch), predicting=True).float().squeeze(-1).cpu().tolist()
             for k, i in enumerate(batch):
-                yield i, (rewards[k], rewards[len(batch) + k])
+                yield i, tuple(rewards[side * len(batch) + k] for side in range(pairs.sides))
             if progress:
                 ft.events.progress("predict", step, len(batches), schema=schema)
     model.train()
 
 
-def _validation(ft: FineTune, pairs: _Pairs, positions: List[int], golds: Dict[int, Any]) -> Optional[Any]:
+def _validation(ft: FineTune, pairs: _Pairs, shape: _Shape, positions: List[int],
+                golds: Dict[int, Any]) -> Optional[Any]:
     """The training loop's ``validate``: agreement with the validation share's majority, and the mean loss."""
     if not positions:
         return None
-    main = KINDS[COMPARISON].main
+    main = KINDS[shape.kind].main
 
     def validate(model: Any) -> Validation:
-        loss, predicted = 0.0, {}  # type: float, Dict[int, str]
-        for i, (reward_a, reward_b) in _rewards(model, ft, pairs, positions, "", progress=False):
-            margin, y = reward_b - reward_a, preferred_share(golds[i])
-            # The binary cross-entropy of sigmoid(margin) against y, computed stably.
-            loss += max(margin, 0.0) - margin * y + math.log1p(math.exp(-abs(margin)))
-            predicted[i] = SIDES[1] if margin >= 0 else SIDES[0]
-        scores = holdout_scores([golds[i] for i in positions], [predicted[i] for i in positions], COMPARISON)
+        loss, predicted = 0.0, {}  # type: float, Dict[int, Any]
+        for i, rewards in _rewards(model, ft, pairs, positions, "", progress=False):
+            loss += shape.loss(rewards, golds[i])
+            predicted[i] = shape.predicted(rewards)
+        scores = holdout_scores([golds[i] for i in positions], [predicted[i] for i in positions], shape.kind,
+                                shape.labels)
         # Chosen by the loss, shown as the agreement: on a validation share of a few dozen pairs the agreement
         # is 1.0 after an epoch or two, long before the rewards have learnt anything they would keep.
         return Validation(-loss / len(positions), loss / len(positions), main.of(scores) or 0.0)

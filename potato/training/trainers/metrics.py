@@ -14,7 +14,7 @@ log.
 import math
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from potato.training.answer_kinds import TIE, majority_side
+from potato.training.answer_kinds import TIE, majority_side, most_picked
 
 Scores = Dict[str, Optional[float]]
 
@@ -221,6 +221,26 @@ def comparison(gold: Sequence[Dict[str, int]], predicted: Sequence[str], labels:
             "annotator_agreement": matched / chose if chose else None, "decided": len(decided)}
 
 
+def best_worst(gold: Sequence[Dict[str, Dict[str, int]]], predicted: Sequence[Tuple[str, str]],
+               labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """A best–worst schema's holdout, each tuple's prediction its ``(best, worst)`` positions:
+    ``best_agreement`` (``worst_agreement``), the share of tuples whose most-picked best (worst) is shared by
+    no other position where the model's is it; ``agreement``, their mean; ``annotator_agreement``, the share
+    of the annotators' picks, best and worst alike, that the model's matched; ``decided``, the tuples with a
+    most-picked best."""
+    shares = []
+    for k, role in enumerate(("best", "worst")):
+        decided = [(most_picked(g.get(role, {})), p[k]) for g, p in zip(gold, predicted)]
+        decided = [(said, p) for said, p in decided if said != TIE]
+        shares.append(sum(said == p for said, p in decided) / len(decided) if decided else None)
+    picks = sum(sum(g.get(role, {}).values()) for g in gold for role in ("best", "worst"))
+    matched = sum(g.get("best", {}).get(p[0], 0) + g.get("worst", {}).get(p[1], 0) for g, p in zip(gold, predicted))
+    known = [share for share in shares if share is not None]
+    return {"agreement": sum(known) / len(known) if known else None, "best_agreement": shares[0],
+            "worst_agreement": shares[1], "annotator_agreement": matched / picks if picks else None,
+            "decided": sum(1 for g in gold if most_picked(g.get("best", {})) != TIE)}
+
+
 def _number(value: Any) -> str:
     return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
 
@@ -281,6 +301,9 @@ KINDS = {
     "span": Kind(span, _span_words, Main("f1", "span F1", True)),
     "text": Kind(text, _listed(("exact_match", "exact match"), ("chrf", "chrF")), Main("chrf", "chrF", True)),
     "comparison": Kind(comparison, _comparison_words, Main("agreement", "agreement", True)),
+    "best_worst": Kind(best_worst, _listed(("best_agreement", "best agreement with the majority"),
+                                           ("worst_agreement", "worst"), ("annotator_agreement", "with each annotator")),
+                       Main("agreement", "agreement", True)),
 }  # type: Dict[str, Kind]
 
 
