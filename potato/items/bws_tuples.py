@@ -36,7 +36,8 @@ def bws_tuples(pool: Sequence[Mapping[str, Any]], id_key: str, text_key: str,
     """
     size = config.tuple_size
     if size > len(pool):
-        raise ValueError(f"bws_config.tuple_size is {size}, more than the {len(pool)} items of the data")
+        raise ValueError(f"bws_config.tuple_size is {size}, more than the {len(pool)} items of the data: Potato 2.12 "
+                         f"builds no tuples from them; add items or lower bws_config.tuple_size")
     rng = random.Random(config.seed)
     queue: list[int] = []
     tuples = []

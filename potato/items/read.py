@@ -447,8 +447,7 @@ def _bws_tuple_items(config: ProjectConfig, skipped: GroupedWarnings | None) -> 
     try:
         tuples = bws_tuples([item.fields for item in pool], config.id_key, config.text_key, config.bws)
     except ValueError as exc:
-        raise ProjectDataError(f"{exc}: Potato 2.12 builds no tuples from them; add items or lower "
-                               f"bws_config.tuple_size") from None
+        raise ProjectDataError(str(exc)) from None
     where = pool[0].file
     for line, record in enumerate(tuples, 1):
         yield Item(record[config.id_key], "", record, where, line)

@@ -18,6 +18,7 @@ from potato.annotations.aggregation import best_worst_counts
 from potato.annotations.annotator_answers import read_answers
 from potato.bundle.build import build_bundle, describe_bundle
 from potato.config import Scheme
+from potato.errors import ProjectDataError
 from potato.items.bws_tuples import bws_tuples
 from potato.prefill.prediction_shapes import parse_prediction
 from potato.scheme_fields import BwsConfig, read_bws_config
@@ -190,3 +191,25 @@ def test_a_tuple_prediction_and_its_holdout():
                       "worst_agreement": 1.0, "annotator_agreement": 0.6667, "decided": 2}
     assert describe("quality", scores) == ("Holdout quality: best agreement with the majority 0.500, worst 1.000, "
                                            "with each annotator 0.667 (n=2)")
+
+
+def test_data_too_small_for_one_tuple_is_refused_before_a_run_with_the_fix(tmp_path):
+    config = _project(tmp_path)
+    config.data_files[0].write_text("".join(json.dumps(item) + "\n" for item in POOL[:3]), encoding="utf-8")
+    with pytest.raises(ProjectDataError) as caught:
+        build_bundle(config, ["quality"], tmp_path / "bundle", holdout_fraction=0.0)
+    assert str(caught.value) == ("bws_config.tuple_size is 4, more than the 3 items of the data: Potato 2.12 builds "
+                                 "no tuples from them; add items or lower bws_config.tuple_size")
+
+
+def test_texts_holding_any_string_json_can_carry_reach_the_tuples_as_they_are(tmp_path):
+    config = _project(tmp_path)
+    odd = ["lone \ud800 surrogate", "NUL \x00 and <b>&amp;</b>", "x" * 2_000_000]
+    pool = [dict(item, text=odd[i]) if i < 3 else item for i, item in enumerate(POOL)]
+    pool[0]["id"] = "id \x00 " + "y" * 1000  # a lone surrogate in an id is refused where items are read
+    config.data_files[0].write_text("".join(json.dumps(item) + "\n" for item in pool), encoding="utf-8")
+    build_bundle(config, ["quality"], tmp_path / "bundle", holdout_fraction=0.0)
+    written = [json.loads(line) for line in (tmp_path / "bundle" / "items.jsonl").read_text("utf-8").splitlines()]
+    expected = bws_tuples(pool, "id", "text", BwsConfig())
+    assert [item["sides"]["quality"] for item in written] == [[m["text"] for m in t["_bws_items"]] for t in expected]
+    assert any(odd[2] in item["sides"]["quality"] for item in written)
