@@ -78,7 +78,7 @@ from potato.config_keys import (
 )
 from potato.errors import ConfigError
 from potato.scheme_fields import BwsConfig, read_bws_config
-from potato.training.answer_kinds import BEST_WORST, COMPARISON
+from potato.training.answer_kinds import BEST_WORST, COMPARISON, RANKING
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.registry import check_options as check_trainer_options
 from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
@@ -858,7 +858,7 @@ def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_r
 
     by_name = {s.name: s for s in schemes}
     for i, name in enumerate(writeback_schemas):
-        if name in by_name and by_name[name].kind in (COMPARISON, BEST_WORST):
+        if name in by_name and by_name[name].kind in (COMPARISON, BEST_WORST, RANKING):
             path = f"model_training.writeback.schemas[{i}]"
             issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
                                f"pre-fills nothing for one, so its predictions stay in the run's predictions.jsonl "

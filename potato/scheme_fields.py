@@ -29,6 +29,11 @@ Read here, once, into ``Scheme`` fields (``potato.config``); the bundle's
   the best text's and the worst's. The scheme's labels are the positions.
   Tuples built round by round from earlier answers (``ibws_config``) train
   nothing yet.
+- ``ranking``: the annotator drags the scheme's ``labels`` into an order,
+  best first; 2.12 stores the labels joined by commas. What each label
+  stands for in an item (a response held in a field of that name, a line of
+  the text, or the label itself) is ``potato.items.ranking_texts``'.
+  ``allow_ties`` is accepted and, as in 2.12.1's widget, changes nothing.
 
 Pure: returns values and problem texts, the config module turns the problems
 into errors naming the key.
@@ -45,8 +50,6 @@ from potato.training.answer_kinds import SIDES, UNSUPPORTED, kind_of_type
 PAIRWISE_MODES = ("binary", "scale", "multi_dimension")
 # The modes of a pairwise scheme this version trains.
 TRAINED_PAIRWISE_MODES = ("binary", "scale")
-# Potato 2.12's other comparison type: a drag-and-drop order.
-NOT_YET_COMPARED = ("ranking",)
 
 # 2.12's position labels: an annotator's answer is one of them.
 POSITION_LABELS = tuple(chr(ord("A") + i) for i in range(26))
@@ -155,6 +158,9 @@ def scheme_fields(entry: Mapping[str, Any], labels: tuple[str, ...],
         _pairwise_fields(entry, fields, problems)
     elif annotation_type == "bws":  # no positions: no bws_config, its tuples built round by round (ibws_config)
         fields.update(labels=positions, mode="tuples" if positions else "iterative")
+    elif annotation_type == "ranking" and len(labels) < 2:
+        problems.append(("labels", f"lists {len(labels)} label(s); a ranking orders its labels, so list at least "
+                                   f"two (the responses or options annotators put in order)"))
     return fields, problems
 
 
@@ -202,9 +208,6 @@ def untrained_reason(annotation_type: str, mode: str = "") -> str:
     if annotation_type == "bws":
         return ("its tuples come round by round from earlier answers (ibws_config), which is not trained yet; "
                 "tuples built once from bws_config are")
-    if annotation_type in NOT_YET_COMPARED:
-        return (f"{annotation_type} answers are not trained yet; a pairwise schema (binary or scale) or a bws "
-                f"schema trains a reward model")
     return f"no trainer trains {annotation_type or 'its'} answers"
 
 
@@ -219,6 +222,8 @@ def answer_spec(scheme: Any) -> dict[str, Any]:
         spec.update(mode=scheme.mode, items_key=scheme.items_key)
     elif scheme.kind == "best_worst":
         spec["tuple_size"] = len(scheme.labels)
+    elif scheme.kind == "ranking":
+        spec["size"] = len(scheme.labels)
     if scheme.description:  # the question annotators are asked, for trainers that write it into a prompt
         spec["description"] = scheme.description
     return spec

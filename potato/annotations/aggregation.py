@@ -46,6 +46,12 @@ on simulated annotators; docs/answer-types.md has the table):
   its best and as its worst, ``{"best": {"A": 2, "C": 1}, "worst": {"D": 3}}``
   (counts, as for a comparison; the items whose most-picked best is shared by
   two positions are counted in ``ties``).
+- **ranking** — every annotator's order of the labels, best first,
+  ``[["B", "A", "C"], ["B", "C", "A"]]``: each order implies a pair for every
+  label above another, and those pairs are what the model learns; the
+  holdout compares each annotator's order as well as their Borda count (each
+  label's mean position; the items whose first place two labels share are
+  counted in ``ties``).
 
 Pure: votes (``potato.annotations.labels``) and answers (``potato.annotations.annotator_answers``) in, answers out.
 """
@@ -67,11 +73,13 @@ from potato.training.answer_kinds import (
     MULTILABEL,
     NOMINAL,
     ORDINAL,
+    RANKING,
     SIDES,
     SPAN,
     TEXT,
     TIE,
     WORST,
+    borda_order,
 )
 
 
@@ -145,6 +153,8 @@ def aggregate(votes: Votes, answers: AnnotatorAnswers | None, schemes: Sequence[
         out.coded[scheme.name], out.ties[scheme.name] = comparison_counts(answers.choices[scheme.name])
     for scheme in by_kind.get(BEST_WORST, ()):
         out.coded[scheme.name], out.ties[scheme.name] = best_worst_counts(answers.picks[scheme.name], scheme.labels)
+    for scheme in by_kind.get(RANKING, ()):
+        out.coded[scheme.name], out.ties[scheme.name] = ranking_orders(answers.orders[scheme.name], scheme.labels)
     return out
 
 
@@ -171,6 +181,17 @@ def best_worst_counts(picks: Mapping[str, Sequence[tuple[str | None, str | None]
     answers = [{BEST: {p: n for p, n in zip(positions, best) if n},
                 WORST: {p: n for p, n in zip(positions, worst) if n}} for best, worst in distinct]
     ties = sum(1 for best, _ in counted.values() if sorted(best)[-2:].count(max(best)) == 2)
+    return Coded({item: index[c] for item, c in counted.items()}, len(distinct), answers.__getitem__), ties
+
+
+def ranking_orders(orders: Mapping[str, Sequence[tuple[str, ...]]], labels: Sequence[str]) -> tuple[Coded, int]:
+    """Each item's annotators' orders (sorted, so the same orders are one code) as codes, and how many items'
+    Borda count puts two labels first."""
+    counted = {item: tuple(sorted(said)) for item, said in orders.items()}
+    distinct = sorted(set(counted.values()))
+    index = {c: i for i, c in enumerate(distinct)}
+    answers = [[list(order) for order in said] for said in distinct]
+    ties = sum(1 for said in counted.values() if borda_order(said, labels)[1] == TIE)
     return Coded({item: index[c] for item, c in counted.items()}, len(distinct), answers.__getitem__), ties
 
 

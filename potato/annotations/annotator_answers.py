@@ -20,6 +20,12 @@ against its own ``POST /updateinstance`` and its page, in ``user_state.json``):
 - **bws** (kind best_worst): ``[{"schema": "quality", "name": "best"}, "C"]``
   and ``[{"schema": "quality", "name": "worst"}, "A"]``: positions in the
   tuple (``potato.items.bws_tuples``), the item being the tuple.
+- **ranking**: ``[{"schema": "quality", "name": "rank_order"}, "Response B,Response A,Response C"]``:
+  the labels in the annotator's order, best first, joined by commas (an
+  empty value: the annotator moved nothing, no answer). A label may hold a
+  comma, so the value is split on the labels themselves, longest first, as
+  2.12.1's widget splits it; a value that is not an order of all the
+  labels, each once, is skipped and named.
 - **span**: not under ``instance_id_to_label_to_value`` at all but under
   ``instance_id_to_span_to_value``, ``{item: [[{"schema", "name", "start",
   "end", "title", "id"}, VALUE], …]}``, with ``start``/``end`` counted on the
@@ -60,6 +66,7 @@ from potato.training.answer_kinds import (
     COMPARISON,
     CONTINUOUS,
     MULTILABEL,
+    RANKING,
     SIDES,
     SPAN,
     TEXT,
@@ -67,6 +74,8 @@ from potato.training.answer_kinds import (
     WORST,
 )
 
+# The name under which 2.12 stores a ranking's order (its hidden input's label_name).
+RANK_ORDER = "rank_order"
 # Where 2.12 records the order each annotator was shown a pairwise item's responses in.
 PRESENTATION_MEMBER = "instance_id_to_presentation_order"
 # The names a pairwise answer is stored under: binary mode's choice, scale mode's number.
@@ -89,6 +98,7 @@ class AnnotatorAnswers:
     ``B`` or ``tie``, on the item's own order of its responses).
     ``picks[schema][item]``: each annotator's ``(best, worst)`` positions in a
     tuple (either None when they gave only the other).
+    ``orders[schema][item]``: each annotator's order of the schema's labels, best first.
     """
 
     answered: dict[str, int] = field(default_factory=dict)
@@ -97,13 +107,14 @@ class AnnotatorAnswers:
     spans: dict[str, dict[str, list[tuple[str, int, int, str]]]] = field(default_factory=dict)
     choices: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     picks: dict[str, dict[str, list[tuple[str | None, str | None]]]] = field(default_factory=dict)
+    orders: dict[str, dict[str, list[tuple[str, ...]]]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     skipped_answers: int = 0
 
 
 def needs_answers(schemes: Iterable[Scheme]) -> bool:
     """Whether a run over *schemes* needs ``read_answers`` (anything but nominal and ordinal)."""
-    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN, COMPARISON, BEST_WORST) for s in schemes)
+    return any(s.kind in (MULTILABEL, CONTINUOUS, TEXT, SPAN, COMPARISON, BEST_WORST, RANKING) for s in schemes)
 
 
 def read_answers(annotation_dir: Path, schemes: Sequence[Scheme], base: Path | None = None, *,
@@ -140,7 +151,8 @@ class AnswersBeside:
         self.result = AnnotatorAnswers(values={s.name: {} for s in schemes if s.kind in (CONTINUOUS, TEXT)},
                                        spans={s.name: {} for s in schemes if s.kind == SPAN},
                                        choices={s.name: {} for s in schemes if s.kind == COMPARISON},
-                                       picks={s.name: {} for s in schemes if s.kind == BEST_WORST})
+                                       picks={s.name: {} for s in schemes if s.kind == BEST_WORST},
+                                       orders={s.name: {} for s in schemes if s.kind == RANKING})
 
     def open_file(self) -> _FileAnswers:
         return _FileAnswers(self.reader)
@@ -169,6 +181,7 @@ class _FileAnswers:
         self.spans: dict[str, dict[str, list[tuple[int, int, str]]]] = {}
         self.choices: dict[str, dict[str, str]] = {}
         self.picks: dict[str, dict[str, dict[str, str]]] = {}  # schema -> item -> {"best": A, "worst": D}
+        self.ranked: dict[str, dict[str, tuple[str, ...]]] = {}  # schema -> item -> the labels, best first
         self.orders: dict[str, dict[str, Any]] = {}  # item -> schema -> the order its responses were shown in
         self.problems: list[tuple[tuple, str]] = []
 
@@ -201,6 +214,10 @@ def _merge(result: AnnotatorAnswers, user: str, one: _FileAnswers, per_user: boo
         into = result.picks[schema]
         for item_id, picked in per_item.items():
             into.setdefault(item_id, []).append((picked.get(BEST), picked.get(WORST)))
+    for schema, per_item in one.ranked.items():
+        into = result.orders[schema]
+        for item_id, order in per_item.items():
+            into.setdefault(item_id, []).append(order)
 
 
 class _FileReader:
@@ -212,6 +229,9 @@ class _FileReader:
         self.spanned = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == SPAN}
         self.compared = {n for n, kind in self.kinds.items() if kind == COMPARISON}
         self.tupled = {n: set(s.labels) for n, s in schemes.items() if self.kinds[n] == BEST_WORST}
+        # A ranking's labels, longest first: the order in which a value is matched against them.
+        self.ranking = {n: sorted(s.labels, key=len, reverse=True) for n, s in schemes.items()
+                        if self.kinds[n] == RANKING}
         self.problems = GroupedWarnings()
 
     def read(self, one: _FileAnswers, member: str, item_id: str, entry: Any) -> None:
@@ -222,7 +242,7 @@ class _FileReader:
         if entry:
             one.answered.add(item_id)
         if member == LABELS_MEMBER:
-            if self.valued or self.compared or self.tupled:
+            if self.valued or self.compared or self.tupled or self.ranking:
                 self._values(one, item_id, entry)
         elif self.spanned:
             self._spans(one, item_id, entry)
@@ -238,6 +258,9 @@ class _FileReader:
                 continue
             if schema in self.tupled:
                 self._pick(one, item_id, schema, name, value)
+                continue
+            if schema in self.ranking:
+                self._order(one, item_id, schema, name, value)
                 continue
             if schema not in self.valued:
                 continue
@@ -278,6 +301,16 @@ class _FileReader:
             one.problems.append((("position", schema, _short(value)), item_id))
             return
         one.picks.setdefault(schema, {}).setdefault(item_id, {})[name] = position
+
+    def _order(self, one: _FileAnswers, item_id: str, schema: str, name: str, value: Any) -> None:
+        if name != RANK_ORDER or (isinstance(value, str) and not value.strip()):
+            return  # an untouched widget stores an empty order: no answer
+        labels = self.ranking[schema]
+        order = split_order(value, labels)
+        if order is None:
+            one.problems.append((("order", schema, _short(value)), item_id))
+            return
+        one.ranked.setdefault(schema, {})[item_id] = order
 
     def _spans(self, one: _FileAnswers, item_id: str, entry: Any) -> None:
         for schema, label, start, end in _span_records(entry, self.spanned):
@@ -324,6 +357,31 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def split_order(value: Any, labels: Sequence[str]) -> tuple[str, ...] | None:
+    """The labels of a ranking's stored *value* (``"B,A,C"``, or a list), or None when it is not an order of
+    all *labels* (longest first) each once. Each place is matched against the labels before a comma is
+    looked for, so a label that holds a comma stays whole."""
+    if isinstance(value, list):
+        found = [part.strip() if isinstance(part, str) else None for part in value]
+    elif isinstance(value, str):
+        found, rest, comma = [], value, ","
+        while comma:
+            rest = rest.lstrip()
+            label = next((lab for lab in labels if rest.startswith(lab) and rest[len(lab):].lstrip()[:1] in ("", ",")),
+                         None)
+            if label is None:
+                head, comma, rest = rest.partition(",")
+                label = head.strip()
+            else:
+                _, comma, rest = rest[len(label):].partition(",")
+            found.append(label)
+    else:
+        return None
+    if len(found) != len(labels) or set(found) != set(labels):
+        return None
+    return tuple(found)
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -347,6 +405,9 @@ def _problem_text(key: tuple, listed: str) -> str:
     if what == "position":
         return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not a position of "
                 f"its tuples (bws_config.tuple_size); those answers were skipped")
+    if what == "order":
+        return (f"{shown}: item(s) {listed} have {detail} for schema {schema!r}, which is not an order of all "
+                f"its labels, each once; those answers were skipped")
     if what == "span label":
         return (f"{shown}: item(s) {listed} have spans labelled {detail!r} for schema {schema!r}, which is not "
                 f"one of its labels; those spans were skipped")

@@ -42,6 +42,7 @@ from potato.errors import ProjectDataError
 from potato.items.bws_tuples import tuple_texts
 from potato.items.data_warnings import GroupedWarnings, show_path
 from potato.items.json_lines import dump_line
+from potato.items.ranking_texts import ranking_texts
 from potato.items.read import Block, Item, claim_ids, first_use, item_ids, item_parts, looks_like_media, media_path
 from potato.items.rendered_text import DISPLAYED_TEXT_FIELD, renders_raw_text, spans_to_raw
 from potato.scheme_fields import answer_spec
@@ -54,10 +55,12 @@ from potato.training.answer_kinds import (
     MULTILABEL,
     NOMINAL,
     ORDINAL,
+    RANKING,
     SPAN,
     TEXT,
     TIE,
     UNSUPPORTED,
+    borda_order,
     majority_side,
     most_picked,
 )
@@ -108,7 +111,7 @@ def describe_bundle(info: BundleInfo) -> str:
 
 
 # Kinds whose answers are labels of the schema: they need labels, and their votes are counted by potato.annotations.labels.
-LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN, COMPARISON, BEST_WORST)
+LABEL_KINDS = (NOMINAL, ORDINAL, MULTILABEL, SPAN, COMPARISON, BEST_WORST, RANKING)
 _VOTED_KINDS = (NOMINAL, ORDINAL, MULTILABEL)
 
 
@@ -230,10 +233,11 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
 
     names = [s.name for s in schemes]
     kinds = {s.name: s.kind for s in schemes}
+    labels_of = {s.name: s.labels for s in schemes}
     labeled = {n: 0 for n in names}
     holdout = {n: 0 for n in names}
-    per_label = {s.name: dict.fromkeys((*s.labels, TIE) if s.kind in (COMPARISON, BEST_WORST) else s.labels, 0)
-                 for s in schemes}
+    per_label = {s.name: dict.fromkeys((*s.labels, TIE) if s.kind in (COMPARISON, BEST_WORST, RANKING) else s.labels,
+                                       0) for s in schemes}
     numbers: dict[str, list[tuple[float, int]]] = {}  # continuous: (answer, items with it)
     for outcome_json, n in writer.written.items():
         outcome = outcomes[outcome_json]
@@ -248,6 +252,8 @@ def _build_bundle(config: ProjectConfig, schemas: Sequence[str], dest: Path,
                 per_label[schema][majority_side(answer)] += n
             elif kinds[schema] == BEST_WORST:  # tuples by the position most picked as the best
                 per_label[schema][most_picked(answer[BEST])] += n
+            elif kinds[schema] == RANKING:  # items by the label their Borda count puts first
+                per_label[schema][borda_order(answer, labels_of[schema])[1]] += n
             else:
                 per_label[schema][answer] += n
             if outcome.holdout:
@@ -322,9 +328,10 @@ class _RichAnswers:
         self.text_key = config.text_key
         self.spans = SPAN in self.kinds.values()
         # Every item of a run with a comparison carries its two responses (prediction needs them all),
-        # every tuple its texts.
+        # every tuple its texts, every item of a ranking the text of each of its labels.
         self.compared = {s.name: s.items_key for s in schemes if s.kind == COMPARISON}
         self.tupled = {s.name: len(s.labels) for s in schemes if s.kind == BEST_WORST}
+        self.ranked = {s.name: s.labels for s in schemes if s.kind == RANKING}
         self.no_sides = GroupedWarnings()
         self.counted: dict[str, list[int]] = {}  # schema -> [labelled, held out]
         self.per_label: dict[str, Counter[str]] = {}
@@ -356,7 +363,7 @@ class _RichAnswers:
     def needs_lines(self, block: Block) -> bool:
         """Whether *block* must be written item by item: it holds rich answers, or (a run with spans) an
         item 2.12 shows from ``displayed_text``, which items.jsonl marks."""
-        if self.compared or self.tupled or (self.ids and not self.ids.isdisjoint(block.ids)):
+        if self.compared or self.tupled or self.ranked or (self.ids and not self.ids.isdisjoint(block.ids)):
             return True
         return self.spans and any(map(dict.__contains__, block.records, repeat(DISPLAYED_TEXT_FIELD)))
 
@@ -368,10 +375,16 @@ class _RichAnswers:
             for label, n in counts.items():
                 per_label[schema][label] += n
 
-    def sides_of(self, item: Item) -> dict[str, list[str]]:
-        """Each comparison's two responses in *item*: its ``items_key`` field, a list of two texts; each
-        best–worst schema's texts of the tuple, in position order."""
-        out = {}
+    def sides_of(self, item: Item) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """``(sides, prompts)``: each comparison's two responses in *item* (its ``items_key`` field, a list of
+        two texts), each best–worst schema's texts of the tuple in position order, each ranking's text of each
+        label (``potato.items.ranking_texts``); and each ranking's prompt where it is not the item's text."""
+        out, prompts = {}, {}
+        for schema, labels in self.ranked.items():
+            found = ranking_texts(item.fields, item.text, labels)
+            out[schema] = found.texts
+            if found.prompt != item.text:
+                prompts[schema] = found.prompt
         for schema, size in self.tupled.items():
             texts = tuple_texts(item.fields, size)
             if texts is not None:
@@ -382,7 +395,7 @@ class _RichAnswers:
                 out[schema] = sides
             else:
                 self.no_sides.add((schema, key), item.id)
-        return out
+        return out, prompts
 
     def warnings(self) -> list[str]:
         return self.no_sides.render(lambda key, listed: (
@@ -426,10 +439,12 @@ class _ItemsWriter:
         record = {"id": item.id, "text": item.text, "labels": outcome.labels, "holdout": outcome.holdout}
         if item.id in self.rich.ids:
             record["labels"] = {**outcome.labels, **self.rich.labels_of(item, outcome.holdout)}
-        if self.rich.compared or self.rich.tupled:
-            sides = self.rich.sides_of(item)
+        if self.rich.compared or self.rich.tupled or self.rich.ranked:
+            sides, prompts = self.rich.sides_of(item)
             if sides:
                 record["sides"] = sides
+            if prompts:
+                record["prompts"] = prompts
         if self.rich.spans and not renders_raw_text(item.fields, config.text_key):
             record["span_offsets"] = False  # 2.12 shows another text: span offsets cannot be moved to it
         media_fields = _media_fields(item, config.task_dir, config, self.missing_media)

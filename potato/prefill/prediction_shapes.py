@@ -19,6 +19,9 @@ comparison              ``label`` (``A`` or ``B``: the response the model prefer
 best_worst              ``label`` (the position predicted best), ``worst`` (another
                         position: the one predicted worst), ``confidence`` (0–1, the
                         best's probability); ``probs`` one per position
+ranking                 ``order`` (every label once, the predicted order, best first),
+                        ``label`` (its first), ``confidence`` (0–1, the first's
+                        probability of being first); ``probs`` one per label
 ======================  ==============================================================
 
 ``probs`` (one probability per label, schema order) is optional and kept
@@ -53,6 +56,7 @@ from potato.training.answer_kinds import (
     MULTILABEL,
     NOMINAL,
     ORDINAL,
+    RANKING,
     SPAN,
     TEXT,
     WORST,
@@ -79,7 +83,8 @@ class OrderRank(NamedTuple):
 
 class Prediction(NamedTuple):
     """A checked prediction. ``answer``: the label (nominal, ordinal), the labels (multilabel), the
-    number (continuous), the spans as dicts (span), the string (text) or ``{"best", "worst"}`` (best_worst)."""
+    number (continuous), the spans as dicts (span), the string (text), ``{"best", "worst"}`` (best_worst) or
+    the order, a list of every label (ranking)."""
 
     item_id: str
     schema: str
@@ -232,6 +237,13 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
             raise ValueError(f"worst is {quote(worst)}, not a position of the tuples of {schema!r} other than "
                              f"the best")
         answer = {BEST: label, WORST: worst}
+    elif kind == RANKING:
+        order = record.get("order")
+        if not (isinstance(order, list) and all(isinstance(x, str) for x in order) and sorted(order) == sorted(names)):
+            raise ValueError(f"order is {quote(order)}, not every label of {schema!r} once")
+        if label != order[0]:
+            raise ValueError(f"label is {quote(label)}, not the first of its order, {quote(order[0])}")
+        answer = list(order)
     elif kind == MULTILABEL:
         if not (isinstance(label, list) and all(isinstance(x, str) and x in names for x in label)):
             raise ValueError(f"label is {quote(label)}, not a list of labels of {schema!r}")
@@ -256,7 +268,7 @@ def parse_prediction(line: str | Mapping[str, Any], kinds: Mapping[str, str],
 
 
 # The kinds whose prediction is a label (or labels) with its confidence and, optionally, a probability per label.
-_LABELLED = (NOMINAL, ORDINAL, MULTILABEL, COMPARISON, BEST_WORST)
+_LABELLED = (NOMINAL, ORDINAL, MULTILABEL, COMPARISON, BEST_WORST, RANKING)
 
 
 def schema_records(path: Path, schema: str) -> Iterator[dict[str, Any]]:

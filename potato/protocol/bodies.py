@@ -165,6 +165,8 @@ _SCORE_FIELDS = {"kind": (_one_of(*KINDS), False), "n": (_whole(0), False),
                  "f1": (_SHARE, False), "mae": (_number(0), False), "spearman": (_number(-1, 1), False),
                  "chrf": (_number(0), False), "agreement": (_SHARE, False), "annotator_agreement": (_SHARE, False),
                  "best_agreement": (_SHARE, False), "worst_agreement": (_SHARE, False),
+                 "kendall_tau": (_number(-1, 1), False), "top_agreement": (_SHARE, False),
+                 "baseline_agreement": (_SHARE, False),
                  "decided": (_whole(0), False)}
 _PER_LABEL_LIMIT = 1000
 

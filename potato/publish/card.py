@@ -37,7 +37,7 @@ import yaml
 
 from potato.text.markdown_text import code, md, table
 from potato.training.trainers import llm_preference, pooling
-from potato.training.trainers.hf_reward_model import SCORE_MEANING, TUPLE_SCORE_MEANING
+from potato.training.trainers.hf_reward_model import RANKING_SCORE_MEANING, SCORE_MEANING, TUPLE_SCORE_MEANING
 
 PIPELINE_TAG = "text-classification"
 CARD_FILE = "README.md"
@@ -197,6 +197,14 @@ def _scores(facts: CardFacts) -> list[str]:
                     f"their worst on {_number(s.scores.get('worst_agreement'))} of {_number(s.scores.get('n'))} "
                     f"held-out tuples; agrees with {_number(s.scores.get('annotator_agreement'))} of each "
                     f"annotator's picks. Its score: {TUPLE_SCORE_MEANING}.", ""]
+        if s.scores.get("kind") == "ranking":
+            base = s.scores.get("baseline_agreement")
+            out += [f"{md(s.name)}: orders {_number(s.scores.get('agreement'))} of the pairs in held-out annotators' "
+                    f"orders as they did, over {_number(s.scores.get('n'))} held-out items"
+                    + (f" (one order for every item, the training answers' own, orders {_number(base)})"
+                       if base is not None else "")
+                    + f"; Kendall's tau with their Borda count {_number(s.scores.get('kendall_tau'))}. "
+                    f"Its score: {RANKING_SCORE_MEANING}.", ""]
         if not s.confusion:
             continue
         out += [f"### Confusion matrix: {md(s.name)}", "",

@@ -53,14 +53,17 @@ from potato.training.answer_kinds import (
     MULTILABEL,
     NOMINAL,
     ORDINAL,
+    RANKING,
     SPAN,
     TEXT,
     TIE,
     WORST,
+    borda_order,
     majority_side,
     most_picked,
 )
 from potato.training.calibration import expected_calibration_error, reliability_bins
+from potato.training.trainers import metrics
 
 FORMAT = 1
 BINS = 10
@@ -95,7 +98,7 @@ def _holdout_predictions(predictions: Path, kinds: dict[str, str], labels: dict[
 
 def _prediction_fields(prediction: Prediction) -> dict[str, Any]:
     """What a held-out line of labels.jsonl keeps of the prediction."""
-    field = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text"}.get(prediction.kind, "label")
+    field = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text", RANKING: "order"}.get(prediction.kind, "label")
     out: dict[str, Any] = {field: prediction.answer}
     if prediction.confidence is not None:
         out["confidence"] = prediction.confidence
@@ -118,6 +121,7 @@ class _Picture:
         self.errors: list[float] = []
         self.chose = self.matched = 0  # comparison: the annotators' choices of a side, and those the model's matched
         self.worst_correct: list[bool] = []  # best_worst: the tuples' worst (``correct`` holds their best)
+        self.orders: list[tuple[Any, Any]] = []  # ranking: (the annotators' orders, the predicted order)
 
     def add(self, gold: Any, prediction: Prediction) -> None:
         self.n += 1
@@ -159,6 +163,12 @@ class _Picture:
                 self.correct.append(answer[BEST] == most_picked(best))
             if most_picked(worst) != TIE:
                 self.worst_correct.append(answer[WORST] == most_picked(worst))
+        elif self.kind == RANKING:
+            self.orders.append((gold, answer))
+            top = borda_order(gold, self.labels)[1]
+            if top != TIE:
+                self.confidences.append(prediction.confidence)
+                self.correct.append(answer[0] == top)
 
     def as_dict(self) -> dict[str, Any]:
         share = round(sum(self.correct) / len(self.correct), 4) if self.correct else None
@@ -189,6 +199,12 @@ class _Picture:
             worst = round(sum(self.worst_correct) / len(self.worst_correct), 4) if self.worst_correct else None
             out.update(best_agreement=share, worst_agreement=worst, decided=len(self.correct),
                        annotator_agreement=round(self.matched / self.chose, 4) if self.chose else None,
+                       reliability=reliability_bins(self.confidences, self.correct, BINS),
+                       ece=None if ece is None else round(ece, 4))
+        elif self.kind == RANKING:
+            ece = expected_calibration_error(self.confidences, self.correct, BINS)
+            found = metrics.ranking([g for g, _ in self.orders], [a for _, a in self.orders], self.labels)
+            out.update({key: round(v, 4) if isinstance(v, float) else v for key, v in found.items()},
                        reliability=reliability_bins(self.confidences, self.correct, BINS),
                        ece=None if ece is None else round(ece, 4))
         return out

@@ -21,9 +21,10 @@ SPAN = "span"                # labelled character ranges of the item's text (spa
 TEXT = "text"                # free text (text, textbox)
 COMPARISON = "comparison"    # which of two responses is better, or neither (pairwise)
 BEST_WORST = "best_worst"    # the best and the worst of a tuple of texts (bws)
+RANKING = "ranking"          # an order of the schema's labels, best first (ranking)
 UNSUPPORTED = "unsupported"
 
-KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON, BEST_WORST)
+KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON, BEST_WORST, RANKING)
 # A best–worst answer: the position of the tuple's best text, and of its worst.
 BEST, WORST = "best", "worst"
 
@@ -45,6 +46,25 @@ def most_picked(counts) -> str:
     return ranked[0][0]
 
 
+def mean_positions(orders, labels) -> list:
+    """Each label's mean position (0 first) over the annotators' *orders*, in *labels*' order: the Borda
+    count, a ranking's rank aggregation (the lower, the better)."""
+    totals = dict.fromkeys(labels, 0)
+    for order in orders:
+        for position, label in enumerate(order):
+            totals[label] += position
+    return [totals[label] / len(orders) for label in labels]
+
+
+def borda_order(orders, labels) -> tuple:
+    """``(order, top)``: the labels by mean position over the annotators' *orders* (``mean_positions``; equal
+    means keep the schema's order), and the first of them, or ``tie`` when another label's mean equals its."""
+    means = mean_positions(orders, labels)
+    ranked = sorted(range(len(labels)), key=lambda k: (means[k], k))
+    top = TIE if len(ranked) > 1 and means[ranked[0]] == means[ranked[1]] else labels[ranked[0]]
+    return [labels[k] for k in ranked], top
+
+
 KIND_BY_TYPE = {
     "radio": NOMINAL,
     "select": NOMINAL,
@@ -57,6 +77,7 @@ KIND_BY_TYPE = {
     "textbox": TEXT,
     "pairwise": COMPARISON,
     "bws": BEST_WORST,
+    "ranking": RANKING,
 }
 
 

@@ -1,22 +1,28 @@
-"""Pairwise comparisons, from annotators answering in the real Potato 2.12.1 to a trained reward model's predictions.
+"""Pairwise and ranking answers, from annotators answering in the real Potato 2.12.1 to a reward model's predictions.
 
 A project of customer questions, each with two replies (one offers a
 remedy, one brushes the customer off, at a random place in the item), with
 two pairwise schemas — ``pref`` (binary, ties allowed, each annotator shown
-the pair in an order of their own) and ``grade`` (a scale from -3 to 3) — is
-annotated by three annotators **through 2.12.1's own endpoints**: each reads
-the pair as 2.12.1's page hands it over (``<script id="instance_data">``, in
-the order that annotator sees) and posts ``pref:selection`` (``A``, ``B`` or
-``tie``) and ``grade:scale_value`` to ``/updateinstance``, as its page does.
-Then:
+the pair in an order of their own) and ``grade`` (a scale from -3 to 3) —
+and a ranking schema ``rank`` over three more replies the item holds in
+fields named by its labels (``Reply 1`` … ``Reply 3``: a remedy, a promise
+to look into it, a brush-off, in an order of the item's own), is annotated
+by three annotators **through 2.12.1's own endpoints**: each reads the pair
+as 2.12.1's page hands it over (``<script id="instance_data">``, in the
+order that annotator sees) and posts ``pref:selection`` (``A``, ``B`` or
+``tie``), ``grade:scale_value`` and ``rank:rank_order`` (the labels, best
+first, joined by commas, as the ranking widget's hidden input holds them)
+to ``/updateinstance``, as its page does. Then:
 
 - the bundle holds each item's counts on the item's own order of its replies
   — the annotators who saw them swapped counted for the side they meant —
-  and both replies (always runs);
-- one training run of both schemas, with no trainer named (the default for a
-  comparison is ``hf-reward-model``), succeeds, its holdout scores carry the
-  comparison metrics, and every item with two replies gets a prediction per
-  schema: the preferred side, its probability and each side's score.
+  both replies, each annotator's order and the three ranked replies (always
+  runs);
+- one training run of the three schemas, with no trainer named (the default
+  for a comparison and a ranking is ``hf-reward-model``), succeeds, its
+  holdout scores carry the comparison and the ranking metrics, and every
+  item gets a prediction per schema: the preferred side, its probability and
+  each side's score; the order of the three replies and each one's score.
 
 Cost (2 cores): about 15 s to annotate (one 2.12.1 start) and about a minute
 for the run (a tiny model, a few epochs: this is not the learning test, which
@@ -43,6 +49,7 @@ from tests.support.tiny_model import build_tiny_model
 pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
 
 N_ITEMS, N_LABELLED = 24, 16
+RANK_LABELS = ["Reply 1", "Reply 2", "Reply 3"]
 THINGS = ["kettle", "parcel", "phone", "bike", "lamp", "chair"]
 _INSTANCE_DATA = re.compile(r'<script id="instance_data" type="application/json">(.*?)</script>', re.S)
 
@@ -52,15 +59,19 @@ def _item(i: int) -> dict:
     good = f"Sorry about your {thing}: we will send a refund or a repair today."
     bad = f"Your {thing} is not our problem, read the manual."
     good_first = random.Random(i).random() < 0.5
+    ranked = [good, f"We will look into your {thing} next week.", f"Nobody here can help with a {thing}."]
+    places = random.Random(i + 100).sample(range(3), 3)  # ranked[k] is the item's reply places[k]
+    replies = {RANK_LABELS[places[k]]: ranked[k] for k in range(3)}
     return {"id": f"q{i:02d}", "text": f"My {thing} broke after a week. What now?",
-            "replies": [good, bad] if good_first else [bad, good], "good": "A" if good_first else "B"}
+            "replies": [good, bad] if good_first else [bad, good], "good": "A" if good_first else "B",
+            **dict(sorted(replies.items())), "best_first": [RANK_LABELS[p] for p in places]}
 
 
 def _project(root: Path, model: Path) -> Path:
     with open(root / "questions.jsonl", "w", encoding="utf-8") as f:
         for i in range(N_ITEMS):
             item = _item(i)
-            f.write(json.dumps({key: item[key] for key in ("id", "text", "replies")}) + "\n")
+            f.write(json.dumps({key: item[key] for key in ("id", "text", "replies", *RANK_LABELS)}) + "\n")
     options = {"model": str(model), "max_length": 64, "epochs": 8, "learning_rate": 1e-3, "batch_size": 8}
     config = {
         "annotation_task_name": "Support replies",
@@ -76,6 +87,8 @@ def _project(root: Path, model: Path) -> Path:
              "items_key": "replies", "allow_tie": True, "randomize_order": True},
             {"annotation_type": "pairwise", "name": "grade", "description": "How much better?", "mode": "scale",
              "items_key": "replies"},
+            {"annotation_type": "ranking", "name": "rank", "description": "Order the three replies, best first",
+             "labels": RANK_LABELS},
         ],
         "model_training": {"enabled": False, "split_seed": 3, "splits": {"train": 0.6, "val": 0.1, "test": 0.3},
                            "trainers": {"hf-reward-model": options},
@@ -89,7 +102,8 @@ def _project(root: Path, model: Path) -> Path:
 
 def _answer(annotator: Annotator, who: int) -> tuple[str, bool]:
     """Answer the item on screen as its page would post it: the remedy, wherever it is shown; carol ties one in
-    four. Returns the item and whether this annotator was shown its replies swapped."""
+    four, and swaps the last two of one order in four. Returns the item and whether this annotator was shown its
+    replies swapped."""
     page = annotator.page()
     item = annotator.current()
     shown = json.loads(_INSTANCE_DATA.search(page).group(1))["replies"]
@@ -99,19 +113,30 @@ def _answer(annotator: Annotator, who: int) -> tuple[str, bool]:
     strength = 1 if who == 2 else 2
     # The scale has no randomize_order: its sides are the item's own.
     scale = -strength if _item(int(item[1:]))["good"] == "A" else strength
+    order = _order(int(item[1:]), who)
     answer = json.loads(annotator._post_json("/updateinstance", {
-        "instance_id": item, "annotations": {"pref:selection": choice, "grade:scale_value": str(scale)},
+        "instance_id": item, "annotations": {"pref:selection": choice, "grade:scale_value": str(scale),
+                                             "rank:rank_order": ",".join(order)},
         "client_timestamp": "2026-01-01T00:00:00Z"}))
     assert answer.get("status") == "success", answer
     annotator.next()
     return item, shown != source
 
 
+def _order(i: int, who: int) -> list[str]:
+    """The labels of item *i*'s ranked replies as annotator *who* orders them, best first."""
+    order = list(_item(i)["best_first"])
+    if who == 2 and i % 4 == 1:
+        order[1], order[2] = order[2], order[1]
+    return order
+
+
 @pytest.fixture(scope="module")
 def annotated(potato212, tmp_path_factory):
     """The project, annotated by three annotators through 2.12.1; 2.12.1 is left stopped."""
     root = tmp_path_factory.mktemp("replies")
-    texts = [_item(i)["text"] + " " + " ".join(_item(i)["replies"]) for i in range(N_ITEMS)]
+    texts = [" ".join([_item(i)["text"], *_item(i)["replies"], *(_item(i)[label] for label in RANK_LABELS)])
+             for i in range(N_ITEMS)]
     config = _project(root, build_tiny_model(root / "tiny-model", texts))
     server = Potato212Server(potato212, config, root / "potato212.log").start()
     swapped = 0
@@ -129,24 +154,28 @@ def annotated(potato212, tmp_path_factory):
 
 def test_each_comparison_potato_212_stored_counts_for_the_reply_the_annotator_meant(annotated, tmp_path):
     config = load_config(annotated)
-    build_bundle(config, ["pref", "grade"], tmp_path / "bundle", holdout_fraction=0.0)
+    build_bundle(config, ["pref", "grade", "rank"], tmp_path / "bundle", holdout_fraction=0.0)
     items = {item["id"]: item for item in map(json.loads, (tmp_path / "bundle" / "items.jsonl").read_text(
         "utf-8").splitlines())}
     for i in range(N_ITEMS):
         truth, item = _item(i), items[f"q{i:02d}"]
-        assert item["sides"] == {"pref": truth["replies"], "grade": truth["replies"]}
+        assert item["sides"] == {"pref": truth["replies"], "grade": truth["replies"],
+                                 "rank": [truth[label] for label in RANK_LABELS]}
+        assert "prompts" not in item  # the replies are fields: the prompt is the item's text
         if i >= N_LABELLED:
             assert item["labels"] == {}
             continue
+        assert item["labels"]["rank"] == sorted(_order(i, who) for who in range(3)), item
         ties = 1 if i % 4 == 0 else 0
         assert item["labels"]["pref"] == {"A": 0, "B": 0, "tie": ties, truth["good"]: 3 - ties}, item
         assert item["labels"]["grade"] == {"A": 0, "B": 0, "tie": 0, truth["good"]: 3}, item
 
 
-def test_one_run_trains_both_comparisons_and_predicts_every_pair(annotated, prefect_api):
-    done = potato("training", "run", str(annotated), "--schema", "pref", "--schema", "grade", timeout=900)
+def test_one_run_trains_the_comparisons_and_the_ranking_and_predicts_every_item(annotated, prefect_api):
+    done = potato("training", "run", str(annotated), "--schema", "pref", "--schema", "grade", "--schema", "rank",
+                  timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
-    run_id = int(re.search(r"Run (\d+) queued: hf-reward-model on pref, grade", done.stdout).group(1))
+    run_id = int(re.search(r"Run (\d+) queued: hf-reward-model on pref, grade, rank", done.stdout).group(1))
     config = load_config(annotated)
     run = open_store(config).get_run(run_id)
     assert run.state == "succeeded", run
@@ -157,6 +186,15 @@ def test_one_run_trains_both_comparisons_and_predicts_every_pair(annotated, pref
     predictions = [json.loads(line) for line in
                    run_paths(config, run_id).predictions.read_text("utf-8").splitlines()]
     by_schema = {schema: {p["id"]: p for p in predictions if p["schema"] == schema} for schema in ("pref", "grade")}
+    ranked = {p["id"]: p for p in predictions if p["schema"] == "rank"}
+    assert sorted(ranked) == [f"q{i:02d}" for i in range(N_ITEMS)]
+    for line in ranked.values():
+        rewards = line["rewards"]
+        assert line["order"] == [RANK_LABELS[k] for k in sorted(range(3), key=lambda k: -rewards[k])]
+        assert line["label"] == line["order"][0]
+    scores = run.scores["rank"]
+    assert scores["kind"] == "ranking" and scores["n"] > 0, scores
+    assert {"agreement", "kendall_tau", "spearman", "top_agreement", "baseline_agreement"} <= set(scores), scores
     for schema, lines in by_schema.items():
         assert sorted(lines) == [f"q{i:02d}" for i in range(N_ITEMS)], schema
         for line in lines.values():
@@ -165,4 +203,5 @@ def test_one_run_trains_both_comparisons_and_predicts_every_pair(annotated, pref
             assert len(line["rewards"]) == 2
     run_log = run_paths(config, run_id).run_log.read_text("utf-8")
     assert "Schema 'pref': " in run_log and "comparisons of two responses (A, B or neither)" in run_log
+    assert "orders of 3 (Reply 1, Reply 2, Reply 3)" in run_log
     assert processes_matching(str(annotated.parent)) == []

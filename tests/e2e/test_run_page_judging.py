@@ -47,7 +47,10 @@ def _evaluation(run_id: int) -> dict:
         "calibration": {"by_run": 9, "kept": True, "reason": "holdout log-loss and ECE fell", "threshold": None,
                         "target_precision": 0.9, "ece_after": 0.03, "reliability_after": AFTER}},
         "pref": {"kind": "comparison", "labels": ["A", "B"], "n": 22, "missing": 0, "agreement": 0.85,
-                 "decided": 20, "annotator_agreement": 0.7667, "reliability": PREFERENCE_BINS, "ece": 0.08}}}
+                 "decided": 20, "annotator_agreement": 0.7667, "reliability": PREFERENCE_BINS, "ece": 0.08},
+        "order": {"kind": "ranking", "labels": ["Response A", "Response B", "Response C"], "n": 12, "missing": 0,
+                  "agreement": 0.8611, "kendall_tau": 0.7222, "spearman": 0.7917, "top_agreement": 0.9, "decided": 10,
+                  "reliability": PREFERENCE_BINS, "ece": 0.11}}}
 
 
 def _progress(store, run_id: int) -> None:
@@ -172,9 +175,16 @@ def test_a_run_is_judged_from_its_page_and_the_training_page_refuses_and_asks_fi
     assert diagram.locator("text.after-count").all_text_contents() == ["9", "36"]
     expect(diagram.locator("text.ece")).to_have_text("ECE 0.120 before, 0.030 after calibration")
     # A comparison: agreement with the majority and with each annotator, and how sure its preferences were.
-    expect(page.locator("#evaluation p.agreement")).to_have_text(
+    agreements = page.locator("#evaluation p.agreement")
+    expect(agreements.nth(0)).to_have_text(
         "Prefers the annotators' majority on 0.850 of 20 held-out comparisons with one (2 split evenly); agrees "
         "with 0.767 of each annotator's choices.")
+    # A ranking: its orders' pairs, the rank correlations with the annotators' Borda count, and first place.
+    expect(agreements.nth(1)).to_have_text(
+        "Orders 0.861 of the pairs in held-out annotators' orders as they did; Kendall's tau with their Borda count "
+        "0.722, Spearman's rho 0.792; puts first the label their Borda count puts first on 0.900 of 10 held-out "
+        "items with one.")
+    expect(page.get_by_role("img", name="Reliability diagram of order")).to_be_visible()
     preference = page.get_by_role("img", name="Reliability diagram of pref")
     assert preference.locator("text.before-count").all_text_contents() == ["6", "14"]
 

@@ -327,3 +327,37 @@ def bws_items(pool: int = 60, *, held_out: int = 30, unlabeled: int = 5, annotat
     held = tuples(fresh, BwsConfig(num_tuples=held_out, seed=seed + 1), "held_", True, True)
     rest = tuples(fresh, BwsConfig(num_tuples=unlabeled, seed=seed + 2), "new_", False, False)
     return train + held + rest
+
+
+# -- ranking ---------------------------------------------------------------------------------
+
+RANKING_LABELS = ["Response A", "Response B", "Response C", "Response D"]
+RANKING_SCHEMAS = {"quality": RANKING_LABELS}
+RANKING_ANSWERS = {"quality": {"type": "ranking", "kind": "ranking", "size": 4}}
+RANKING_PROMPTS = ["Which reply helps most?", "Rank the replies to this customer.", "How good is each answer?"]
+
+
+def ranking_items(n: int = 80, *, held_out: int = 30, unlabeled: int = 5, annotators: int = 3, noise: float = 0.1,
+                  seed: int = 0) -> List[Dict[str, Any]]:
+    """A ranking schema's bundle: items of a prompt and four responses, each of a quality one word of
+    ``LEVEL_WORDS`` says (four different levels per item) among filler; each of ``annotators`` orders the
+    responses by that word, best first, and swaps two neighbours of that order when ``noise`` says so. The
+    ``held_out`` and ``unlabeled`` items' responses are new texts like any other (a ``level`` list per item
+    says each label's quality)."""
+    rng = random.Random(seed)
+    items = []
+    for i in range(n + held_out + unlabeled):
+        levels = rng.sample(range(len(LEVEL_WORDS)), len(RANKING_LABELS))
+        texts = [" ".join(rng.sample(FILLER, 4) + [LEVEL_WORDS[level]] + rng.sample(FILLER, 2)) for level in levels]
+        orders = []
+        for _ in range(annotators):
+            order = sorted(range(len(levels)), key=lambda k: -levels[k])
+            if rng.random() < noise:
+                k = rng.randrange(len(order) - 1)
+                order[k], order[k + 1] = order[k + 1], order[k]
+            orders.append([RANKING_LABELS[k] for k in order])
+        labelled = i < n + held_out
+        items.append({"id": "k{}".format(i) if labelled else "u{}".format(i), "text": rng.choice(RANKING_PROMPTS),
+                      "sides": {"quality": texts}, "labels": {"quality": orders} if labelled else {},
+                      "holdout": n <= i < n + held_out, "level": levels})
+    return items

@@ -216,7 +216,7 @@ def test_span_predictions_for_an_item_potato_212_shows_from_another_text_are_not
                    "per_label": {"PER": {"precision": 1.0, "recall": 0.5, "f1": 0.667, "n": 2}}}}, None),
     ({"summary": {"kind": "text", "exact_match": 0.25, "chrf": 61.2, "n": 4}}, None),
     ({"topics": {"kind": "sets"}}, "scores.topics.kind is 'sets'; use one of: nominal, ordinal, continuous, "
-                                   "multilabel, span, text, comparison, best_worst"),
+                                   "multilabel, span, text, comparison, best_worst, ranking"),
     ({"score": {"kind": "continuous", "spearman": 1.5}}, "scores.score.spearman is 1.5; use a number from -1 to 1"),
     ({"score": {"kind": "continuous", "mae": -1}}, "scores.score.mae is -1; use a number of at least 0"),
     ({"entities": {"per_label": {"PER": {"f1": "high"}}}},

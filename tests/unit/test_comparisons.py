@@ -199,9 +199,6 @@ def test_a_comparison_is_refused_for_writeback_because_potato_212_prefills_none(
     ({"annotation_type": "pairwise", "mode": "multi_dimension"},
      "(pairwise): a pairwise schema in mode multi_dimension (one answer per dimension) is not trained yet; mode "
      "binary or scale is"),
-    ({"annotation_type": "ranking", "labels": ["a", "b", "c"]},
-     "(ranking): ranking answers are not trained yet; a pairwise schema (binary or scale) or a bws schema trains "
-     "a reward model"),
 ])
 def test_the_comparisons_not_trained_yet_say_so_and_what_is(tmp_path, entry, why):
     result = _pairwise_config(tmp_path, ("sentiment", "pref"), **entry)

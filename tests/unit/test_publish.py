@@ -411,3 +411,15 @@ def test_an_llm_card_says_which_objective_trained_it_and_what_a_dpo_score_means(
     sft = render_card(_facts(trainer="hf-llm-finetune", kind="lora", base_model="org/llm", options={}), "lab/m")
     assert "Objective: sft: the annotators' answers, the loss on the answer's tokens only." in sft
     assert "Objective:" not in render_card(_facts(), "lab/m")
+
+
+def test_a_ranking_reward_models_card_says_how_it_orders_and_what_one_order_for_all_would_score():
+    from potato.training.trainers.hf_reward_model import RANKING_SCORE_MEANING
+
+    schema = SchemaFacts(name="helpfulness", labels=["Response A", "Response B"], folder="", trainer="hf-reward-model",
+                         scores={"kind": "ranking", "n": 30, "agreement": 0.9833, "kendall_tau": 1.0, "spearman": 1.0,
+                                 "top_agreement": 1.0, "decided": 30, "baseline_agreement": 0.5741})
+    card = render_card(_facts(trainer="hf-reward-model", schemas=[schema]), "lab/m")
+    assert ("helpfulness: orders 0.983 of the pairs in held-out annotators' orders as they did, over 30 held-out "
+            "items (one order for every item, the training answers' own, orders 0.574); Kendall's tau with their "
+            f"Borda count 1.000. Its score: {RANKING_SCORE_MEANING}.") in card

@@ -408,8 +408,9 @@ def test_result(client, claimed, token, project, store):
     ({"exit_code": True}, "exit_code is True; use a whole number from -255 to 255"),
     ({"exit_code": 10**30}, "exit_code is 1000000000000000000000000000000; use a whole number from -255 to 255"),
     ({"exit_code": 0, "scores": [1]}, "scores must be a JSON object"),
-    ({"exit_code": 0, "scores": {"s": {"kind": "ranking", "n": 3}}},
-     "scores.s.kind is 'ranking'; use one of: nominal, ordinal, continuous, multilabel, span, text, comparison"),
+    ({"exit_code": 0, "scores": {"s": {"kind": "rating", "n": 3}}},
+     "scores.s.kind is 'rating'; use one of: nominal, ordinal, continuous, multilabel, span, text, comparison, "
+     "best_worst, ranking"),
     ({"exit_code": 0, "artifact_uri": 5}, "artifact_uri is 5; use a string of at most 2000 characters"),
     ({"exit_code": 0, "artifact_uri": "ws1:/x\n2024-01-01 ERROR forged"}, "without control characters"),
     ({"exit_code": 0, "error": {}}, "error is {}; use a string of at most 65536 characters"),

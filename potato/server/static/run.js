@@ -487,6 +487,13 @@
             fixed(s.worst_agreement) + "; agrees with " + fixed(s.annotator_agreement) + " of each annotator's picks."));
           row.appendChild(reliabilityDiagram(name, s));
         }
+        else if (s.kind === "ranking") {
+          row.appendChild(Potato.el("p", { "class": "agreement" }, "Orders " + fixed(s.agreement) +
+            " of the pairs in held-out annotators' orders as they did; Kendall's tau with their Borda count " +
+            fixed(s.kendall_tau) + ", Spearman's rho " + fixed(s.spearman) + "; puts first the label their Borda " +
+            "count puts first on " + fixed(s.top_agreement) + " of " + s.decided + " held-out items with one."));
+          row.appendChild(reliabilityDiagram(name, s));
+        }
         else {
           var base = baseline(s);
           if (base) box.appendChild(base);

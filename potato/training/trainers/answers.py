@@ -74,6 +74,8 @@ class SchemaAnswers:
             return "comparisons of two responses (A, B or neither)"
         if self.kind == "best_worst":
             return "the best and the worst of tuples of {} ({})".format(len(self.labels), ", ".join(self.labels))
+        if self.kind == "ranking":
+            return "orders of {} ({})".format(len(self.labels), ", ".join(self.labels))
         return "labels " + ", ".join(self.labels)
 
     # -- the bundle's answers --------------------------------------------------------
@@ -88,7 +90,8 @@ class SchemaAnswers:
         ``text``: the list of its non-empty answers, stripped (every
         annotator's: the bundle keeps them all); ``comparison``: the counts
         ``{"A": n, "B": n, "tie": n}`` (every annotator's side), some above 0;
-        ``best_worst``: ``{"best": {position: n}, "worst": {position: n}}``, some pick.
+        ``best_worst``: ``{"best": {position: n}, "worst": {position: n}}``, some pick;
+        ``ranking``: the annotators' orders, each a list of all the labels once, at least one.
         """
         if self.kind in ("nominal", "ordinal"):
             label = str(value) if value is not None else None
@@ -125,6 +128,12 @@ class SchemaAnswers:
                        for counts in picks.values() for p, n in counts.items()):
                 return None
             return picks if any(picks.values()) else None
+        if self.kind == "ranking":
+            if not (isinstance(value, list) and value and all(
+                    isinstance(order, list) and all(isinstance(x, str) for x in order)
+                    and sorted(order) == sorted(self.labels) for order in value)):
+                return None
+            return [list(order) for order in value]
         return None
 
     def index(self, label: str) -> int:

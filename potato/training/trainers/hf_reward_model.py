@@ -38,6 +38,22 @@ of being picked best, the softmax of the scores), ``confidence`` (the
 best's) and ``rewards``; its holdout, the agreement with the annotators'
 most-picked best and worst (``potato.training.trainers.metrics.best_worst``).
 
+A ranking schema's item has a text for each of the schema's labels (the
+bundle's ``sides``, in the labels' order) and a prompt (the bundle's
+``prompts``, else the item's text; ``potato.items.ranking_texts`` says where
+each comes from); its answer is each annotator's order. The model scores
+``(prompt, text)`` and learns the pairs each order implies — every label over
+each one below it — with the Bradley–Terry loss, each item weighing as much
+as any other. Its prediction: ``order`` (the labels by score, highest first),
+``label`` (the first), ``probs`` (each label's chance of being put first, the
+softmax of the scores), ``confidence`` (the first's) and ``rewards``; its
+holdout, the share of the held-out annotators' pairs its order agrees with,
+Kendall's tau and Spearman's rho with their Borda count
+(``potato.training.trainers.metrics.ranking``), beside ``baseline_agreement``:
+that share for the one order the training answers' Borda count gives the
+labels, the same for every item (what a model that learnt nothing of the
+texts would predict).
+
 Part of the remote half: importing this module loads only the standard
 library; torch / transformers / peft are imported inside :func:`train`.
 """
@@ -48,7 +64,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from potato.training.answer_kinds import BEST, COMPARISON, SIDES, WORST
+from potato.training.answer_kinds import BEST, COMPARISON, RANKING, SIDES, WORST, borda_order
 from potato.training.trainers.answers import gold_answers
 from potato.training.trainers.hf_common import (
     FINE_TUNE_OPTIONS,
@@ -64,6 +80,7 @@ from potato.training.trainers.hf_common import (
     token_budget_batches,
 )
 from potato.training.trainers.metrics import KINDS, holdout_scores
+from potato.training.trainers.metrics import ranking as ranking_scores
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.schedule import Validation, split_validation
 
@@ -76,6 +93,9 @@ SCORE_MEANING = ("the logit of (prompt, response) is the response's reward; sigm
 TUPLE_SCORE_MEANING = ("the logit of a text is its score; the text of the highest score in a tuple is the one "
                        "predicted best, of the lowest the one predicted worst, and sigmoid(score(x) - score(y)) is "
                        "the probability that annotators rank x above y")
+RANKING_SCORE_MEANING = ("the logit of (prompt, the text a label stands for) is its score; the labels in descending "
+                         "order of score are the predicted order, and sigmoid(score(x) - score(y)) is the probability "
+                         "that annotators rank x above y")
 
 
 def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
@@ -84,8 +104,8 @@ def check_options(options: Optional[Dict[str, Any]]) -> List[str]:
 
 
 def train(job: Any, events: Any) -> None:
-    """Train one reward model per comparison or best–worst schema of ``job``; write predictions, scores and
-    artifacts."""
+    """Train one reward model per comparison, best–worst or ranking schema of ``job``; write predictions, scores
+    and artifacts."""
     ft = start_fine_tune(job, events, fine_tune_options(job.options, DEFAULT_OPTIONS), NAME)
     items = job.index_items()
     ft.say(ft.model_line(len(items)))
@@ -104,30 +124,41 @@ class _Shape:
     def __init__(self, kind: str, labels: List[str]):
         self.kind, self.labels = kind, labels
         self.sides = 2 if kind == COMPARISON else len(labels)
-        self.what = "comparisons" if kind == COMPARISON else "tuples"
+        self.what = {COMPARISON: "comparisons", RANKING: "rankings"}.get(kind, "tuples")
 
     def target(self, gold: Any) -> Any:
-        """A comparison's share for B; a tuple's implied pairs ``[(winner, loser, weight)]``."""
-        return preferred_share(gold) if self.kind == COMPARISON else implied_pairs(gold, self.labels)
+        """A comparison's share for B; a tuple's or a ranking's implied pairs ``[(winner, loser, weight)]``."""
+        return preferred_share(gold) if self.kind == COMPARISON else self.pairs(gold)
+
+    def pairs(self, gold: Any) -> List[Tuple[int, int, float]]:
+        if self.kind == RANKING:
+            return order_pairs(gold, self.labels)
+        return implied_pairs(gold, self.labels)
 
     def record(self, item_id: Any, schema: str, rewards: Tuple[float, ...]) -> Dict[str, Any]:
         if self.kind == COMPARISON:
             return prediction(item_id, schema, *rewards)
+        if self.kind == RANKING:
+            return order_prediction(item_id, schema, rewards, self.labels)
         return tuple_prediction(item_id, schema, rewards, self.labels)
 
     def predicted(self, rewards: Tuple[float, ...]) -> Any:
-        """What the holdout compares: the preferred side; the ``(best, worst)`` positions."""
+        """What the holdout compares: the preferred side; the ``(best, worst)`` positions; the order."""
         if self.kind == COMPARISON:
             return SIDES[1] if rewards[1] >= rewards[0] else SIDES[0]
+        if self.kind == RANKING:
+            return _by_score(rewards, self.labels)
         return self.labels[rewards.index(max(rewards))], self.labels[rewards.index(min(rewards))]
 
     def held(self, record: Dict[str, Any]) -> Any:
+        if self.kind == RANKING:
+            return record["order"]
         return record["label"] if self.kind == COMPARISON else (record["label"], record[WORST])
 
     def loss(self, rewards: Tuple[float, ...], gold: Any) -> float:
         """The Bradley–Terry loss of one item's rewards, as the training loss computes it."""
         pairs = [(1, 0, preferred_share(gold)), (0, 1, 1.0 - preferred_share(gold))] \
-            if self.kind == COMPARISON else implied_pairs(gold, self.labels)
+            if self.kind == COMPARISON else self.pairs(gold)
         return sum(weight * _softplus(rewards[loser] - rewards[winner]) for winner, loser, weight in pairs)
 
 
@@ -149,6 +180,35 @@ def implied_pairs(gold: Dict[str, Dict[str, int]], labels: List[str]) -> List[Tu
                     found[pair] = found.get(pair, 0.0) + n
     total = sum(found.values())
     return [(winner, loser, weight / total) for (winner, loser), weight in sorted(found.items())]
+
+
+def order_pairs(orders: List[List[str]], labels: List[str]) -> List[Tuple[int, int, float]]:
+    """An item's pairs ``(winner, loser, weight)`` by label index: in each annotator's order, each label wins
+    over every label below it; the weights sum to 1."""
+    index = {label: k for k, label in enumerate(labels)}
+    found = {}  # type: Dict[Tuple[int, int], float]
+    for order in orders:
+        for i, winner in enumerate(order):
+            for loser in order[i + 1:]:
+                pair = (index[winner], index[loser])
+                found[pair] = found.get(pair, 0.0) + 1
+    total = sum(found.values())
+    return [(winner, loser, weight / total) for (winner, loser), weight in sorted(found.items())]
+
+
+def _by_score(rewards: Tuple[float, ...], labels: List[str]) -> List[str]:
+    """The labels by score, highest first (equal scores in the schema's order)."""
+    return [labels[k] for k in sorted(range(len(labels)), key=lambda k: (-rewards[k], k))]
+
+
+def label_order_baseline(train: List[List[List[str]]], holdout: List[List[List[str]]],
+                         labels: List[str]) -> Optional[float]:
+    """The held-out pairwise agreement of one order for every item: the Borda count of every training order."""
+    if not train or not holdout:
+        return None
+    order = borda_order([said for orders in train for said in orders], labels)[0]
+    found = ranking_scores(holdout, [order] * len(holdout), labels)["agreement"]
+    return None if found is None else round(found, 4)
 
 
 def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[str, Any]:
@@ -173,9 +233,12 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
         stream.write(record)
     held = ft.gather(held)
     scores = holdout_scores([golds[i] for i in holdout], [held[i] for i in holdout], shape.kind, answers.labels)
+    if shape.kind == RANKING:
+        scores["baseline_agreement"] = label_order_baseline([golds[i] for i in train], [golds[i] for i in holdout],
+                                                            answers.labels)
     if ft.group.is_main:
         out_dir = os.path.join(ft.job.artifacts_dir, safe_dirname(schema))
-        meaning = SCORE_MEANING if shape.kind == COMPARISON else TUPLE_SCORE_MEANING
+        meaning = {COMPARISON: SCORE_MEANING, RANKING: RANKING_SCORE_MEANING}.get(shape.kind, TUPLE_SCORE_MEANING)
         save_model(model, ft, out_dir, {"trainer": NAME, "schema": schema, "labels": answers.labels,
                                         "score": meaning})
         ft.say("Schema {!r}: holdout {}; model saved to {}".format(schema, scores, out_dir))
@@ -227,6 +290,15 @@ def tuple_prediction(item_id: Any, schema: str, rewards: Tuple[float, ...], labe
             "rewards": [round(r, 6) for r in rewards]}
 
 
+def order_prediction(item_id: Any, schema: str, rewards: Tuple[float, ...], labels: List[str]) -> Dict[str, Any]:
+    """The predictions.jsonl line for one ranking item from its labels' scores."""
+    record = tuple_prediction(item_id, schema, rewards, labels)
+    del record[WORST]
+    order = _by_score(rewards, labels)
+    record.update(label=order[0], order=order)
+    return record
+
+
 def _without_dropout(model: Any) -> None:
     """Dropout off: the loss compares two forward passes, and each pass's own dropout mask would put its noise
     into their difference twice (TRL's RewardTrainer turns it off too)."""
@@ -244,8 +316,8 @@ def _sequence_classifier() -> Any:
 
 
 class _Pairs:
-    """Each item's token lists, one per side, ``(prompt, response)`` pairs (a tuple's texts have no prompt),
-    tokenized once when first asked for."""
+    """Each item's token lists, one per side, ``(prompt, response)`` pairs (a tuple's texts have no prompt; a
+    ranking's prompt may be its own, the bundle's ``prompts``), tokenized once when first asked for."""
 
     def __init__(self, ft: FineTune, items: Any, schema: str, sides: int):
         self.ft, self.items, self.schema, self.sides = ft, items, schema, sides
@@ -259,7 +331,8 @@ class _Pairs:
         sides = (item.get("sides") or {}).get(self.schema)
         if not (isinstance(sides, list) and len(sides) == self.sides and all(isinstance(s, str) for s in sides)):
             return None
-        return str(item.get("text") or ""), sides
+        prompt = (item.get("prompts") or {}).get(self.schema)
+        return (prompt if isinstance(prompt, str) else str(item.get("text") or "")), sides
 
     def tokens(self, position: int) -> Tuple[List[int], ...]:
         found = self.ids.get(position)

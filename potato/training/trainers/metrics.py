@@ -14,7 +14,7 @@ log.
 import math
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from potato.training.answer_kinds import TIE, majority_side, most_picked
+from potato.training.answer_kinds import TIE, borda_order, majority_side, mean_positions, most_picked
 
 Scores = Dict[str, Optional[float]]
 
@@ -241,6 +241,58 @@ def best_worst(gold: Sequence[Dict[str, Dict[str, int]]], predicted: Sequence[Tu
             "decided": sum(1 for g in gold if most_picked(g.get("best", {})) != TIE)}
 
 
+def kendall_tau(gold: Sequence[float], predicted: Sequence[float]) -> Optional[float]:
+    """Kendall's tau-b (ties on either side counted as ``scipy.stats.kendalltau`` counts them); None when either
+    side is constant."""
+    concordant = discordant = tied_gold = tied_predicted = 0
+    for i in range(len(gold)):
+        for j in range(i + 1, len(gold)):
+            g, p = gold[i] - gold[j], predicted[i] - predicted[j]
+            if g == 0 and p == 0:
+                continue
+            if g == 0:
+                tied_gold += 1
+            elif p == 0:
+                tied_predicted += 1
+            elif (g > 0) == (p > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    scale = math.sqrt((concordant + discordant + tied_gold) * (concordant + discordant + tied_predicted))
+    return (concordant - discordant) / scale if scale and concordant + discordant else None
+
+
+def ranking(gold: Sequence[List[List[str]]], predicted: Sequence[Sequence[str]],
+            labels: Sequence[str] = ()) -> Dict[str, Any]:
+    """A ranking schema's holdout, each item's gold its annotators' orders and its prediction an order:
+    ``agreement``, the share of the pairs the annotators' orders imply (each label above each one below it)
+    that the predicted order puts the same way round; ``kendall_tau`` and ``spearman``, the mean over items of
+    each coefficient between the predicted order and the annotators' Borda count (each label's mean position);
+    ``top_agreement``, the share of items whose Borda count puts one label first where the prediction puts it
+    first; ``decided``, those items."""
+    pairs = matched = 0
+    taus, rhos, tops = [], [], []
+    for orders, order in zip(gold, predicted):
+        at = {label: k for k, label in enumerate(order)}
+        for said in orders:
+            for i in range(len(said)):
+                for j in range(i + 1, len(said)):
+                    pairs += 1
+                    matched += at[said[i]] < at[said[j]]
+        means = mean_positions(orders, labels)
+        mine = [float(at[label]) for label in labels]
+        for found, into in ((kendall_tau(means, mine), taus), (spearman(means, mine), rhos)):
+            if found is not None:
+                into.append(found)
+        top = borda_order(orders, labels)[1]
+        if top != TIE:
+            tops.append(order[0] == top)
+    return {"agreement": matched / pairs if pairs else None,
+            "kendall_tau": sum(taus) / len(taus) if taus else None,
+            "spearman": sum(rhos) / len(rhos) if rhos else None,
+            "top_agreement": sum(tops) / len(tops) if tops else None, "decided": len(tops)}
+
+
 def _number(value: Any) -> str:
     return "{:.3f}".format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "n/a"
 
@@ -304,6 +356,10 @@ KINDS = {
     "best_worst": Kind(best_worst, _listed(("best_agreement", "best agreement with the majority"),
                                            ("worst_agreement", "worst"), ("annotator_agreement", "with each annotator")),
                        Main("agreement", "agreement", True)),
+    "ranking": Kind(ranking, _listed(("agreement", "pairwise agreement with each annotator"),
+                                     ("kendall_tau", "Kendall's tau with the Borda count"),
+                                     ("spearman", "Spearman's rho"), ("top_agreement", "first place")),
+                    Main("agreement", "pairwise agreement", True)),
 }  # type: Dict[str, Kind]
 
 

@@ -51,7 +51,17 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from potato.training.answer_kinds import BEST_WORST, COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import (
+    BEST_WORST,
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    RANKING,
+    SPAN,
+    TEXT,
+)
 
 TEXT_EXTRA = "pip install 'potato-annotation[train-text]'"
 SKLEARN_EXTRA = "pip install 'potato-annotation[train-sklearn]'"
@@ -104,6 +114,7 @@ DEFAULT_BY_KIND = {
     TEXT: "hf-llm-finetune",
     COMPARISON: "hf-reward-model",
     BEST_WORST: "hf-reward-model",
+    RANKING: "hf-reward-model",
 }
 
 TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
@@ -138,9 +149,9 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         host_check="potato.training.trainers.hf_llm_finetune:host_check",
         rough_time="potato.training.trainers.hf_llm_finetune:rough_time"),
     TrainerInfo(
-        "hf-reward-model", "potato.training.trainers.hf_reward_model", (COMPARISON, BEST_WORST),
+        "hf-reward-model", "potato.training.trainers.hf_reward_model", (COMPARISON, BEST_WORST, RANKING),
         "Fine-tunes a Hugging Face encoder into a reward model: a score per response, trained on which of two "
-        "responses annotators preferred, or on the best and the worst of a tuple (Bradley-Terry)",
+        "responses annotators preferred, on the best and the worst of a tuple, or on their orders (Bradley-Terry)",
         required_modules=("torch", "transformers", "peft"), install_hint=TEXT_EXTRA,
         imported_when_used=("peft",)),
     TrainerInfo(

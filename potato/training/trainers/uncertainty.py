@@ -44,7 +44,17 @@ with the same numbers): Python 3.8, standard library only.
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from potato.training.answer_kinds import BEST_WORST, COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import (
+    BEST_WORST,
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    RANKING,
+    SPAN,
+    TEXT,
+)
 
 LEAST_CONFIDENCE = "least-confidence"
 MARGIN = "margin"
@@ -111,7 +121,8 @@ def schema_uncertainty(strategy: str, kind: str, confidence: Optional[float], pr
                        n_labels: int, spans: Optional[Sequence[Dict[str, Any]]] = None) -> Optional[float]:
     """One prediction's number (0 sure .. 1 unsure) under *strategy*, or None when it says nothing."""
     base = BASE_OF[strategy]
-    if kind in (NOMINAL, ORDINAL, COMPARISON, BEST_WORST):  # a comparison: the sides' probabilities; a tuple: the best's
+    # a comparison: the sides' probabilities; a tuple: each position's of being the best; a ranking: of being first
+    if kind in (NOMINAL, ORDINAL, COMPARISON, BEST_WORST, RANKING):
         if probs is not None and len(probs) == n_labels:
             return of_probs(base, probs)
         return of_confidence(base, confidence, n_labels) if confidence is not None else None
