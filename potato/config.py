@@ -858,11 +858,14 @@ def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_r
 
     by_name = {s.name: s for s in schemes}
     for i, name in enumerate(writeback_schemas):
-        if name in by_name and by_name[name].kind in (COMPARISON, BEST_WORST, RANKING):
+        if name in by_name and by_name[name].kind == BEST_WORST:
             path = f"model_training.writeback.schemas[{i}]"
-            issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
-                               f"pre-fills nothing for one, so its predictions stay in the run's predictions.jsonl "
-                               f"and on its run page; remove it from writeback.schemas")
+            issues.error(path, f"{path} is {name!r}, a bws schema: Potato 2.12 builds its tuples when it starts "
+                               f"and keeps them in no data file, so no prediction can reach one; its predictions "
+                               f"stay in the run's predictions.jsonl and on its run page; remove it from "
+                               f"writeback.schemas")
+        elif name in by_name and by_name[name].kind in (COMPARISON, RANKING):
+            continue  # written as a confidence only, for model_review (_check_comparisons_written_back)
         elif name in by_name:
             try:
                 plan_trainers([by_name[name]])
@@ -1227,6 +1230,25 @@ def _check_live(raw: Mapping[str, Any], writeback: WritebackConfig, sources: Map
                         "include_unlabeled: true")
 
 
+def _check_comparisons_written_back(raw: Mapping[str, Any], schemes: tuple[Scheme, ...],
+                                   writeback: WritebackConfig, issues: Issues) -> None:
+    """A pairwise or ranking schema is written back as its confidence only, which Potato 2.12 uses for one
+    thing: serving the items under model_review, least sure first. Under any other strategy it would change
+    nothing annotators see (potato.prefill.writeback_shapes)."""
+    if assignment_strategy(raw) == MODEL_REVIEW:
+        return
+    by_name = {s.name: s for s in schemes}
+    for i, name in enumerate(writeback.schemas):
+        if name in by_name and by_name[name].kind in (COMPARISON, RANKING):
+            path = f"model_training.writeback.schemas[{i}]"
+            issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
+                               f"pre-fills nothing for one, so writing it back only orders the items, and only "
+                               f"under assignment_strategy: model_review (the comparisons the model is least sure "
+                               f"of first); set assignment_strategy: model_review, or remove it from "
+                               f"writeback.schemas (its predictions stay in the run's predictions.jsonl and on "
+                               f"its run page)")
+
+
 def describe_live(config: ProjectConfig) -> str | None:
     """``potato validate``'s line on where annotators see predictions, for a project that writes some back."""
     wb = config.model_training.writeback
@@ -1317,6 +1339,7 @@ def build_config(raw: Mapping[str, Any], path: str | Path) -> BuildResult:
     _check_pre_annotation(raw, task_dir, output_dir, model_training.writeback, issues,
                           data_files=bool(sources["data_files"]))
     _check_live(raw, model_training.writeback, sources, issues)
+    _check_comparisons_written_back(raw, schemes, model_training.writeback, issues)
     _check_training_user(task_dir, output_dir, issues)
 
     warnings = tuple(issues.warnings)

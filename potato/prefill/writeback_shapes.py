@@ -21,6 +21,10 @@ number                      a bare number; 2.12 pre-fills nothing
 span                        a list of ``{"start", "end", "label"}`` on the text 2.12
                             renders (``potato.items.rendered_text``), confidence kept
 text, textbox               the bare string
+pairwise (binary, scale),   ``{"confidence": c}`` only, under ``model_review``: 2.12
+ranking                     pre-fills no comparison, so the payload orders the item
+                            (c: the preferred side's probability; a ranking's, that
+                            its first is first) and shows nothing
 ==========================  =====================================================
 
 ``min_confidence`` holds back a prediction whose ``confidence`` is below it.
@@ -39,6 +43,14 @@ running 2.12.1 for each type in ``CONFIDENCE_ONLY_TYPES``. A slider or a text
 box shows such a mapping as its text, so they never get one. The same types
 take an item's place in the order (``potato.prefill.review_order``) as a mapping of
 its own, ``{"review_order": {…}}``, which pre-fills nothing either.
+
+**Comparisons.** 2.12 pre-fills no pairwise or ranking answer, so their
+payload is always a confidence only (``ORDER_ONLY_KINDS``): it is written
+under ``model_review`` alone (``potato.config`` refuses it otherwise) and
+is there to order the items. Seen in a browser on 2.12.1's annotate page:
+the A/B tiles, the scale's slider and the ranking list are the same with
+the payload and without it. A ``bws`` tuple is built by 2.12 at start-up
+and is in no data file: nothing can be written into it.
 """
 
 from __future__ import annotations
@@ -48,7 +60,11 @@ from typing import Any
 from potato.config import Scheme
 from potato.items.rendered_text import spans_to_rendered
 from potato.prefill.prediction_shapes import Prediction
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, RANKING, SPAN, TEXT
+
+# The kinds 2.12 pre-fills nothing for whatever the payload: each prediction is written as its confidence only,
+# for model_review to order the items by (measured on 2.12.1's annotate page, in a browser).
+ORDER_ONLY_KINDS = (COMPARISON, RANKING)
 
 
 def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_confidence: float = 0.0,
@@ -73,6 +89,8 @@ def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_con
         return shown or None
     if kind == TEXT:
         return prediction.answer if prediction.answer.strip() else None
+    if kind in ORDER_ONLY_KINDS:
+        return confidence_only(prediction.confidence)
     return None
 
 
@@ -90,7 +108,7 @@ def on_scale(value: float, scheme: Scheme) -> float | int:
 
 
 # The types whose page pre-fills nothing from ``{"confidence": c}`` (measured on 2.12.1's annotate page).
-CONFIDENCE_ONLY_TYPES = frozenset({"radio", "select", "multiselect", "likert", "number", "span"})
+CONFIDENCE_ONLY_TYPES = frozenset({"radio", "select", "multiselect", "likert", "number", "span", "pairwise", "ranking"})
 # The keys of a payload Potato 2.12's model_review reads a confidence from (its model_review.CONFIDENCE_KEYS).
 CONFIDENCE_KEYS = ("confidence", "score", "probability", "prob")
 
@@ -124,9 +142,12 @@ def payload_confidences(payload: Any, skip: str | None = None) -> list[float]:
     return found
 
 
-def describe_payload(payload: Any) -> str:
-    """A payload as the Training page names it: ``positive (0.93)``, ``food, price``, ``35``, ``2 spans``…"""
+def describe_payload(payload: Any, order_only: bool = False) -> str:
+    """A payload as the Training page names it: ``positive (0.93)``, ``food, price``, ``35``, ``2 spans``…
+    (*order_only*: of a kind in ``ORDER_ONLY_KINDS``, whose confidence is all there ever is to write)."""
     if is_confidence_only(payload):
+        if order_only:
+            return f"confidence {payload['confidence']:.2f} (orders the item; pre-fills nothing)"
         return f"held back (confidence {payload['confidence']:.2f})"
     if isinstance(payload, dict) and "label" in payload:
         confidence = payload.get("confidence")

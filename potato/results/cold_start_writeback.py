@@ -8,7 +8,8 @@ items without a model; here:
 - ``start_if_needed``: ``potato start`` queues one such run (trigger
   ``cold-start``, on ``model_training.backend``) when the project serves by
   ``model_review`` with a live writeback of at least one schema whose payload
-  can hold a place (``writeback_shapes.CONFIDENCE_ONLY_TYPES``), nothing is
+  can hold a place (``writeback_shapes.CONFIDENCE_ONLY_TYPES``) and whose kind
+  the cold start orders (not a comparison or a ranking), nothing is
   written back yet, no cold-start run was ever queued, and no run is queued
   or running. Once, so a failed cold start is not retried at every start
   (start one by hand: ``potato training run config.yaml --trainer
@@ -32,6 +33,14 @@ from potato.results.live_writeback import publish
 from potato.results.writeback import writeback_lock, writeback_path
 from potato.runs.store import COLD_START, Run, Store
 from potato.training.trainers.cold_start import NAME
+from potato.training.trainers.registry import TRAINERS
+
+
+def cold_start_schemas(config: ProjectConfig) -> list[str]:
+    """The schemas of ``writeback.schemas`` a cold start orders: those of the kinds it takes (not a comparison,
+    whose two sides it does not embed)."""
+    kinds = {s.name: s.kind for s in config.schemes}
+    return [name for name in config.model_training.writeback.schemas if kinds.get(name) in TRAINERS[NAME].kinds]
 
 
 def needs_cold_start(config: ProjectConfig) -> bool:
@@ -40,7 +49,7 @@ def needs_cold_start(config: ProjectConfig) -> bool:
     if assignment_strategy(config.raw) != MODEL_REVIEW or not wb.live or not wb.include_unlabeled:
         return False
     types = {s.name: s.annotation_type.strip().lower() for s in config.schemes}
-    return any(types.get(name) in CONFIDENCE_ONLY_TYPES for name in wb.schemas)
+    return any(types.get(name) in CONFIDENCE_ONLY_TYPES for name in cold_start_schemas(config))
 
 
 def _written_back(config: ProjectConfig) -> bool:
@@ -54,7 +63,7 @@ def start_if_needed(config: ProjectConfig, store: Store) -> Run | None:
 
     if not needs_cold_start(config) or _written_back(config) or store.latest_run(trigger=COLD_START) is not None:
         return None
-    return create_run(config, store, trainer=NAME, schemas=list(config.model_training.writeback.schemas),
+    return create_run(config, store, trainer=NAME, schemas=cold_start_schemas(config),
                      trigger=COLD_START, only_when_idle=True)
 
 

@@ -16,9 +16,13 @@ this order (the first that holds is the verdict):
    held-out item the same way, from the training answers: the commonest
    label (a scale: its median point), the training mean of a number, each
    label of a multi-label schema that more than half the training items
-   carry, no span, the commonest text. The run must beat it on the schema's
-   main holdout score (accuracy; MAE for a scale or a number; micro-F1 of a
-   multi-label schema; span F1; exact match of a text) in at least
+   carry, no span, the commonest text, the side the training majorities
+   prefer most often (a comparison: a position bias), one order for every
+   item (a ranking: the training answers' Borda count). The run must beat
+   it on the schema's main holdout score (accuracy; MAE for a scale or a
+   number; micro-F1 of a multi-label schema; span F1; exact match of a
+   text; agreement with the majority of a comparison; pairwise agreement
+   with each annotator's order of a ranking) in at least
    ``writeback.gate_confidence`` (0.9) of 1 000 paired bootstrap resamples
    of the held-out answers: with 9 held-out answers a lucky model is not
    told apart from a baseline, with 500 a small gain is.
@@ -54,7 +58,20 @@ from potato.prefill.prediction_shapes import schema_records
 from potato.results.writeback import live_runs_by_schema
 from potato.runs.paths import RunPaths, private_dir, run_paths
 from potato.training import atomic_files
-from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, SPAN, TEXT
+from potato.training.answer_kinds import (
+    COMPARISON,
+    CONTINUOUS,
+    MULTILABEL,
+    NOMINAL,
+    ORDINAL,
+    RANKING,
+    SIDES,
+    SPAN,
+    TEXT,
+    TIE,
+    borda_order,
+    majority_side,
+)
 from potato.training.escaping import json_bytes
 from potato.training.trainers import metrics
 
@@ -90,6 +107,18 @@ def _f1(stats: Sequence[tuple[int, int, int]]) -> float:
 
 def _mean(stats: Sequence[float]) -> float:
     return sum(stats) / len(stats)
+
+
+def _ratio(stats: Sequence[tuple[float, int]]) -> float:
+    """Matched over counted, summed over the items (an item may count none: a tie, a ranking of one)."""
+    counted = sum(s[1] for s in stats)
+    return sum(s[0] for s in stats) / counted if counted else 0.0
+
+
+def _sided(gold: Any, predicted: Any) -> tuple[float, int]:
+    """A comparison: whether the predicted side is the majority's, counted only when there is one."""
+    side = majority_side(gold)
+    return (0.0, 0) if side == TIE else (float(predicted == side), 1)
 
 
 def _spans(value: Any) -> set[tuple[int, int, str]]:
@@ -137,9 +166,11 @@ KINDS = {
     SPAN: _main(SPAN, lambda g, p, labels: _counts(_spans(g), _spans(p)), _f1),
     # A text's main score, chrF, is a corpus's: no item's share of it to resample. Exact match is.
     TEXT: _Kind("exact match", True, lambda g, p, labels: float(_normal(p) in {_normal(t) for t in _texts(g)}), _mean),
+    COMPARISON: _main(COMPARISON, lambda g, p, labels: _sided(g, p), _ratio),
+    RANKING: _main(RANKING, lambda g, p, labels: metrics.pairs_kept(g, p), _ratio),
 }
 # Where a held-out line of labels.jsonl keeps the prediction (potato.results.evaluation).
-ANSWER_FIELD = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text"}
+ANSWER_FIELD = {CONTINUOUS: "value", SPAN: "spans", TEXT: "text", RANKING: "order"}
 
 
 def _baseline(kind: str, training: Sequence[Any], labels: Sequence[str]) -> tuple[Any, str]:
@@ -162,6 +193,13 @@ def _baseline(kind: str, training: Sequence[Any], labels: Sequence[str]) -> tupl
                         else "answering no label")
     if kind == SPAN:
         return [], "predicting nothing"
+    if kind == COMPARISON:  # the side a position bias would pick
+        counts = Counter(majority_side(g) for g in training)
+        side = max(SIDES, key=lambda name: counts.get(name, 0))
+        return side, f"always preferring `{side}` (the training answers' commonest majority)"
+    if kind == RANKING:  # one order for every item, the one the labels' places alone would give
+        order = borda_order([order for orders in training for order in orders], labels)[0]
+        return order, f"always answering `{' > '.join(order)}` (the training answers' Borda count)"
     counts = Counter(_normal(t) for g in training for t in _texts(g)[:1])
     if not counts:
         return "", "answering nothing"

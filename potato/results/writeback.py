@@ -49,7 +49,10 @@ the counts, because a writeback that silently writes nothing looks broken:
    back by it; a span below it is dropped from its list). Under
    ``assignment_strategy: model_review`` such an item keeps its confidence
    only (``potato.prefill.writeback_shapes.confidence_only``), so that 2.12 serves it
-   among the first, pre-filling nothing; the run log counts them.
+   among the first, pre-filling nothing; the run log counts them. A pairwise
+   or ranking prediction is always written that way (2.12 pre-fills no
+   comparison; ``potato.config`` allows it under model_review only), so it is
+   not held back by this rule.
 7. **Something to show.** An empty set, no span left, or spans of an item
    2.12 shows from a list, a mapping or ``displayed_text`` (their offsets
    count another text) pre-fill nothing, so they are not written.
@@ -95,6 +98,7 @@ from potato.prefill.prediction_shapes import OrderRank, is_confidence, parse_lin
 from potato.prefill.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.prefill.writeback_shapes import (
     CONFIDENCE_ONLY_TYPES,
+    ORDER_ONLY_KINDS,
     confidence_only,
     describe_payload,
     is_confidence_only,
@@ -136,6 +140,8 @@ class WritebackSummary:
     bad_examples: list[str] = field(default_factory=list)
     # Held back by min_confidence but written as a confidence only (model_review), per schema.
     confidence_only: dict[str, int] = field(default_factory=dict)
+    # The schemas whose every prediction is written as its confidence only (writeback_shapes.ORDER_ONLY_KINDS).
+    order_only: tuple[str, ...] = ()
     # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only,
     # items with their place in the review order only (potato.prefill.review_order).
     items_prefilled: int = 0
@@ -166,6 +172,8 @@ class WritebackSummary:
         for schema in self.schemas:
             held = self.held_back.get(schema, {})
             text = f"{schema}: {self.written.get(schema, 0)} predictions"
+            if schema in self.order_only:
+                text += " as their confidence only (Potato 2.12 pre-fills no comparison; model_review orders by it)"
             reasons = [f"{held[rule]} {why}" + self._kept_confidence(schema, rule)
                        for rule, why in HELD_BACK.items() if held.get(rule)]
             if reasons:
@@ -440,10 +448,11 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
     wb = config.model_training.writeback
     target = writeback_path(config)
     written_schemas = tuple(s for s in run_schemas if s in wb.schemas)
-    summary = WritebackSummary(path=target, schemas=written_schemas)
+    schemes = {s.name: s for s in config.schemes}
+    summary = WritebackSummary(path=target, schemas=written_schemas, order_only=tuple(
+        s for s in written_schemas if s in schemes and schemes[s].kind in ORDER_ONLY_KINDS))
     if not written_schemas or not predictions.is_file():
         return summary
-    schemes = {s.name: s for s in config.schemes}
     bundle = _Bundle(bundle_dir, trained_on, keep_texts=any(
         s in schemes and schemes[s].kind == SPAN for s in written_schemas))
     # Earlier runs' schemas are not in this run's bundle: their labels come from the config.
@@ -487,7 +496,8 @@ def write_back(config: ProjectConfig, run_id: int, run_schemas: Sequence[str], p
             summary.hold(schema, "trained_on")
         elif not wb.include_unlabeled and not bundle.has(bundle.LABELLED, schema, index):
             summary.hold(schema, "unlabeled")
-        elif prediction.confidence is not None and prediction.confidence < wb.min_confidence:
+        elif (prediction.confidence is not None and prediction.confidence < wb.min_confidence
+              and prediction.kind not in ORDER_ONLY_KINDS):  # a pre-fill's threshold; these pre-fill nothing
             summary.hold(schema, "below_confidence")
             if schema in ordered and not table.has(schema, index):
                 table.put_confidence(schema, index, prediction.confidence, run_id)
@@ -552,13 +562,16 @@ def _write(target: Path, field_name: str, bundle: _Bundle, table: _Table, summar
     summary.least_certain = [
         {"id": _shown_id(item_id), "text": texts.get(item_id, ""),
          "confidence": min((c for p in predictions.values() for c in model_confidences(p)), default=None),
-         "predictions": {schema: _described(p) for schema, p in predictions.items()}}
+         "predictions": {schema: _described(p, schema in summary.order_only)
+                         for schema, p in predictions.items()}}
         for _, item_id, predictions in least]
 
 
-def _described(payload: Any) -> str:
+def _described(payload: Any, order_only: bool) -> str:
     shown = strip_order(payload)
-    return describe_payload(shown) if shown is not None else "nothing pre-filled (its place in the order only)"
+    if shown is None:
+        return "nothing pre-filled (its place in the order only)"
+    return describe_payload(shown, order_only)
 
 
 def _texts_of(bundle_dir: Path, ids: set[str], limit: int = 200) -> dict[str, str]:

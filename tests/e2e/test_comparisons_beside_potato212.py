@@ -23,14 +23,23 @@ to ``/updateinstance``, as its page does. Then:
   holdout scores carry the comparison and the ranking metrics, and every
   item gets a prediction per schema: the preferred side, its probability and
   each side's score; the order of the three replies and each one's score.
+- the run writes them back under ``assignment_strategy: model_review`` (the
+  config is switched to it once the answers are in, as a lead does to have
+  the rest reviewed): a new annotator is served every item written back, the
+  ones the model is least sure of first (by margin, the default order), each
+  holding the model's own probability and no answer — and 2.12.1's page, in
+  Chromium, shows no reply chosen, the scale at its middle and the ranking
+  unset.
 
-Cost (2 cores): about 15 s to annotate (one 2.12.1 start) and about a minute
+Cost (2 cores): about 15 s to annotate (one 2.12.1 start), about a minute
 for the run (a tiny model, a few epochs: this is not the learning test, which
-is tests/integration/test_reward_model.py), plus the session's Prefect API.
+is tests/integration/test_reward_model.py), about 15 s to be served the
+order (a second 2.12.1 start and a browser), plus the session's Prefect API.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import random
 import re
@@ -41,17 +50,22 @@ import yaml
 
 from potato.bundle.build import build_bundle
 from potato.config import load_config
+from potato.prefill.review_order import ORDER_KEY
 from potato.runs.paths import open_store, run_paths
+from potato.training.trainers.uncertainty import MARGIN, of_probs
+from tests.e2e.test_training_page import browser  # noqa: F401 - the module's Chromium fixture
 from tests.support.potato212 import Annotator, Potato212Server
 from tests.support.runs import potato, processes_matching
 from tests.support.tiny_model import build_tiny_model
 
-pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training]
+pytestmark = [pytest.mark.potato212, pytest.mark.prefect, pytest.mark.training, pytest.mark.browser]
 
 N_ITEMS, N_LABELLED = 24, 16
 RANK_LABELS = ["Reply 1", "Reply 2", "Reply 3"]
 THINGS = ["kettle", "parcel", "phone", "bike", "lamp", "chair"]
 _INSTANCE_DATA = re.compile(r'<script id="instance_data" type="application/json">(.*?)</script>', re.S)
+_INSTANCE_JSON = re.compile(r"data-instance-json='([^']*)'")
+SCHEMAS = ("pref", "grade", "rank")
 
 
 def _item(i: int) -> dict:
@@ -67,8 +81,11 @@ def _item(i: int) -> dict:
             **dict(sorted(replies.items())), "best_first": [RANK_LABELS[p] for p in places]}
 
 
-def _project(root: Path, model: Path) -> Path:
-    with open(root / "questions.jsonl", "w", encoding="utf-8") as f:
+def _project(root: Path, model: Path, review: bool = False) -> Path:
+    """The project's config: annotated as 2.12.1 serves by default; with *review*, served by model_review
+    from the predictions written back into the items' own records."""
+    (root / "questions").mkdir(exist_ok=True)
+    with open(root / "questions" / "questions.jsonl", "w", encoding="utf-8") as f:
         for i in range(N_ITEMS):
             item = _item(i)
             f.write(json.dumps({key: item[key] for key in ("id", "text", "replies", *RANK_LABELS)}) + "\n")
@@ -76,7 +93,7 @@ def _project(root: Path, model: Path) -> Path:
     config = {
         "annotation_task_name": "Support replies",
         "task_dir": ".",
-        "data_files": ["questions.jsonl"],
+        "data_directory": "questions",
         "item_properties": {"id_key": "id", "text_key": "text"},
         "output_annotation_dir": "annotations",
         "admin_api_key": "replies-admin",
@@ -92,18 +109,23 @@ def _project(root: Path, model: Path) -> Path:
         ],
         "model_training": {"enabled": False, "split_seed": 3, "splits": {"train": 0.6, "val": 0.1, "test": 0.3},
                            "trainers": {"hf-reward-model": options},
-                           # Not for 2.12 (it pre-fills no comparison): the pairs nobody compared get predictions too.
+                           # The pairs nobody compared get predictions too.
                            "writeback": {"include_unlabeled": True}},
     }
+    if review:
+        config.update({"assignment_strategy": "model_review", "pre_annotation": {"enabled": True},
+                       "watch_data_directory": True, "watch_poll_interval": 1})
+        # The gate off: a tiny model in 8 epochs on 16 items may not beat a side's position; the order is the point.
+        config["model_training"]["writeback"].update(schemas=list(SCHEMAS), live=True, gate=False)
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 
 
-def _answer(annotator: Annotator, who: int) -> tuple[str, bool]:
+def _answer(annotator: Annotator, who: int, then_next: bool = True) -> tuple[str, bool]:
     """Answer the item on screen as its page would post it: the remedy, wherever it is shown; carol ties one in
-    four, and swaps the last two of one order in four. Returns the item and whether this annotator was shown its
-    replies swapped."""
+    four, and swaps the last two of one order in four; then (*then_next*) go to the next item. Returns the item
+    and whether this annotator was shown its replies swapped."""
     page = annotator.page()
     item = annotator.current()
     shown = json.loads(_INSTANCE_DATA.search(page).group(1))["replies"]
@@ -119,7 +141,8 @@ def _answer(annotator: Annotator, who: int) -> tuple[str, bool]:
                                              "rank:rank_order": ",".join(order)},
         "client_timestamp": "2026-01-01T00:00:00Z"}))
     assert answer.get("status") == "success", answer
-    annotator.next()
+    if then_next:
+        annotator.next()
     return item, shown != source
 
 
@@ -137,7 +160,8 @@ def annotated(potato212, tmp_path_factory):
     root = tmp_path_factory.mktemp("replies")
     texts = [" ".join([_item(i)["text"], *_item(i)["replies"], *(_item(i)[label] for label in RANK_LABELS)])
              for i in range(N_ITEMS)]
-    config = _project(root, build_tiny_model(root / "tiny-model", texts))
+    model = build_tiny_model(root / "tiny-model", texts)
+    config = _project(root, model)
     server = Potato212Server(potato212, config, root / "potato212.log").start()
     swapped = 0
     try:
@@ -149,7 +173,16 @@ def annotated(potato212, tmp_path_factory):
     finally:
         server.stop()
     assert swapped, "2.12.1 showed no annotator a pair swapped: the order is not being tested"
-    return config
+    return _project(root, model, review=True)
+
+
+@pytest.fixture(scope="module")
+def trained(annotated, prefect_api) -> int:
+    """One run of the three schemas, with no trainer named; its id."""
+    done = potato("training", "run", str(annotated), "--schema", "pref", "--schema", "grade", "--schema", "rank",
+                  timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(re.search(r"Run (\d+) queued: hf-reward-model on pref, grade, rank", done.stdout).group(1))
 
 
 def test_each_comparison_potato_212_stored_counts_for_the_reply_the_annotator_meant(annotated, tmp_path):
@@ -171,11 +204,8 @@ def test_each_comparison_potato_212_stored_counts_for_the_reply_the_annotator_me
         assert item["labels"]["grade"] == {"A": 0, "B": 0, "tie": 0, truth["good"]: 3}, item
 
 
-def test_one_run_trains_the_comparisons_and_the_ranking_and_predicts_every_item(annotated, prefect_api):
-    done = potato("training", "run", str(annotated), "--schema", "pref", "--schema", "grade", "--schema", "rank",
-                  timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    run_id = int(re.search(r"Run (\d+) queued: hf-reward-model on pref, grade, rank", done.stdout).group(1))
+def test_one_run_trains_the_comparisons_and_the_ranking_and_predicts_every_item(annotated, trained):
+    run_id = trained
     config = load_config(annotated)
     run = open_store(config).get_run(run_id)
     assert run.state == "succeeded", run
@@ -204,4 +234,57 @@ def test_one_run_trains_the_comparisons_and_the_ranking_and_predicts_every_item(
     run_log = run_paths(config, run_id).run_log.read_text("utf-8")
     assert "Schema 'pref': " in run_log and "comparisons of two responses (A, B or neither)" in run_log
     assert "orders of 3 (Reply 1, Reply 2, Reply 3)" in run_log
+    assert processes_matching(str(annotated.parent)) == []
+
+
+def _payloads(page: str) -> dict:
+    """What 2.12.1 holds under ``predictions`` for the item on the page (its data-instance-json)."""
+    found = _INSTANCE_JSON.search(page)
+    assert found, "the annotate page has no data-instance-json"
+    return json.loads(html.unescape(found.group(1))).get("predictions") or {}
+
+
+# The page's answer, read after its scripts ran: the chosen tiles, and the inputs the page posts.
+_PAGE_ANSWER = """() => ({chosen: [...document.querySelectorAll('[aria-checked="true"], .selected, input:checked')]
+                            .map(e => e.outerHTML.slice(0, 120)),
+                  inputs: Object.fromEntries([...document.querySelectorAll('input')]
+                            .filter(e => /^(pref|grade|rank)/.test(e.name)).map(e => [e.name, e.value]))})"""
+
+
+def test_potato_212_serves_the_comparisons_the_model_is_least_sure_of_first(annotated, trained, potato212,
+                                                                          browser):  # noqa: F811
+    config = load_config(annotated)
+    predictions = [json.loads(line) for line in
+                   run_paths(config, trained).predictions.read_text("utf-8").splitlines()]
+    written = {json.loads(line)["id"] for line in config.writeback_file.read_text("utf-8").splitlines()}
+    lines = {(p["id"], p["schema"]): p for p in predictions if p["id"] in written}
+    assert {schema for _, schema in lines} == set(SCHEMAS) and len(written) > N_ITEMS - N_LABELLED
+    # The default order, margin: an item's number is its least sure schema's, 1 - (first - second probability).
+    number = {item: max(of_probs(MARGIN, lines[item, schema]["probs"]) for schema in SCHEMAS) for item in written}
+    expected = sorted(written, key=lambda item: (-number[item], item))
+    by_confidence = sorted(written, key=lambda item: (min(lines[item, s]["confidence"] for s in SCHEMAS), item))
+
+    server = Potato212Server(potato212, annotated, annotated.parent / "potato212-review.log").start()
+    try:
+        with browser.new_context() as context:  # 2.12.1's own page, its scripts run: nothing is chosen
+            context.request.post(server.url + "/auth", form={"email": "erin", "pass": ""})
+            page = context.new_page()
+            page.goto(server.url + "/annotate")
+            page.wait_for_load_state("networkidle")
+            assert page.locator("#instance_id").input_value() == expected[0]
+            shown = page.evaluate(_PAGE_ANSWER)
+            assert shown == {"chosen": [], "inputs": {"pref": "", "grade": "0", "rank:::rank_order": ""}}, shown
+        dora, served = Annotator(server, "dora"), []
+        while (item := dora.served()) is not None and len(served) <= len(written):
+            payloads = _payloads(dora.page())
+            for schema in SCHEMAS:  # the model's own probability, no answer
+                kept = {k: v for k, v in payloads[schema].items() if k != ORDER_KEY}
+                assert kept == {"confidence": lines[item, schema]["confidence"]}, (item, schema, payloads)
+            served.append(item)
+            assert _answer(dora, 0, then_next=False)[0] == item
+            dora.press_next(item)
+    finally:
+        server.stop()
+    assert served == expected, f"served {served}; by confidence alone it would be {by_confidence}"
+    print(f"\ncomparisons under model_review: served {served} (by confidence alone: {by_confidence})")
     assert processes_matching(str(annotated.parent)) == []

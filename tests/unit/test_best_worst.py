@@ -104,6 +104,14 @@ def test_config_with_a_bws_schema(tmp_path):
     assert config.bws == BwsConfig(tuple_size=3, seed=5)
     scheme = config.scheme("quality")
     assert (scheme.kind, scheme.labels) == (BEST_WORST, ("A", "B", "C"))
+    raw["model_training"]["writeback"]["schemas"] = ["quality"]
+    raw["assignment_strategy"] = "model_review"  # no strategy helps: a tuple is in no data file
+    assert [e.message for e in build(tmp_path, raw).errors] == [
+        "model_training.writeback.schemas[0] is 'quality', a bws schema: Potato 2.12 builds its tuples when it "
+        "starts and keeps them in no data file, so no prediction can reach one; its predictions stay in the run's "
+        "predictions.jsonl and on its run page; remove it from writeback.schemas"]
+    del raw["assignment_strategy"]
+    raw["model_training"]["writeback"]["schemas"] = []
     del raw["bws_config"]
     raw["ibws_config"] = {"tuple_size": 4}
     scheme = build(tmp_path, raw).config.scheme("quality")

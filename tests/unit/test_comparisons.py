@@ -187,12 +187,18 @@ def test_a_pairwise_scheme_that_cannot_be_read_is_named_with_the_fix(tmp_path, e
     assert [issue.message for issue in result.errors] == [message]
 
 
-def test_a_comparison_is_refused_for_writeback_because_potato_212_prefills_none(tmp_path):
+def test_a_comparison_is_written_back_only_under_model_review_because_potato_212_prefills_none(tmp_path):
     result = _pairwise_config(tmp_path, ("sentiment", "pref"), annotation_type="pairwise")
     assert [issue.message for issue in result.errors] == [
         "model_training.writeback.schemas[1] is 'pref', a pairwise schema: Potato 2.12 pre-fills nothing for one, "
-        "so its predictions stay in the run's predictions.jsonl and on its run page; remove it from "
-        "writeback.schemas"]
+        "so writing it back only orders the items, and only under assignment_strategy: model_review (the "
+        "comparisons the model is least sure of first); set assignment_strategy: model_review, or remove it from "
+        "writeback.schemas (its predictions stay in the run's predictions.jsonl and on its run page)"]
+    raw = seed_dict()
+    raw["annotation_schemes"].append({"annotation_type": "pairwise", "name": "pref", "description": "Which?"})
+    raw["model_training"]["writeback"]["schemas"] = ["sentiment", "pref"]
+    raw["assignment_strategy"] = "model_review"
+    assert build(tmp_path, raw).errors == ()
 
 
 @pytest.mark.parametrize("entry, why", [

@@ -211,19 +211,48 @@ def _labels_file(path: Path, lines) -> None:
      [([{"start": 0, "end": 4, "label": "FOOD"}], [])] * 8, "predicting nothing (0.00)"),
     ("continuous", [1.0, 3.0] * 3, [(2.0, 5.0)] * 8, "always answering the training mean, 2 (0.00)"),
     ("multilabel", [["a"], ["a", "b"], ["a"]] * 2, [(["a"], ["b"])] * 8, "always answering `a` (1.00)"),
+    # A position bias: the first reply shown wins most training majorities; ties are no side.
+    ("comparison", [{"A": 2, "B": 0, "tie": 1}, {"A": 1, "B": 1, "tie": 0}, {"A": 0, "B": 1, "tie": 0},
+                    {"A": 3, "B": 0, "tie": 0}] * 2,
+     [({"A": 1, "B": 2, "tie": 0}, "A")] * 6 + [({"A": 1, "B": 1, "tie": 1}, "B")] * 2,
+     "always preferring `A` (the training answers' commonest majority) (0.00)"),
+    ("ranking", [[["b", "a"]], [["b", "a"], ["a", "b"]], [["b", "a"]]] * 2, [([["a", "b"]], ["b", "a"])] * 8,
+     "always answering `b > a` (the training answers' Borda count) (0.00)"),
 ])
 def test_each_kind_has_its_trivial_baseline_in_words(project, kind, train, held, words):
+    verdict = _judged(project, kind, train, held)
+    assert not verdict.written
+    assert f" is no better than {words} on 8 held-out answers" in verdict.text
+
+
+def _judged(project: Path, kind: str, train, held, labels=None) -> quality_gate.Verdict:
+    """The gate's verdict on schema ``x`` of *kind*, from a run's labels.jsonl of *train* and *held* answers."""
     config = load_config(project)
-    fields = {"span": "spans", "continuous": "value", "multilabel": "label"}
+    fields = {"span": "spans", "continuous": "value", "multilabel": "label", "comparison": "label",
+              "ranking": "order"}
     _labels_file(run_paths(config, 9).labels, [{"id": f"t{k}", "schema": "x", "gold": g, "holdout": False}
                                                for k, g in enumerate(train)]
                  + [{"id": f"h{k}", "schema": "x", "gold": g, "holdout": True, fields[kind]: p}
                     for k, (g, p) in enumerate(held)])
     config = replace(config, model_training=replace(
         config.model_training, writeback=replace(config.model_training.writeback, schemas=("x",))))
-    (verdict,) = quality_gate.judge(config, 9, {"x": kind}, {"x": ["FOOD"] if kind == "span" else ["a", "b"]})
-    assert not verdict.written
-    assert f" is no better than {words} on 8 held-out answers" in verdict.text
+    labels = labels or {"span": ["FOOD"], "comparison": ["A", "B"]}.get(kind, ["a", "b"])
+    (verdict,) = quality_gate.judge(config, 9, {"x": kind}, {"x": labels})
+    return verdict
+
+
+def test_a_comparison_and_a_ranking_that_beat_their_baselines_are_written_back(project):
+    comparison = _judged(project, "comparison", [{"A": 2, "B": 0, "tie": 0}] * 6,
+                         [({"A": 0, "B": 2, "tie": 1}, "B")] * 7 + [({"A": 2, "B": 1, "tie": 0}, "B")])
+    assert (comparison.written, comparison.text, comparison.score, comparison.baseline) == (
+        True, "x: holdout agreement 0.88 beats always preferring `A` (the training answers' commonest majority) "
+              "(0.12) on 8 held-out answers: written back", 0.875, 0.125)
+    # Three labels: each order implies three pairs; the model keeps all three, the baseline one of them.
+    ranking = _judged(project, "ranking", [[["a", "b", "c"]]] * 6, [([["c", "b", "a"]], ["c", "b", "a"])] * 8,
+                      ["a", "b", "c"])
+    assert (ranking.written, ranking.score) == (True, 1.0), ranking.text
+    assert ranking.text.startswith("x: holdout pairwise agreement 1.00 beats always answering `a > b > c` (the "
+                                   "training answers' Borda count) (0.00)"), ranking.text
 
 
 def test_the_admin_api_lists_the_verdicts_promotes_and_pins(project):

@@ -53,8 +53,11 @@ def test_a_ranking_schema_in_the_config(tmp_path):
     raw["model_training"]["writeback"]["schemas"] = ["sentiment", "quality"]
     assert [e.message for e in build(tmp_path, raw).errors] == [
         "model_training.writeback.schemas[1] is 'quality', a ranking schema: Potato 2.12 pre-fills nothing for one, "
-        "so its predictions stay in the run's predictions.jsonl and on its run page; remove it from "
-        "writeback.schemas"]
+        "so writing it back only orders the items, and only under assignment_strategy: model_review (the "
+        "comparisons the model is least sure of first); set assignment_strategy: model_review, or remove it from "
+        "writeback.schemas (its predictions stay in the run's predictions.jsonl and on its run page)"]
+    raw["assignment_strategy"] = {"name": "model_review"}
+    assert build(tmp_path, raw).errors == ()
 
 
 @pytest.mark.parametrize("value, order", [

@@ -262,6 +262,19 @@ def kendall_tau(gold: Sequence[float], predicted: Sequence[float]) -> Optional[f
     return (concordant - discordant) / scale if scale and concordant + discordant else None
 
 
+def pairs_kept(orders: Sequence[Sequence[str]], order: Sequence[str]) -> Tuple[int, int]:
+    """``(kept, implied)``: of the pairs the annotators' *orders* imply (each label above each one below it),
+    those the predicted *order* puts the same way round, and how many there are."""
+    at = {label: k for k, label in enumerate(order)}
+    kept = implied = 0
+    for said in orders:
+        for i in range(len(said)):
+            for j in range(i + 1, len(said)):
+                implied += 1
+                kept += at[said[i]] < at[said[j]]
+    return kept, implied
+
+
 def ranking(gold: Sequence[List[List[str]]], predicted: Sequence[Sequence[str]],
             labels: Sequence[str] = ()) -> Dict[str, Any]:
     """A ranking schema's holdout, each item's gold its annotators' orders and its prediction an order:
@@ -274,11 +287,8 @@ def ranking(gold: Sequence[List[List[str]]], predicted: Sequence[Sequence[str]],
     taus, rhos, tops = [], [], []
     for orders, order in zip(gold, predicted):
         at = {label: k for k, label in enumerate(order)}
-        for said in orders:
-            for i in range(len(said)):
-                for j in range(i + 1, len(said)):
-                    pairs += 1
-                    matched += at[said[i]] < at[said[j]]
+        kept, implied = pairs_kept(orders, order)
+        matched, pairs = matched + kept, pairs + implied
         means = mean_positions(orders, labels)
         mine = [float(at[label]) for label in labels]
         for found, into in ((kendall_tau(means, mine), taus), (spearman(means, mine), rhos)):
