@@ -111,3 +111,22 @@ def test_a_cold_start_orders_the_schemas_it_can_and_is_not_queued_for_comparison
     assert (cold_start_schemas(comparisons_only), needs_cold_start(comparisons_only)) == ([], False)
     beside_a_radio = live(load_config(_config(tmp_path / "b", ("pref", "topic", "rank"))))
     assert (cold_start_schemas(beside_a_radio), needs_cold_start(beside_a_radio)) == (["topic"], True)
+
+
+def test_a_worker_s_bad_comparison_lines_are_named_and_the_good_ones_still_order_the_items(tmp_path):
+    bad = [{**_pref("q1", 0.52), "confidence": 1.5}, {**_pref("q2", 0.95), "confidence": float("nan")},
+           {key: v for key, v in _pref("q3", 0.1).items() if key != "confidence"},
+           {**_pref("q5", 0.3), "label": "C"}, {**_rank("q4", [0.05, 0.05, 0.9]), "order": ["Reply 1", "Reply 9"]},
+           {**_pref("q4", 0.99), "id": "q" * 2_000_000}, {**_pref("q4", 0.99), "id": "q\ud800"}]
+    config = load_config(_config(tmp_path))
+    good = [_pref("q4", 0.99), _rank("q3", [0.1, 0.8, 0.1])]
+    _, predictions, bundle = succeeded_run(tmp_path, config, 1, ("pref", "rank"), [])
+    predictions.write_text("".join(json.dumps(row) + "\n" for row in bad + good))
+    summary = write_back(config, 1, ["pref", "rank"], predictions, bundle)
+    assert summary.bad_lines == 5, summary.bad_examples
+    assert summary.held_back == {"pref": {"not_an_item": 2}}
+    assert summary.bad_examples[0] == "line 1: confidence is 1.5; use a number from 0 to 1"
+    records = _file(config)
+    assert {i: {s: strip_order(p) for s, p in preds.items()} for i, preds in records.items()} == {
+        "q3": {"rank": {"confidence": 0.8}}, "q4": {"pref": {"confidence": 0.99}}}
+    assert served_by_potato_212(records) == ["q3", "q4"]
