@@ -78,7 +78,7 @@ from potato.config_keys import (
 )
 from potato.errors import ConfigError
 from potato.scheme_fields import BwsConfig, read_bws_config
-from potato.training.answer_kinds import BEST_WORST, COMPARISON, RANKING
+from potato.training.answer_kinds import BEST_WORST, ORDER_ONLY_KINDS
 from potato.training.trainers.registry import TRAINERS
 from potato.training.trainers.registry import check_options as check_trainer_options
 from potato.training.trainers.uncertainty import DEFAULT_BATCH, DEFAULT_STRATEGY, MAX_BATCH, STRATEGIES
@@ -864,7 +864,7 @@ def _check_trainable(schemes: tuple[Scheme, ...], writeback_schemas: Any, auto_r
                                f"and keeps them in no data file, so no prediction can reach one; its predictions "
                                f"stay in the run's predictions.jsonl and on its run page; remove it from "
                                f"writeback.schemas")
-        elif name in by_name and by_name[name].kind in (COMPARISON, RANKING):
+        elif name in by_name and by_name[name].kind in ORDER_ONLY_KINDS:
             continue  # written as a confidence only, for model_review (_check_comparisons_written_back)
         elif name in by_name:
             try:
@@ -1239,7 +1239,7 @@ def _check_comparisons_written_back(raw: Mapping[str, Any], schemes: tuple[Schem
         return
     by_name = {s.name: s for s in schemes}
     for i, name in enumerate(writeback.schemas):
-        if name in by_name and by_name[name].kind in (COMPARISON, RANKING):
+        if name in by_name and by_name[name].kind in ORDER_ONLY_KINDS:
             path = f"model_training.writeback.schemas[{i}]"
             issues.error(path, f"{path} is {name!r}, a {by_name[name].annotation_type} schema: Potato 2.12 "
                                f"pre-fills nothing for one, so writing it back only orders the items, and only "

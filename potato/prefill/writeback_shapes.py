@@ -60,11 +60,7 @@ from typing import Any
 from potato.config import Scheme
 from potato.items.rendered_text import spans_to_rendered
 from potato.prefill.prediction_shapes import Prediction
-from potato.training.answer_kinds import COMPARISON, CONTINUOUS, MULTILABEL, NOMINAL, ORDINAL, RANKING, SPAN, TEXT
-
-# The kinds 2.12 pre-fills nothing for whatever the payload: each prediction is written as its confidence only,
-# for model_review to order the items by (measured on 2.12.1's annotate page, in a browser).
-ORDER_ONLY_KINDS = (COMPARISON, RANKING)
+from potato.training.answer_kinds import CONTINUOUS, MULTILABEL, NOMINAL, ORDER_ONLY_KINDS, ORDINAL, SPAN, TEXT
 
 
 def prefill(scheme: Scheme, prediction: Prediction, text: str | None, *, min_confidence: float = 0.0,

@@ -98,7 +98,6 @@ from potato.prefill.prediction_shapes import OrderRank, is_confidence, parse_lin
 from potato.prefill.review_order import ReviewOrder, model_confidences, order_spec, strip_order
 from potato.prefill.writeback_shapes import (
     CONFIDENCE_ONLY_TYPES,
-    ORDER_ONLY_KINDS,
     confidence_only,
     describe_payload,
     is_confidence_only,
@@ -108,7 +107,7 @@ from potato.prefill.writeback_shapes import (
 from potato.runs.paths import private_dir, run_paths
 from potato.runs.store import MAX_RUN_ID
 from potato.training import atomic_files
-from potato.training.answer_kinds import NOMINAL, SPAN
+from potato.training.answer_kinds import NOMINAL, ORDER_ONLY_KINDS, SPAN
 from potato.training.escaping import json_bytes
 
 # How many bad lines the run log names before it only counts them.
@@ -140,7 +139,7 @@ class WritebackSummary:
     bad_examples: list[str] = field(default_factory=list)
     # Held back by min_confidence but written as a confidence only (model_review), per schema.
     confidence_only: dict[str, int] = field(default_factory=dict)
-    # The schemas whose every prediction is written as its confidence only (writeback_shapes.ORDER_ONLY_KINDS).
+    # The schemas whose every prediction is written as its confidence only (answer_kinds.ORDER_ONLY_KINDS).
     order_only: tuple[str, ...] = ()
     # What the writeback file holds afterwards, every schema: items with a pre-fill, items with a confidence only,
     # items with their place in the review order only (potato.prefill.review_order).

@@ -25,6 +25,10 @@ RANKING = "ranking"          # an order of the schema's labels, best first (rank
 UNSUPPORTED = "unsupported"
 
 KINDS = (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT, COMPARISON, BEST_WORST, RANKING)
+# The kinds Potato 2.12 pre-fills nothing for whatever the payload, whose items are in its data files: a prediction
+# of one is written back as its confidence only, for model_review to order the items by
+# (potato.prefill.writeback_shapes; potato.config allows them in writeback.schemas under model_review alone).
+ORDER_ONLY_KINDS = (COMPARISON, RANKING)
 # A best–worst answer: the position of the tuple's best text, and of its worst.
 BEST, WORST = "best", "worst"
 
