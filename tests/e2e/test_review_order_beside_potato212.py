@@ -11,8 +11,9 @@ only through 2.12.1's own endpoints (sign in, the annotate page, save, next):
    pre-filling nothing and holding no confidence.
 2. After a run of ``hf-text-classification`` on the reviewer's labels, a new
    reviewer is served every item the run wrote back in the diverse order:
-   the worker's order lines first (its most uncertain unlabelled items in
-   k-centre greedy order over the model's embeddings), then the rest by
+   the worker's order lines first (its most uncertain unlabelled items, the
+   most uncertain of each k-means cluster of the model's embeddings of them
+   leading), then the rest by
    margin (the gap between the two likeliest labels, computed here from the
    run's own ``predictions.jsonl``) — not the order of the confidences; each
    payload 2.12.1 holds (the page's ``data-instance-json``) has the model's

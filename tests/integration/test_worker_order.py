@@ -44,8 +44,8 @@ def test_the_diverse_order_ranks_the_most_uncertain_unlabelled_items_after_the_p
     assert sorted(line["id"] for line in ranks) == sorted(top)
     assert {tuple(sorted(line)) for line in ranks} == {("id", "order_rank", "schema")}
     said = [e["message"] for e in events_of(job) if e.get("type") == "log"]
-    assert ("Schema 'sentiment': diverse order: the 20 most uncertain of 30 unlabelled items (margin), spread over "
-            "the model's embeddings away from its 48 training items (k-centre greedy), go first") in said
+    assert ("Schema 'sentiment': diverse order: the 20 most uncertain of 30 unlabelled items (margin) go first, "
+            "the most uncertain of each of 4 clusters of the model's embeddings of them (k-means) leading") in said
 
 
 def test_the_cold_start_orders_every_unlabelled_item_and_predicts_nothing(tmp_path):
@@ -63,7 +63,7 @@ def test_the_cold_start_orders_every_unlabelled_item_and_predicts_nothing(tmp_pa
     assert json.loads((job / "scores.json").read_text()) == {}
     said = [e["message"] for e in events_of(job) if e.get("type") == "log"]
     assert any(m.startswith("Cold start: 25 unlabelled and 40 labelled items, embedded by ") for m in said)
-    assert ("Cold start: 25 items in order for sentiment: the first 20 by k-centre greedy over the encoder's "
+    assert ("Cold start: 25 items in order for sentiment: the first 20 by typical clustering of the encoder's "
             "embeddings (batches of 2), the rest by distance to those") in said
 
 

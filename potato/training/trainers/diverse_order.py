@@ -5,19 +5,20 @@ A trainer that can embed its items (``hf-text-classification``) builds one
 ``diverse``, shows it each prediction it streams (``observe``), and after the
 last one calls ``write``: the ``POOL_FACTOR`` × ``batch`` unlabelled items of
 the highest margin number are embedded by the trained model (mean-pooled last
-hidden states), put in k-centre greedy order away from the items it trained
-on (``potato.training.trainers.diversity``), and written as order lines
+hidden states) and clustered into ``batch`` clusters by k-means; the most
+uncertain item of each cluster leads, then the other candidates by margin
+(``potato.training.trainers.diversity``), written as order lines
 ``{"id", "schema", "order_rank"}`` after the predictions. The writeback puts
 those items first, in that order, and the rest by margin
 (``potato.prefill.review_order``). Memory: one number per unlabelled item, and the
-embeddings of the candidates and the training items only.
+embeddings of the candidates only.
 
 Part of the remote half: standard library at import.
 """
 
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
-from potato.training.trainers.diversity import k_centre_order, mean_pooled, order_lines
+from potato.training.trainers.diversity import clustered_order, mean_pooled, order_lines
 from potato.training.trainers.pooling import encoder_of
 from potato.training.trainers.uncertainty import (
     DEFAULT_BATCH,
@@ -51,10 +52,10 @@ class DiverseOrder:
             self.numbers[position] = schema_uncertainty(MARGIN, self.kind, record.get("confidence"),
                                                         record.get("probs"), self.n_labels, record.get("spans"))
 
-    def write(self, torch: Any, stream: Any, items: Any, covered: Sequence[int], device: str, max_length: int,
+    def write(self, torch: Any, stream: Any, items: Any, device: str, max_length: int,
               tokenizer: Any, forward: Callable[[Any, Any], Any], say: Callable[[str], None],
               check: Callable[[], None]) -> int:
-        """Embed the candidates and the ``covered`` (trained-on) items, write the order lines; their count."""
+        """Embed the candidates, write the order lines; their count."""
         if not self.on or not self.numbers:
             return 0
         positions = sorted(self.numbers)
@@ -63,13 +64,13 @@ class DiverseOrder:
         chosen = [positions[k] for k in candidates(numbers, ids, POOL_FACTOR * self.batch)]
         texts = [items.read(i)[1] for i in chosen]
         embed = lambda rows: mean_pooled(torch, forward, tokenizer, rows, max_length, device, check)  # noqa: E731
-        order = k_centre_order(torch, embed(texts), embed([items.read(i)[1] for i in covered]), check=check)
+        order = clustered_order(torch, embed(texts), self.batch, check=check)
         lines = order_lines(self.schema, [items.read(chosen[k])[0] for k in order])
         for line in lines:
             stream.write(line)
-        say("Schema {!r}: diverse order: the {} most uncertain of {} unlabelled items (margin), spread over the "
-            "model's embeddings away from its {} training items (k-centre greedy), go first".format(
-                self.schema, len(lines), len(positions), len(covered)))
+        say("Schema {!r}: diverse order: the {} most uncertain of {} unlabelled items (margin) go first, the most "
+            "uncertain of each of {} clusters of the model's embeddings of them (k-means) leading".format(
+                self.schema, len(lines), len(positions), min(self.batch, len(lines))))
         return len(lines)
 
 

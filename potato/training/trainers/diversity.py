@@ -1,20 +1,27 @@
-"""Items spread over an encoder's embedding space: mean-pooled embeddings and a k-centre greedy order.
+"""Items spread over an encoder's embedding space: mean-pooled embeddings, k-means, and the orders made with them.
 
 Two orders use it, both in the worker, where the model is:
 
 - the ``diverse`` strategy (``potato.training.trainers.uncertainty``): the trained
-  model's embeddings of the most uncertain items, each next one the farthest
-  from the items trained on and those already chosen, so that one batch does
-  not spend its labels on near-copies of one confusing sentence;
+  model's embeddings of the most uncertain items, clustered into one batch's
+  worth of clusters, the most uncertain of each first, so that one batch does
+  not spend its labels on near-copies of one confusing sentence (Zhdanov 2019,
+  "Diverse mini-batch Active Learning"; Citovsky et al. 2021, "Cluster-Margin");
 - cold start (``potato.training.trainers.cold_start``): before any model, the shipped
   encoder's embeddings of the unlabelled items, so that the first batch
-  covers the corpus rather than its first lines.
+  covers the corpus rather than its first lines, in typical-clustering order.
 
-k-centre greedy (Sener & Savarese 2018, "core-set"): each pick is the item
-farthest (cosine distance) from everything covered so far; it costs one
-matrix-vector product per pick. Past ``max_picks`` the remaining items follow
-by their distance to what was picked, farthest first (one more pass), which
-keeps a 100 000-item cold start at ``max_picks`` products instead of 100 000.
+Typical clustering (Hacohen, Dekel & Weinshall, ICML 2022, "TypiClust"): with
+no model yet, the items farthest apart (k-centre greedy, Sener & Savarese
+2018) are a corpus's outliers, and a first batch of them taught the default
+trainer less than a random one did (SST-2, 50 labels, 3 seeds: 0.635 against
+0.684 test accuracy). Instead each batch clusters the items (spherical
+k-means, k = the items covered so far plus the batch) and takes, from each
+cluster no covered item falls in, largest first, its most typical item: the
+one whose ``TYPICAL_NEIGHBOURS`` nearest neighbours in its cluster are the
+closest. A pool above ``MAX_CLUSTERED`` items is clustered on a seeded sample
+of that many; past ``batches`` batches the rest follow by distance to what was
+picked, farthest first.
 
 Part of the remote half: standard library at import; torch is passed in.
 """
@@ -23,6 +30,12 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 # Texts per forward pass when embedding (the pass is prediction-sized: no gradients).
 EMBED_ROWS = 64
+# Typical clustering: the neighbours an item's typicality is measured on, the smallest cluster worth a pick
+# (TypiClust's 20 and 5), k-means' most iterations, and the most items clustered (a seeded sample beyond).
+TYPICAL_NEIGHBOURS = 20
+MIN_CLUSTER = 5
+KMEANS_ITERATIONS = 20
+MAX_CLUSTERED = 20000
 
 
 def mean_pooled(torch: Any, forward: Callable[[Any, Any], Any], tokenizer: Any, texts: Sequence[str],
@@ -55,38 +68,106 @@ def mean_pooled(torch: Any, forward: Callable[[Any, Any], Any], tokenizer: Any, 
     return torch.stack(rows)
 
 
-def k_centre_order(torch: Any, candidates: Any, covered: Optional[Any] = None, max_picks: Optional[int] = None,
-                   check: Optional[Callable[[], None]] = None) -> List[int]:
-    """The rows of ``candidates`` (normalised embeddings) in k-centre greedy order.
-
-    ``covered``: embeddings already labelled (they count as picked). With
-    nothing covered the first pick is row 0 (callers put their most uncertain
-    item there); ties go to the lower row. After ``max_picks`` picks the rest
-    follow by distance to the picked rows, farthest first.
-    """
+def typical_order(torch: Any, candidates: Any, covered: Optional[Any] = None, batch: int = 50, batches: int = 10,
+                  seed: int = 0, check: Optional[Callable[[], None]] = None) -> List[int]:
+    """The rows of ``candidates`` (normalised embeddings) in typical-clustering order, ``batches`` batches of
+    ``batch``; ``covered``: embeddings already labelled. The rest follow by distance to the picked rows and
+    ``covered``, farthest first."""
     n = int(candidates.shape[0])
     if n == 0:
         return []
-    limit = n if max_picks is None else max(0, min(n, max_picks))
-    if covered is not None and int(covered.shape[0]) > 0:
-        nearest = _distance_to(torch, candidates, covered)
-    else:
-        nearest = torch.full((n,), float("inf"))
+    width = int(candidates.shape[1])
+    known = covered if covered is not None and int(covered.shape[0]) > 0 else torch.zeros((0, width))
+    rows = list(range(n))
+    if n > MAX_CLUSTERED:
+        generator = torch.Generator().manual_seed(seed)
+        rows = sorted(int(i) for i in torch.randperm(n, generator=generator)[:MAX_CLUSTERED])
     picked = []  # type: List[int]
-    taken = torch.zeros(n, dtype=torch.bool)
-    for _ in range(limit):
-        if check is not None and len(picked) % 256 == 0:
-            check()
-        scores = nearest.masked_fill(taken, -1.0)
-        # inf everywhere (nothing covered, no pick yet): argmax would take row 0 anyway; say so.
-        pick = 0 if not picked and bool(torch.isinf(scores[0])) else int(torch.argmax(scores))
-        picked.append(pick)
-        taken[pick] = True
-        distance = 1.0 - candidates @ candidates[pick]
-        nearest = torch.minimum(nearest, distance)
-    rest = [i for i in range(n) if not bool(taken[i])]
-    rest.sort(key=lambda i: (-float(nearest[i]), i))
+    for round_ in range(batches):
+        done = set(picked)
+        free = [i for i in rows if i not in done]
+        want = min(batch, len(free))
+        if want <= 0:
+            break
+        seen = torch.cat([known, candidates[picked]]) if picked else known
+        points = torch.cat([candidates[free], seen])
+        k = min(int(points.shape[0]), int(seen.shape[0]) + want)
+        assigned = _spherical_kmeans(torch, points, k, seed + round_, check)
+        members = {}  # type: dict
+        for position, cluster in enumerate(assigned[:len(free)].tolist()):
+            members.setdefault(cluster, []).append(free[position])
+        taken = set(assigned[len(free):].tolist())
+        clusters = sorted(members, key=lambda c: (c in taken, len(members[c]) < MIN_CLUSTER, -len(members[c]), c))
+        for cluster in clusters[:want]:
+            picked.append(_most_typical(torch, candidates, members[cluster]))
+    chosen = set(picked)
+    rest = [i for i in range(n) if i not in chosen]
+    if rest:
+        reference = torch.cat([known, candidates[picked]]) if picked or int(known.shape[0]) else None
+        nearest = _distance_to(torch, candidates[rest], reference) if reference is not None \
+            else torch.zeros(len(rest))
+        rest = [i for _, i in sorted(zip((-float(d) for d in nearest), rest))]
     return picked + rest
+
+
+def clustered_order(torch: Any, candidates: Any, batch: int, seed: int = 0,
+                    check: Optional[Callable[[], None]] = None) -> List[int]:
+    """The rows of ``candidates`` (normalised embeddings, the most uncertain first) with one batch spread over
+    them: k-means into ``batch`` clusters, the most uncertain row of each first (in row order), the rest in row
+    order after them."""
+    n = int(candidates.shape[0])
+    if n <= batch:
+        return list(range(n))
+    assigned = _spherical_kmeans(torch, candidates, batch, seed, check).tolist()
+    first = {}  # type: dict
+    for row, cluster in enumerate(assigned):
+        first.setdefault(cluster, row)
+    picked = sorted(first.values())
+    chosen = set(picked)
+    return picked + [row for row in range(n) if row not in chosen]
+
+
+def _spherical_kmeans(torch: Any, points: Any, k: int, seed: int, check: Optional[Callable[[], None]]) -> Any:
+    """Each row's cluster (0..k-1) by k-means on cosine similarity, seeded by k-means++."""
+    generator = torch.Generator().manual_seed(seed)
+    n = int(points.shape[0])
+    first = int(torch.randint(n, (1,), generator=generator))
+    chosen = [first]
+    nearest = (1.0 - points @ points[first]).clamp(min=0.0)
+    while len(chosen) < k:
+        if check is not None and len(chosen) % 256 == 0:
+            check()
+        total = float(nearest.sum())
+        pick = int(torch.multinomial(nearest / total, 1, generator=generator)) if total > 0 else \
+            next(i for i in range(n) if i not in set(chosen))
+        chosen.append(pick)
+        nearest = torch.minimum(nearest, (1.0 - points @ points[pick]).clamp(min=0.0))
+    centres = points[chosen].clone()
+    assigned = None
+    for _ in range(KMEANS_ITERATIONS):
+        if check is not None:
+            check()
+        now = (points @ centres.T).argmax(dim=1)
+        if assigned is not None and bool(torch.equal(now, assigned)):
+            break
+        assigned = now
+        sums = torch.zeros_like(centres).index_add_(0, assigned, points)
+        empty = torch.bincount(assigned, minlength=k) == 0
+        centres = torch.where(empty.unsqueeze(1), centres, torch.nn.functional.normalize(sums, dim=1))
+    return assigned
+
+
+def _most_typical(torch: Any, candidates: Any, members: List[int]) -> int:
+    """The member whose nearest neighbours in ``members`` are the closest (the lowest mean distance); ties go to
+    the first."""
+    if len(members) < 3:
+        return members[0]
+    rows = candidates[members]
+    distance = 1.0 - rows @ rows.T
+    near = min(TYPICAL_NEIGHBOURS, len(members) - 1)
+    # the smallest near+1 distances include the item's own 0
+    mean = distance.topk(near + 1, dim=1, largest=False).values.sum(dim=1) / near
+    return members[int(torch.argmin(mean))]
 
 
 def _distance_to(torch: Any, rows: Any, others: Any, chunk: int = 4096) -> Any:

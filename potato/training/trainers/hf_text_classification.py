@@ -170,7 +170,7 @@ def _train_schema(ft: FineTune, items: Any, schema: str, stream: Any) -> Dict[st
     if diverse.on:
         diverse.numbers = ft.gather(diverse.numbers)
         if group.is_main:
-            diverse.write(torch, stream, items, labelled.train, ft.dev.device, opts["max_length"], ft.tokenizer,
+            diverse.write(torch, stream, items, ft.dev.device, opts["max_length"], ft.tokenizer,
                           hidden_states(model), ft.say, ft.events.check_cancelled)
     held = ft.gather(held)
     scores = holdout_scores([golds[i] for i in labelled.holdout], [held[i] for i in labelled.holdout],

@@ -156,8 +156,8 @@ TRAINERS: Dict[str, TrainerInfo] = {info.name: info for info in (
         imported_when_used=("peft",)),
     TrainerInfo(
         "cold-start", "potato.training.trainers.cold_start", (NOMINAL, ORDINAL, CONTINUOUS, MULTILABEL, SPAN, TEXT),
-        "Before any model: orders the unlabelled items for model_review, a first batch spread over the shipped "
-        "encoder's embeddings (k-centre greedy); pre-fills nothing",
+        "Before any model: orders the unlabelled items for model_review, a first batch of the most typical item "
+        "of each cluster of the shipped encoder's embeddings (typical clustering); pre-fills nothing",
         required_modules=("torch", "transformers"), install_hint=TEXT_EXTRA, learns=False,
         record="potato.results.cold_start_writeback:record"),
 )}

@@ -18,9 +18,10 @@ margin              ``1 - (p1 - p2)``: the gap between the two likeliest
 entropy             the entropy of the labels' probabilities, over its
                     largest (``ln n``)
 diverse             the margin's most uncertain items (``POOL_FACTOR`` × the
-                    batch) spread over the model's own embedding space by
-                    k-centre greedy (``potato.training.trainers.diversity``, in the
-                    worker), the rest by margin
+                    batch), clustered by k-means over the model's own
+                    embeddings into a batch's worth of clusters, the most
+                    uncertain of each first (``potato.training.trainers.diversity``,
+                    in the worker), the rest by margin
 ==================  ==========================================================
 
 Per kind: **nominal** and **ordinal** (a likert's points) use the labels'
