@@ -58,3 +58,15 @@ def test_the_diverse_batch_takes_the_most_uncertain_of_each_cluster_not_near_cop
     assert order[:3] == [0, 5, 10]
     assert order[3:] == [1, 2, 3, 4, 6, 7, 8, 9, 11, 12, 13, 14]
     assert clustered_order(torch, interleaved[:2], batch=3) == [0, 1]
+
+
+def test_copies_of_one_text_and_more_covered_items_than_clusters_still_order_every_item(monkeypatch):
+    import potato.training.trainers.diversity as diversity
+
+    monkeypatch.setattr(diversity, "MAX_CLUSTERS", 12)
+    same = torch.nn.functional.normalize(torch.ones(30, 16), dim=1)
+    assert sorted(typical_order(torch, same, None, batch=5, batches=2)) == list(range(30))
+    rows, centres = _blobs([40, 25, 12])
+    covered, _ = _blobs([50], seed=3)
+    order = typical_order(torch, rows, covered, batch=5, batches=10)
+    assert sorted(order) == list(range(77))

@@ -20,8 +20,10 @@ k-means, k = the items covered so far plus the batch) and takes, from each
 cluster no covered item falls in, largest first, its most typical item: the
 one whose ``TYPICAL_NEIGHBOURS`` nearest neighbours in its cluster are the
 closest. A pool above ``MAX_CLUSTERED`` items is clustered on a seeded sample
-of that many; past ``batches`` batches the rest follow by distance to what was
-picked, farthest first.
+of that many, and no k-means makes more than ``MAX_CLUSTERS`` clusters (a
+sample of the covered items stands for them beyond); past ``batches`` batches,
+or ``MAX_CLUSTERS`` picks, the rest follow by distance to what was picked,
+farthest first.
 
 Part of the remote half: standard library at import; torch is passed in.
 """
@@ -35,7 +37,10 @@ EMBED_ROWS = 64
 TYPICAL_NEIGHBOURS = 20
 MIN_CLUSTER = 5
 KMEANS_ITERATIONS = 20
-MAX_CLUSTERED = 20000
+MAX_CLUSTERED = 10000
+# The most clusters one k-means makes and the most items typical clustering picks in all (a large batch, or many
+# items labelled before the cold start, would otherwise make a k-means of thousands of clusters on a CPU).
+MAX_CLUSTERS = 1000
 
 
 def mean_pooled(torch: Any, forward: Callable[[Any, Any], Any], tokenizer: Any, texts: Sequence[str],
@@ -78,18 +83,20 @@ def typical_order(torch: Any, candidates: Any, covered: Optional[Any] = None, ba
         return []
     width = int(candidates.shape[1])
     known = covered if covered is not None and int(covered.shape[0]) > 0 else torch.zeros((0, width))
+    generator = torch.Generator().manual_seed(seed)
     rows = list(range(n))
     if n > MAX_CLUSTERED:
-        generator = torch.Generator().manual_seed(seed)
         rows = sorted(int(i) for i in torch.randperm(n, generator=generator)[:MAX_CLUSTERED])
     picked = []  # type: List[int]
     for round_ in range(batches):
         done = set(picked)
         free = [i for i in rows if i not in done]
-        want = min(batch, len(free))
+        want = min(batch, len(free), MAX_CLUSTERS - len(picked))
         if want <= 0:
             break
         seen = torch.cat([known, candidates[picked]]) if picked else known
+        if int(seen.shape[0]) > MAX_CLUSTERS - want:  # a seeded sample of the covered items stands for them all
+            seen = seen[torch.randperm(int(seen.shape[0]), generator=generator)[:MAX_CLUSTERS - want]]
         points = torch.cat([candidates[free], seen])
         k = min(int(points.shape[0]), int(seen.shape[0]) + want)
         assigned = _spherical_kmeans(torch, points, k, seed + round_, check)
@@ -133,13 +140,16 @@ def _spherical_kmeans(torch: Any, points: Any, k: int, seed: int, check: Optiona
     n = int(points.shape[0])
     first = int(torch.randint(n, (1,), generator=generator))
     chosen = [first]
+    unchosen = iter(range(n))
     nearest = (1.0 - points @ points[first]).clamp(min=0.0)
     while len(chosen) < k:
         if check is not None and len(chosen) % 256 == 0:
             check()
         total = float(nearest.sum())
-        pick = int(torch.multinomial(nearest / total, 1, generator=generator)) if total > 0 else \
-            next(i for i in range(n) if i not in set(chosen))
+        if total > 0:
+            pick = int(torch.multinomial(nearest / total, 1, generator=generator))
+        else:  # every row sits on a centre already (copies of one text): any row not yet a centre
+            pick = next(i for i in unchosen if i not in chosen)
         chosen.append(pick)
         nearest = torch.minimum(nearest, (1.0 - points @ points[pick]).clamp(min=0.0))
     centres = points[chosen].clone()
