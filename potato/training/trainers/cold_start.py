@@ -46,7 +46,7 @@ def train(job: Any, events: Any) -> None:
 
     from potato.training.predictions import PredictionStream
     from potato.training.trainers.diverse_order import order_spec
-    from potato.training.trainers.diversity import mean_pooled, order_lines, typical_order
+    from potato.training.trainers.diversity import MAX_CLUSTERS, mean_pooled, order_lines, typical_order
     from potato.training.trainers.hf_common import default_model, resolve_model
     from potato.training.trainers.uncertainty import DEFAULT_BATCH
 
@@ -85,6 +85,6 @@ def train(job: Any, events: Any) -> None:
     stream.publish()
     events.log("Cold start: {} items in order for {}: the first {} by typical clustering of the encoder's "
                "embeddings (batches of {}), the rest by distance to those".format(
-                   len(ids), ", ".join(schemas), min(picks, len(ids)), batch))
+                   len(ids), ", ".join(schemas), min(picks, MAX_CLUSTERS, len(ids)), batch))
     job.write_scores({})
     events.metrics({})
