@@ -20,6 +20,8 @@ def test_without_epochs_the_floor_on_steps_decides_and_a_user_s_epochs_win():
     assert (asked.epochs, asked.chosen, asked.patience) == (3, False, None)
     assert describe_plan(46, 10, few, {}) == "46 training items, 10 for validation: 60 epochs (at least 300 steps)"
     assert describe_plan(56, 0, asked, {"epochs": 3}) == "56 training items: 3 epochs (as the options ask)"
+    assert describe_plan(66, 0, few, {}) == ("66 training items (too few to hold out a validation share: all of them "
+                                             "train, the last epoch is kept): 60 epochs (at least 300 steps)")
 
 
 def test_the_learning_rate_warms_up_then_falls_to_zero():
@@ -32,17 +34,23 @@ def test_the_learning_rate_warms_up_then_falls_to_zero():
 
 
 def test_the_validation_share_is_seeded_spread_over_labels_and_left_out_when_too_small():
-    train = list(range(100))
-    label = {i: "rare" if i % 10 == 0 else "common" for i in train}
+    train = list(range(1000))
+    label = {i: "rare" if i % 100 == 0 else "common" for i in train}
     fit, held = split_validation(train, {"seed": 1}, label.get)
-    assert len(held) == 15 and sorted(fit + held) == train and not set(fit) & set(held)
+    assert len(held) == 150 and sorted(fit + held) == train and not set(fit) & set(held)
     assert sum(label[i] == "rare" for i in held) == 2  # 15 % of the 10 rare items, rounded
     assert split_validation(train, {"seed": 1}, label.get) == (fit, held)  # the same in every process
     assert split_validation(train, {"seed": 2}, label.get)[1] != held
-    assert split_validation(list(range(40)), {}) == (list(range(40)), [])  # 6 items would be noise
     assert split_validation(train, {"epochs": 5}) == (train, [])  # a user's epochs: every item trains
-    assert len(split_validation(train, {"epochs": 5, "validation_share": 0.2})[1]) == 20
+    assert len(split_validation(train, {"epochs": 5, "validation_share": 0.2})[1]) == 200
     assert len(split_validation(list(range(10_000)), {})[1]) == schedule.MAX_VALIDATION
+
+
+def test_the_default_share_is_held_out_only_from_a_hundred_items_and_a_share_asked_for_from_eight():
+    assert len(split_validation(list(range(664)), {})[1]) == 100  # 99.6, rounded
+    assert split_validation(list(range(663)), {}) == (list(range(663)), [])  # 99.45: every item trains
+    assert len(split_validation(list(range(100)), {"validation_share": 0.15})[1]) == 15
+    assert split_validation(list(range(40)), {"validation_share": 0.15}) == (list(range(40)), [])  # 6: noise
 
 
 class _Param:

@@ -774,6 +774,7 @@ def train_loop(model: Any, lengths: Sequence[int], batch_loss: BatchLoss, ft: Fi
                 )
                 loss_sum, loss_n = None, 0
         if validate is None:
+            best.last_epoch = epoch  # how far it went, for the run log and a learning curve's shares
             continue
         model.eval()
         with torch.inference_mode():

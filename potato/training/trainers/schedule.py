@@ -10,11 +10,23 @@ encoder it started from. So unless ``epochs`` is set:
   make ``min_steps`` optimizer steps (at least ``MIN_EPOCHS``, at most
   ``MAX_EPOCHS``): many epochs of a small set, few of a large one.
 - **A validation share** of the training items (``validation_share``; at
-  least ``MIN_VALIDATION`` items, at most ``MAX_VALIDATION``), never trained
-  on, scored after every epoch with the schema's own metric (its loss breaks
-  ties). The weights of the best epoch are the ones kept, and training
-  stops once ``patience`` epochs have passed without a better score. With too few items for a validation share
-  the planned epochs are trained and the last kept.
+  most ``MAX_VALIDATION`` items), never trained on, scored after every epoch
+  with the schema's own metric (its loss breaks ties). The weights of the
+  best epoch are the ones kept, and training stops once ``patience`` epochs
+  have passed without a better score. The default share is held out only
+  once it holds ``MIN_DEFAULT_VALIDATION`` items (from 664 training items
+  on); a share the options ask for, once it holds ``MIN_VALIDATION``.
+  Without one, every item trains for the planned epochs and the last is
+  kept: a choice made on a few dozen items is noise, and it costs the
+  labels it holds out. On SST-2 (random draws, three seeds, the GLUE dev
+  set), training every item instead of holding out 15 %::
+
+      labels  held out 15 %, best epoch   every item, planned epochs
+         300  0.758 (sd 0.022)            0.775 (sd 0.003)
+         500  0.779 (sd 0.009)            0.793 (sd 0.015)
+
+  With a patience of 60 (no early stop) the held-out runs kept the same
+  epochs, so it is the choice and the lost labels that cost, not stopping.
 - **Warm-up** (``warmup``): the learning rate rises over the first share of
   the steps, then falls linearly to 0 (transformers' ``linear`` schedule with
   warm-up), which keeps the first steps of a fresh head from wrecking the
@@ -27,8 +39,10 @@ trainers' own (``potato.training.trainers.hf_common``, ``hf_llm_finetune``).
 
 The run log says what was chosen and why, and how it ended::
 
-    Schema 'entities': 56 training items, 10 for validation: 40 epochs (at least 300 steps), stopped at
-    epoch 23, best validation span F1 0.910 at epoch 17
+    Schema 'entities': 66 training items (too few to hold out a validation share: all of them train, the last
+    epoch is kept): 60 epochs (at least 300 steps), trained all 60 epochs
+    Schema 'label': 2040 training items, 360 for validation: 3 epochs (at least 300 steps), trained all 3
+    epochs, best validation accuracy 0.912 at epoch 2
 
 The numbers were measured with bench/small_data.py on SST-2 and on generated
 projects of every kind (its docstring has the tables).
@@ -48,7 +62,8 @@ MIN_EPOCHS = 3
 MAX_EPOCHS = 60
 # The share of the training items held out of training to choose the epoch, when epochs is not set.
 VALIDATION_SHARE = 0.15
-MIN_VALIDATION = 8    # fewer than this many: no validation share (its score would be noise)
+MIN_VALIDATION = 8    # fewer than this many: no validation share, even one the options ask for
+MIN_DEFAULT_VALIDATION = 100  # fewer than this many: the default share is not held out (see the docstring)
 MAX_VALIDATION = 400  # a large project's validation pass costs no more than this many items' prediction
 # Epochs without a better validation score before training stops: at least this many, or this share of the plan.
 PATIENCE = 5
@@ -114,6 +129,11 @@ def validation_share(options: Dict[str, Any]) -> float:
     return 0.0 if options.get("epochs") else VALIDATION_SHARE
 
 
+def least_validation(options: Dict[str, Any]) -> int:
+    """The fewest items a validation share holds: with fewer, every item trains instead."""
+    return MIN_VALIDATION if options.get("validation_share") is not None else MIN_DEFAULT_VALIDATION
+
+
 def split_validation(train: Sequence[int], options: Dict[str, Any],
                      group_of: Optional[Callable[[int], Any]] = None) -> Tuple[List[int], List[int]]:
     """``(items to train on, items to validate on)`` of the training positions ``train``.
@@ -122,11 +142,11 @@ def split_validation(train: Sequence[int], options: Dict[str, Any],
     every rerun draws the same items. ``group_of(i)`` (an item's label, for a
     one-label schema) spreads the validation items over the groups in
     proportion, so a rare label is not left out of it by chance. No
-    validation share below ``MIN_VALIDATION`` items.
+    validation share below ``least_validation(options)`` items.
     """
     share = validation_share(options)
     size = min(MAX_VALIDATION, int(round(share * len(train))))
-    if share <= 0 or size < MIN_VALIDATION or len(train) - size < MIN_VALIDATION:
+    if share <= 0 or size < least_validation(options) or len(train) - size < MIN_VALIDATION:
         return list(train), []
     rng = random.Random(options.get("seed", 0))
     groups = {}  # type: Dict[Any, List[int]]
@@ -235,10 +255,12 @@ def share_epochs(plan: Optional[Schedule], fit: Optional[BestEpoch]) -> Optional
 
 
 def describe_plan(items: int, validation: int, plan: Schedule, options: Dict[str, Any]) -> str:
-    """``56 training items, 10 for validation: 40 epochs (at least 300 steps)``: what was chosen, and why."""
+    """``700 training items, 105 for validation: 7 epochs (at least 300 steps)``: what was chosen, and why."""
     text = "{} training item{}".format(items, "" if items == 1 else "s")
     if validation:
         text += ", {} for validation".format(validation)
+    elif validation_share(options) > 0:
+        text += " (too few to hold out a validation share: all of them train, the last epoch is kept)"
     if plan.chosen:
         return "{}: {} epochs (at least {} steps)".format(text, plan.epochs, options.get("min_steps") or MIN_STEPS)
     return "{}: {} epochs (as the options ask)".format(text, plan.epochs)
