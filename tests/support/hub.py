@@ -1,7 +1,7 @@
 """A stand-in for the Hugging Face Hub's HTTP API, on loopback: no Hub is reachable from these machines.
 
 It serves what the real ``huggingface_hub`` client calls to publish a model
-and to read it back, checked against huggingface_hub 2.4.0 (its ``hf_api.py``,
+and to read it back, checked against huggingface_hub 2.5.0 (its ``hf_api.py``,
 ``_commit_api.py``, ``lfs.py``, ``file_download.py`` and
 ``_snapshot_download.py``):
 
@@ -37,7 +37,7 @@ Tokens are ``Authorization: Bearer …``; an unknown token gets 401 ``Invalid
 credentials in Authorization header``, as the Hub answers. A private repo is
 404 (``X-Error-Code: RepoNotFound``) to anyone but its owner.
 
-Xet: huggingface_hub 2.4.0 no longer asks the server whether to use Xet — it
+Xet: huggingface_hub 2.5.0 no longer asks the server whether to use Xet — it
 uploads through Xet whenever ``hf_xet`` is installed, unless a file comes as
 a buffer (``io.BufferedIOBase``), which goes through LFS. Potato's publisher
 hands every file over as a buffer (``potato/publish/hub.py``), so this
@@ -63,7 +63,7 @@ import yaml
 from flask import Flask, Response, abort, jsonify, request
 from werkzeug.serving import make_server
 
-CHECKED_WITH = "huggingface_hub 2.4.0"
+CHECKED_WITH = "huggingface_hub 2.5.0"
 GITATTRIBUTES = "".join(f"{pattern} filter=lfs diff=lfs merge=lfs -text\n" for pattern in (
     "*.bin", "*.ckpt", "*.h5", "*.npy", "*.onnx", "*.pt", "*.pth", "*.safetensors", "*.tar.*", "*.zip"))
 LFS_MIN_BYTES = 10 * 1024 * 1024
